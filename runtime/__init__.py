@@ -1,0 +1,1 @@
+"""ggtools.runtime: CPU runtime for target + DFlash drafter pairs (numpy + numba)."""
