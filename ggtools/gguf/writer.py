@@ -1,0 +1,189 @@
+"""GGUFWriter: streaming, atomic GGUF output.
+
+All KVs and tensor infos are declared first; then tensor data is streamed in the declared order, in chunks
+of any size (bytes from memory, or kernel copies from another file). Padding follows the alignment the
+written file itself declares. Output goes to a temporary file beside the target and is renamed into place
+only when every tensor has been written and fsync'ed; on any error the temporary file is removed.
+"""
+
+import os
+import struct
+
+from gguf import GGUFValueType as VT
+
+from ggtools.gguf.reader import DEFAULT_ALIGNMENT, KV, GGUFError, pad
+from ggtools.gguf.values import encode_kv, encode_string
+
+COPY_CHUNK = 64 << 20
+
+
+class GGUFWriter:
+    def __init__(self, path, *, force: bool = False, version: int = 3):
+        self.path = os.fspath(path)
+        if os.path.exists(self.path) and not force:
+            raise GGUFError(self.path, "output exists; pass --force to overwrite it")
+        self.version = version
+        self.kv_records: list[tuple[str, bytes]] = []
+        self.alignment = DEFAULT_ALIGNMENT
+        self.infos: list[tuple[str, tuple, int, int]] = []      # name, ne, type id, nbytes
+        self._fh = None
+        self._tmp = None
+        self._index = 0          # tensor being written
+        self._written = 0        # bytes of it written so far
+        self._pos = 0
+
+    # ---- declaration ---------------------------------------------------------------------------
+    def add_kv_record(self, kv: KV):
+        """Copy a KV from a parsed file byte for byte."""
+        self._add_record(kv.key, kv.raw, kv.vtype, kv.value if kv.key == "general.alignment" else None)
+
+    def add_kv(self, key: str, vtype: VT, value, elem_type: VT | None = None):
+        self._add_record(key, encode_kv(key, vtype, value, elem_type), vtype, value)
+
+    def _add_record(self, key, record, vtype, value):
+        self._check_not_started()
+        if any(k == key for k, _ in self.kv_records):
+            raise GGUFError(self.path, f"key '{key}' added twice")
+        if key == "general.alignment":
+            if vtype != VT.UINT32 or not (value > 0 and value & (value - 1) == 0):
+                raise GGUFError(self.path, f"general.alignment must be a u32 power of two, got {value!r}")
+            self.alignment = value
+        self.kv_records.append((key, bytes(record)))
+
+    def add_tensor_info(self, name: str, ne, type_id: int, nbytes: int):
+        self._check_not_started()
+        if len(name.encode()) >= 64:
+            raise GGUFError(self.path, f"tensor name '{name}' is {len(name.encode())} bytes (at most 63)")
+        self.infos.append((name, tuple(int(d) for d in ne), int(type_id), int(nbytes)))
+
+    def _check_not_started(self):
+        if self._fh is not None:
+            raise GGUFError(self.path, "header already written: add KVs and tensor infos before any data")
+
+    # ---- output --------------------------------------------------------------------------------
+    def header_bytes(self) -> bytes:
+        parts = [b"GGUF", struct.pack("<Iqq", self.version, len(self.infos), len(self.kv_records))]
+        parts += [record for _, record in self.kv_records]
+        offset = 0
+        for name, ne, type_id, nbytes in self.infos:
+            parts.append(encode_string(name) + struct.pack(f"<I{len(ne)}qiQ", len(ne), *ne, type_id, offset))
+            offset += pad(nbytes, self.alignment)
+        header = b"".join(parts)
+        return header + bytes(pad(len(header), self.alignment) - len(header))
+
+    @property
+    def data_size(self) -> int:
+        return sum(pad(n, self.alignment) for *_, n in self.infos)
+
+    def _start(self):
+        if self._fh is None:
+            directory, base = os.path.split(os.path.abspath(self.path))
+            self._tmp = os.path.join(directory, f".{base}.partial-{os.getpid()}")
+            self._fh = open(self._tmp, "wb")
+            self._pos = self._fh.write(self.header_bytes())
+            self._finish_tensors()
+
+    def _finish_tensors(self):
+        """Pad and step past the current tensor once complete (and past any zero-byte tensors)."""
+        while self._index < len(self.infos) and self._written == self.infos[self._index][3]:
+            n = self.infos[self._index][3]
+            self._pos += self._fh.write(bytes(pad(n, self.alignment) - n))
+            self._index += 1
+            self._written = 0
+
+    def _room(self, n) -> str:
+        if self._index >= len(self.infos):
+            raise GGUFError(self.path, f"{n} bytes of data written after the last tensor")
+        name, _, _, nbytes = self.infos[self._index]
+        if self._written + n > nbytes:
+            raise GGUFError(self.path, f"tensor '{name}' is {nbytes} bytes; got {self._written + n}")
+        return name
+
+    def write(self, data):
+        """Append bytes (any buffer) to the current tensor."""
+        self._start()
+        n = memoryview(data).nbytes
+        self._room(n)
+        self._fh.write(data)
+        self._pos += n
+        self._written += n
+        self._finish_tensors()
+
+    def copy_from(self, src_fd: int, src_offset: int, n: int):
+        """Append n bytes read from another file at src_offset, by kernel copy where the system offers it."""
+        self._start()
+        self._room(n)
+        self._fh.flush()
+        done = 0
+        try:
+            while done < n:
+                step = os.copy_file_range(src_fd, self._fh.fileno(), min(n - done, 1 << 30),
+                                          src_offset + done, self._pos + done)
+                if step == 0:
+                    break
+                done += step
+        except (OSError, AttributeError):
+            pass
+        while done < n:
+            chunk = os.pread(src_fd, min(COPY_CHUNK, n - done), src_offset + done)
+            if not chunk:
+                raise GGUFError(self.path, f"source ended {n - done} bytes early while copying")
+            os.pwrite(self._fh.fileno(), chunk, self._pos + done)
+            done += len(chunk)
+        self._pos += n
+        self._written += n
+        self._fh.seek(self._pos)
+        self._finish_tensors()
+
+    def commit(self):
+        """Check every tensor was written, fsync, and rename into place."""
+        self._start()
+        if self._index != len(self.infos):
+            name, _, _, nbytes = self.infos[self._index]
+            raise GGUFError(self.path, f"closed with tensor '{name}' at {self._written} of {nbytes} bytes")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        os.replace(self._tmp, self.path)
+        _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        self._fh = None
+
+    def abort(self):
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        if self._tmp and os.path.exists(self._tmp):
+            os.unlink(self._tmp)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def _fsync_dir(directory):
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def copy_file(src, path, *, force=False):
+    """Parse → write with no change: the identity rewrite (used to prove the writer byte-exact)."""
+    with open(src.path, "rb") as fh, GGUFWriter(path, force=force, version=src.version) as w:
+        for kv in src.kvs:
+            w.add_kv_record(kv)
+        for t in src.tensors:
+            w.add_tensor_info(t.name, t.ne, t.type_id, t.nbytes)
+        for t in src.tensors:
+            w.copy_from(fh.fileno(), t.data_start, t.nbytes)
