@@ -248,7 +248,7 @@ class GGUFFile:
         try:
             for _ in range(count):
                 pos += 8 + unpack(buf, pos)[0]
-        except struct.error:
+        except (struct.error, OverflowError):      # read past the end
             pos = self.file_size + 1
         if pos > self.file_size:
             self._fail(f"file ends inside string array '{key}' ({count} strings)", start)

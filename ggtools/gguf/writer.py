@@ -159,10 +159,14 @@ class GGUFWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.commit()
-        else:
+        if exc_type is not None:
             self.abort()
+            return
+        try:
+            self.commit()
+        except BaseException:
+            self.abort()
+            raise
 
 
 def _fsync_dir(directory):

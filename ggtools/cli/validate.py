@@ -1,0 +1,47 @@
+import sys
+
+import click
+
+from ggtools.cli.render import emit_json, human_bytes
+from ggtools.jobs.validate import validate
+
+
+@click.command("validate")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--deep", is_flag=True, help="Also scan tensor data: finite fp16 scales and floats, MXFP4 exponents.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@click.option("--write-manifest", type=click.Path(dir_okay=False), metavar="F",
+              help="Write sha256 of every file and tensor to F (JSON).")
+@click.option("--manifest", type=click.Path(exists=True, dir_okay=False), metavar="F",
+              help="Check files against F: a ggtools manifest or sha256sum-style lines (e.g. HF LFS hashes).")
+@click.option("-j", "--jobs", type=click.IntRange(1), help="Files checked in parallel (default: CPU count).")
+def command(paths, deep, as_json, write_manifest, manifest, jobs):
+    """Check GGUF files and shard sets against every rule llama.cpp applies, and the ones it misses.
+
+    Any one shard names its whole set. Exit 0: all good; 1: a check failed; 2: unreadable input.
+
+    \b
+    Examples:
+      ggtools validate model.gguf
+      ggtools validate --deep model-00001-of-00032.gguf
+      ggtools validate --write-manifest model.sha256.json model-00001-of-00032.gguf
+      ggtools validate --manifest model.sha256.json model-00001-of-00032.gguf
+    """
+    if write_manifest and manifest:
+        raise click.UsageError("--write-manifest and --manifest are exclusive")
+    report = validate(paths, deep=deep, manifest=manifest, write_manifest=write_manifest, jobs=jobs)
+    if as_json:
+        emit_json(report.as_dict())
+    else:
+        for f in report.files:
+            bad = [p for p in f.problems if p.severity == "error"]
+            status = "UNREADABLE" if not f.readable else ("FAIL" if bad else "ok")
+            click.echo(f"{status:10} {f.path} ({f.n_tensors} tensors, {human_bytes(f.size)})")
+        for p in report.problems:
+            click.echo(f"  {p.severity}: {p}")
+        n_err = len(report.errors)
+        click.echo(f"{len(report.files)} file(s) checked{', deep' if deep else ''}: "
+                   + ("all good" if report.exit_code == 0 else f"{n_err} error(s)"))
+        if write_manifest and report.exit_code != 2:
+            click.echo(f"manifest written to {write_manifest}")
+    sys.exit(report.exit_code)

@@ -1,0 +1,74 @@
+"""inspect: metadata and tensor table of a file or a whole shard set, as plain data (dicts) for rendering."""
+
+import re
+
+import numpy as np
+
+from ggtools.gguf import GGUFError, ShardSet
+
+ARRAY_HEAD = 8
+
+
+def inspect(path, *, tensors: str | None = None, kv: str | None = None, full_arrays: bool = False) -> dict:
+    """Describe the model at `path` (any shard names the whole set). Regexes filter tensor names and keys."""
+    shards = ShardSet(path)
+    try:
+        tensor_re, kv_re = _compile(tensors, "--tensors"), _compile(kv, "--kv")
+        files = shards.files
+        first = files[0]
+        out = {
+            "files": [{"path": f.path, "version": f.version, "size": f.file_size, "alignment": f.alignment,
+                       "data_offset": f.data_offset, "kv_count": len(f.kvs), "tensor_count": len(f.tensors)}
+                      for f in files],
+            "kv": [describe_kv(k, full_arrays) for k in first.kvs if kv_re is None or kv_re.search(k.key)],
+            "tensors": [{"name": t.name, "type": t.type_name, "ne": list(t.ne), "bytes": t.nbytes,
+                         "shard": i, "offset": t.offset}
+                        for i, f in enumerate(files) for t in f.tensors
+                        if tensor_re is None or tensor_re.search(t.name)],
+        }
+        out["totals"] = _totals(out["tensors"])
+        return out
+    finally:
+        shards.close()
+
+
+def _compile(pattern, option):
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise GGUFError(option, f"bad regular expression {pattern!r}: {e}") from None
+
+
+def describe_kv(k, full_arrays=False) -> dict:
+    d = {"key": k.key, "type": k.type_label}
+    value = k.value
+    if k.is_array:
+        d["count"] = k.count
+        if not full_arrays:
+            value = value[:ARRAY_HEAD]
+    d["value"] = json_value(value)
+    return d
+
+
+def json_value(v):
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, list):
+        return [json_value(x) for x in v]
+    if isinstance(v, str):
+        return v.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if isinstance(v, float) and not np.isfinite(v):
+        return str(v)
+    return v
+
+
+def _totals(tensors) -> dict:
+    by_type = {}
+    for t in tensors:
+        entry = by_type.setdefault(t["type"], {"tensors": 0, "bytes": 0})
+        entry["tensors"] += 1
+        entry["bytes"] += t["bytes"] or 0
+    return {"by_type": dict(sorted(by_type.items())), "tensors": len(tensors),
+            "bytes": sum(e["bytes"] for e in by_type.values())}

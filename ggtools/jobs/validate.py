@@ -1,0 +1,198 @@
+"""validate: container rules for files and shard sets, optional deep row-data scan, sha256 manifests."""
+
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ggtools.gguf import GGUFError, GGUFFile, ShardSet
+from ggtools.gguf.check import Problem, check_file, check_set
+
+HASH_CHUNK = 16 << 20
+
+
+@dataclass
+class FileReport:
+    path: str
+    readable: bool = True
+    problems: list[Problem] = field(default_factory=list)
+    n_tensors: int = 0
+    size: int = 0
+    sha256: str | None = None
+    tensor_sha256: dict[str, str] = field(default_factory=dict)
+    deep_bytes: int = 0
+
+
+@dataclass
+class Report:
+    files: list[FileReport]
+    set_problems: list[Problem]
+
+    @property
+    def problems(self) -> list[Problem]:
+        return [p for f in self.files for p in f.problems] + self.set_problems
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+    @property
+    def exit_code(self) -> int:
+        if any(not f.readable for f in self.files):
+            return 2
+        return 1 if self.errors else 0
+
+    def as_dict(self):
+        return {
+            "ok": self.exit_code == 0,
+            "exit_code": self.exit_code,
+            "files": [{"path": f.path, "readable": f.readable, "size": f.size, "tensors": f.n_tensors,
+                       "sha256": f.sha256, "deep_scanned_bytes": f.deep_bytes,
+                       "problems": [p.as_dict() for p in f.problems]} for f in self.files],
+            "set_problems": [p.as_dict() for p in self.set_problems],
+        }
+
+
+def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None) -> Report:
+    """Check every file and every shard set named by `paths` (any shard of a set names the whole set)."""
+    sets = _distinct_sets(paths)
+    want_hashes = bool(manifest or write_manifest)
+    files = [p for s in sets for p in s.paths if p not in s.missing]
+    with ThreadPoolExecutor(max_workers=jobs or min(len(files), os.cpu_count() or 1) or 1) as pool:
+        reports = list(pool.map(lambda p: _check_one(p, deep, want_hashes), files))
+    set_problems = []
+    for s in sets:
+        if all(r.readable for r in reports if r.path in s.paths):
+            set_problems += check_set(s)
+        s.close()
+    report = Report(reports, set_problems)
+    if manifest:
+        report.set_problems += check_manifest(manifest, reports)
+    if write_manifest and report.exit_code != 2:
+        save_manifest(write_manifest, reports)
+    return report
+
+
+def _distinct_sets(paths) -> list[ShardSet]:
+    sets, seen = [], set()
+    for p in paths:
+        if not os.path.exists(p):
+            raise GGUFError(p, "no such file")
+        s = ShardSet(p)
+        key = tuple(os.path.abspath(x) for x in s.paths)
+        if key not in seen:
+            seen.add(key)
+            sets.append(s)
+    return sets
+
+
+def _check_one(path, deep, want_hashes) -> FileReport:
+    report = FileReport(path)
+    try:
+        f = GGUFFile(path)
+    except GGUFError as e:
+        report.readable = False
+        report.problems.append(Problem(path, e.where or (f"byte {e.offset}" if e.offset is not None else "file"),
+                                       e.rule))
+        return report
+    with f:
+        report.size, report.n_tensors = f.file_size, len(f.tensors)
+        report.problems = check_file(f)
+        intact = not any(p.severity == "error" for p in report.problems)
+        if deep and intact:
+            report.problems += deep_scan(f)
+            report.deep_bytes = sum(t.nbytes for t in f.tensors)
+        if want_hashes:
+            report.sha256, report.tensor_sha256 = hash_file(f, tensors=intact)
+    return report
+
+
+def deep_scan(f: GGUFFile) -> list[Problem]:
+    """Row-data rules (ggml_validate_row_data): finite fp16 scales, finite floats, MXFP4 scale != 0xFF."""
+    from ggtools.quants import check_row_data
+
+    out = []
+    for t in f.tensors:
+        n_bad, first = check_row_data(t.type_id, f.tensor_data(t))
+        if n_bad:
+            out.append(Problem(f.path, f"tensor '{t.name}'", f"{n_bad} invalid {t.type_name} values/blocks (first "
+                               f"at block {first}): NaN/inf data or scale, or MXFP4 exponent 0xFF"))
+    return out
+
+
+def hash_file(f: GGUFFile, tensors=True) -> tuple[str, dict[str, str]]:
+    """sha256 of the whole file and of each tensor's bytes, in one sequential pass over the file."""
+    whole, per_tensor = hashlib.sha256(), {}
+    spans = sorted(((t.data_start, t.data_start + t.nbytes, t.name) for t in f.tensors), key=lambda s: s[0]) \
+        if tensors else []
+    pos = 0
+    for start, end, name in spans:
+        _feed(f.buf, pos, start, whole)
+        h = hashlib.sha256()
+        _feed(f.buf, start, end, whole, h)
+        per_tensor[name] = h.hexdigest()
+        pos = end
+    _feed(f.buf, pos, f.file_size, whole)
+    return whole.hexdigest(), per_tensor
+
+
+def _feed(buf, start, end, *hashes):
+    view = memoryview(buf)
+    for pos in range(start, end, HASH_CHUNK):
+        chunk = view[pos:min(end, pos + HASH_CHUNK)]
+        for h in hashes:
+            h.update(chunk)
+    view.release()
+
+
+def save_manifest(path, reports):
+    data = {"format": "ggtools-manifest/1",
+            "files": {os.path.basename(r.path): {"size": r.size, "sha256": r.sha256, "tensors": r.tensor_sha256}
+                      for r in reports}}
+    tmp = f"{path}.partial-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def load_manifest(path) -> dict[str, dict]:
+    """A ggtools JSON manifest, or `sha256sum` text lines ('<hex>  <name>', e.g. Hugging Face LFS hashes)."""
+    try:
+        text = open(path).read()
+    except OSError as e:
+        raise GGUFError(path, f"cannot read manifest: {e.strerror}") from None
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)["files"]
+        except (ValueError, KeyError, TypeError):
+            raise GGUFError(path, "not a ggtools manifest (JSON with a 'files' object)") from None
+    files = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split(maxsplit=1)
+        if len(parts) != 2 or len(parts[0]) != 64:
+            raise GGUFError(path, f"line {n} is neither JSON nor '<sha256>  <file name>'")
+        files[os.path.basename(parts[1].lstrip("*").strip())] = {"sha256": parts[0].lower()}
+    return files
+
+
+def check_manifest(path, reports) -> list[Problem]:
+    expected = load_manifest(path)
+    out = []
+    for r in reports:
+        entry = expected.get(os.path.basename(r.path))
+        if entry is None:
+            out.append(Problem(r.path, "manifest", f"not listed in {path}", "warning"))
+            continue
+        if "size" in entry and entry["size"] != r.size:
+            out.append(Problem(r.path, "manifest", f"size {r.size} differs from the manifest's {entry['size']}"))
+        if entry.get("sha256") and entry["sha256"] != r.sha256:
+            out.append(Problem(r.path, "manifest", f"sha256 {r.sha256} differs from the manifest's {entry['sha256']}"))
+        for name, digest in entry.get("tensors", {}).items():
+            got = r.tensor_sha256.get(name)
+            if got != digest:
+                out.append(Problem(r.path, f"tensor '{name}'", "missing" if got is None else
+                                   "sha256 differs from the manifest"))
+    return out
