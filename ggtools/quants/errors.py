@@ -1,0 +1,3 @@
+class QuantError(ValueError):
+    """Bad input to the quants layer: unknown type, row length the block size does not divide,
+    data whose size does not match, a type without a kernel."""

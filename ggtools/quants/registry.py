@@ -1,0 +1,112 @@
+"""Which ggml types this layer handles: block geometry (from gguf-py), kernels, shape fallback."""
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from . import floats, kquants, simple
+from .errors import QuantError
+
+T = GGMLQuantizationType
+
+# type -> (quantize kernel, dequantize kernel); kernels take flat (float32, uint8) arrays.
+KERNELS = {
+    T.F32: (floats.quantize_f32, floats.dequantize_f32),
+    T.F16: (floats.quantize_f16, floats.dequantize_f16),
+    T.BF16: (floats.quantize_bf16, floats.dequantize_bf16),
+    T.Q4_0: (simple.quantize_q4_0, simple.dequantize_q4_0),
+    T.Q4_1: (simple.quantize_q4_1, simple.dequantize_q4_1),
+    T.Q5_0: (simple.quantize_q5_0, simple.dequantize_q5_0),
+    T.Q5_1: (simple.quantize_q5_1, simple.dequantize_q5_1),
+    T.Q8_0: (simple.quantize_q8_0, simple.dequantize_q8_0),
+    T.MXFP4: (None, simple.dequantize_mxfp4),
+    T.Q2_K: (kquants.quantize_q2_k, kquants.dequantize_q2_k),
+    T.Q3_K: (kquants.quantize_q3_k, kquants.dequantize_q3_k),
+    T.Q4_K: (kquants.quantize_q4_k, kquants.dequantize_q4_k),
+    T.Q5_K: (kquants.quantize_q5_k, kquants.dequantize_q5_k),
+    T.Q6_K: (kquants.quantize_q6_k, kquants.dequantize_q6_k),
+}
+
+# llama-quantize's tensor_type_fallback, for rows the requested block size does not divide.
+_FALLBACK = {
+    **dict.fromkeys([T.IQ1_S, T.IQ1_M, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S,
+                     T.IQ4_XS], T.IQ4_NL),
+    **dict.fromkeys([T.Q2_K, T.Q3_K, T.TQ1_0, T.TQ2_0], T.Q4_0),
+    T.Q4_K: T.Q5_0,
+    T.Q5_K: T.Q5_1,
+    T.Q6_K: T.Q8_0,
+}
+
+
+def parse_qtype(qtype) -> GGMLQuantizationType:
+    """A GGMLQuantizationType from a member, an int id or a name ("q4_k", "Q4_K")."""
+    try:
+        if isinstance(qtype, str):
+            return T[qtype.strip().upper()]
+        return T(qtype)
+    except (KeyError, ValueError):
+        raise QuantError(f"unknown tensor type {qtype!r}") from None
+
+
+def block_size(qtype) -> int:
+    """Values per block (1 for F32/F16/BF16)."""
+    return GGML_QUANT_SIZES[parse_qtype(qtype)][0]
+
+
+def type_size(qtype) -> int:
+    """Bytes per block."""
+    return GGML_QUANT_SIZES[parse_qtype(qtype)][1]
+
+
+def check_row_length(qtype, ne0: int) -> None:
+    """Raise QuantError unless a row of ne0 values is a whole number of blocks."""
+    t = parse_qtype(qtype)
+    blck = block_size(t)
+    if ne0 <= 0 or ne0 % blck:
+        raise QuantError(f"{t.name} needs rows that are a multiple of {blck} values, got {ne0}")
+
+
+def row_bytes(qtype, ne0: int) -> int:
+    """Bytes of one row of ne0 values."""
+    check_row_length(qtype, ne0)
+    return ne0 // block_size(qtype) * type_size(qtype)
+
+
+def has_quantizer(qtype) -> bool:
+    return KERNELS.get(parse_qtype(qtype), (None, None))[0] is not None
+
+
+def has_dequantizer(qtype) -> bool:
+    return KERNELS.get(parse_qtype(qtype), (None, None))[1] is not None
+
+
+def can_quantize(qtype, ne0: int) -> bool:
+    """True when this layer can write rows of ne0 values as qtype."""
+    return has_quantizer(qtype) and ne0 > 0 and ne0 % block_size(qtype) == 0
+
+
+def fallback_type(qtype, ne0: int) -> GGMLQuantizationType:
+    """The type llama-quantize writes when asked for qtype on rows of ne0 values: qtype itself
+    if the block size divides ne0, else its fallback, else F16 (tensor_type_fallback)."""
+    t = parse_qtype(qtype)
+    if ne0 % block_size(t) == 0:
+        return t
+    if t in _FALLBACK:
+        fallback = _FALLBACK[t]
+    elif block_size(t) <= 32:
+        fallback = t
+    else:
+        raise QuantError(f"no tensor type fallback is defined for type {t.name}")
+    return fallback if ne0 % block_size(fallback) == 0 else T.F16
+
+
+def quantize_kernel(qtype):
+    t = parse_qtype(qtype)
+    if not has_quantizer(t):
+        raise QuantError(f"quantizing to {t.name} is not supported")
+    return KERNELS[t][0]
+
+
+def dequantize_kernel(qtype):
+    t = parse_qtype(qtype)
+    if not has_dequantizer(t):
+        raise QuantError(f"dequantizing {t.name} is not supported")
+    return KERNELS[t][1]

@@ -1,0 +1,123 @@
+"""Row data checks for `validate --deep`: what ggml_validate_row_data rejects.
+
+Block types: a scale field that is fp16 inf/NaN (d, and dmin/m where the type has one), an
+MXFP4 E8M0 scale of 0xFF, a Q8_K float32 d that is inf/NaN. Float types: any inf/NaN value.
+Integer types (I8..I64) and NVFP4 have nothing to check.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import njit, prange
+
+from .errors import QuantError
+from .floatbits import JIT
+from .registry import parse_qtype, type_size
+
+# field kinds
+HALF, FLOAT, E8M0, IQ1M_SCALE = 0, 1, 2, 3
+
+# type -> [(kind, byte offset in the block)], from the block structs in ggml-common.h
+FIELDS = {
+    **{t: [(HALF, 0)] for t in (T.Q4_0, T.Q5_0, T.Q8_0, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S,
+                                T.IQ4_NL, T.IQ4_XS, T.Q1_0)},
+    **{t: [(HALF, 0), (HALF, 2)] for t in (T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K)},
+    T.Q2_K: [(HALF, 80), (HALF, 82)],
+    T.Q3_K: [(HALF, 108)],
+    T.Q6_K: [(HALF, 208)],
+    T.TQ1_0: [(HALF, 52)],
+    T.TQ2_0: [(HALF, 64)],
+    T.Q8_K: [(FLOAT, 0)],
+    T.MXFP4: [(E8M0, 0)],
+    T.IQ1_M: [(IQ1M_SCALE, 48)],
+}
+NOTHING_TO_CHECK = {T.I8, T.I16, T.I32, T.I64, T.NVFP4}
+CHUNK = 1 << 16  # items per parallel work item
+
+
+class RowCheck(NamedTuple):
+    n_bad: int  # bad blocks (bad values for F16/BF16/F32/F64)
+    first_bad: int  # index of the first bad block / value, -1 when none
+
+
+@njit(**JIT)
+def u16_at(data, o):
+    return np.int64(data[o]) | (np.int64(data[o + 1]) << 8)
+
+
+@njit(**JIT)
+def field_is_bad(kind, data, o):
+    if kind == HALF:
+        return (u16_at(data, o) & 0x7C00) == 0x7C00
+    if kind == FLOAT:
+        return (u16_at(data, o + 2) & 0x7F80) == 0x7F80
+    if kind == E8M0:
+        return data[o] == 0xFF
+    sc0, sc1, sc2, sc3 = u16_at(data, o), u16_at(data, o + 2), u16_at(data, o + 4), u16_at(data, o + 6)
+    h = (sc0 >> 12) | ((sc1 >> 8) & 0x00F0) | ((sc2 >> 4) & 0x0F00) | (sc3 & 0xF000)
+    return (h & 0x7C00) == 0x7C00
+
+
+@njit(parallel=True, **JIT)
+def _bad_blocks(data, tsize, fields, counts, firsts):
+    nb = data.size // tsize
+    for c in prange(counts.size):
+        n, first = 0, -1
+        for b in range(c * CHUNK, min(nb, (c + 1) * CHUNK)):
+            bad = False
+            for f in range(fields.shape[0]):
+                bad |= field_is_bad(fields[f, 0], data, b * tsize + fields[f, 1])
+            if bad:
+                n += 1
+                if first < 0:
+                    first = b
+        counts[c], firsts[c] = n, first
+
+
+@njit(parallel=True, **JIT)
+def _bad_values(bits, mask, counts, firsts):
+    """Values whose exponent bits (mask) are all set: inf or NaN."""
+    for c in prange(counts.size):
+        n, first = 0, -1
+        for i in range(c * CHUNK, min(bits.size, (c + 1) * CHUNK)):
+            if bits[i] & mask == mask:
+                n += 1
+                if first < 0:
+                    first = i
+        counts[c], firsts[c] = n, first
+
+
+FLOAT_MASKS = {
+    T.F32: (np.uint32, 0x7F800000),
+    T.F16: (np.uint16, 0x7C00),
+    T.BF16: (np.uint16, 0x7F80),
+    T.F64: (np.uint64, 0x7FF0000000000000),
+}
+
+
+def check_row_data(qtype, data) -> RowCheck:
+    """Count the blocks (values, for float types) of data that ggml_validate_row_data would
+    reject. data: any buffer of whole blocks."""
+    t = parse_qtype(qtype)
+    if isinstance(data, np.ndarray):
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    else:
+        raw = np.frombuffer(memoryview(data).cast("B"), np.uint8)
+    tsize = type_size(t)
+    if raw.size % tsize:
+        raise QuantError(f"{raw.size} bytes is not a whole number of {t.name} blocks ({tsize} bytes)")
+    if t in NOTHING_TO_CHECK:
+        return RowCheck(0, -1)
+    nitems = raw.size // tsize
+    counts = np.zeros((nitems + CHUNK - 1) // CHUNK, np.int64)
+    firsts = np.full(counts.size, -1, np.int64)
+    if t in FLOAT_MASKS:
+        dtype, mask = FLOAT_MASKS[t]
+        _bad_values(raw.view(dtype), dtype(mask), counts, firsts)
+    elif t in FIELDS:
+        _bad_blocks(raw, tsize, np.array(FIELDS[t], np.int64), counts, firsts)
+    else:
+        raise QuantError(f"ggml cannot validate {t.name} data")
+    hit = firsts[firsts >= 0]
+    return RowCheck(int(counts.sum()), int(hit[0]) if hit.size else -1)
