@@ -1,6 +1,5 @@
 """validate: container rules for files and shard sets, optional deep row-data scan, sha256 manifests."""
 
-import hashlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -8,8 +7,8 @@ from dataclasses import dataclass, field
 
 from ggtools.gguf import GGUFError, GGUFFile, ShardSet
 from ggtools.gguf.check import Problem, check_file, check_set
+from ggtools.gguf.hashing import hash_file
 
-HASH_CHUNK = 16 << 20
 
 
 @dataclass
@@ -119,31 +118,6 @@ def deep_scan(f: GGUFFile) -> list[Problem]:
             out.append(Problem(f.path, f"tensor '{t.name}'", f"{n_bad} invalid {t.type_name} values/blocks (first "
                                f"at block {first}): NaN/inf data or scale, or MXFP4 exponent 0xFF"))
     return out
-
-
-def hash_file(f: GGUFFile, tensors=True) -> tuple[str, dict[str, str]]:
-    """sha256 of the whole file and of each tensor's bytes, in one sequential pass over the file."""
-    whole, per_tensor = hashlib.sha256(), {}
-    spans = sorted(((t.data_start, t.data_start + t.nbytes, t.name) for t in f.tensors), key=lambda s: s[0]) \
-        if tensors else []
-    pos = 0
-    for start, end, name in spans:
-        _feed(f.buf, pos, start, whole)
-        h = hashlib.sha256()
-        _feed(f.buf, start, end, whole, h)
-        per_tensor[name] = h.hexdigest()
-        pos = end
-    _feed(f.buf, pos, f.file_size, whole)
-    return whole.hexdigest(), per_tensor
-
-
-def _feed(buf, start, end, *hashes):
-    view = memoryview(buf)
-    for pos in range(start, end, HASH_CHUNK):
-        chunk = view[pos:min(end, pos + HASH_CHUNK)]
-        for h in hashes:
-            h.update(chunk)
-    view.release()
 
 
 def save_manifest(path, reports):

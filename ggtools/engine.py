@@ -1,0 +1,129 @@
+"""engine: execute a Plan by streaming tensors from input shards to output shards.
+
+One rewrite serves quantize, requant-trunk and patch. Per shard: KVs copied verbatim (with the plan's
+edits), tensor infos re-emitted with new types and offsets, copies done by kernel copy, conversions by
+dequantize → quantize in bounded row chunks. Output is atomic (temp file + rename). Verification re-reads
+the output: container rules, every copied tensor's sha256 against the source, every converted tensor's
+hash against the bytes produced and its scales finite.
+"""
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ggtools.errors import GGToolsError
+from ggtools.gguf import GGUFFile, GGUFWriter
+from ggtools.gguf.check import check_file
+from ggtools.gguf.hashing import hash_file, hash_range
+from ggtools.plan import COPY, ShardPlan
+from ggtools.quants import CHUNK_VALUES, check_row_data, dequantize, iter_row_chunks, quantize
+
+
+class RewriteError(GGToolsError):
+    """A rewrite that could not be done, or whose output failed verification."""
+
+    exit_code = 1
+
+
+@dataclass
+class ShardResult:
+    dst: str
+    size: int
+    sha256: str                       # whole output file
+    tensors: dict[str, str] = field(default_factory=dict)   # tensor sha256 in the output
+    verified: bool = False
+
+
+def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None,
+                  chunk_values=CHUNK_VALUES) -> ShardResult:
+    """Write plan.dst from plan.src; return the output's hashes (verified unless verify=False)."""
+    on_bytes = on_bytes or (lambda n: None)
+    with GGUFFile(plan.src) as src:
+        bad = [p for p in check_file(src) if p.severity == "error"]
+        if bad:
+            raise RewriteError(f"refusing to rewrite an invalid input: {bad[0]}")
+        produced = {}
+        with open(plan.src, "rb") as fh, GGUFWriter(plan.dst, force=force, version=src.version) as w:
+            _declare(w, src, plan)
+            for action in plan.tensors:
+                t = src.tensor[action.name]
+                if action.action == COPY:
+                    w.copy_from(fh.fileno(), t.data_start, t.nbytes)
+                    on_bytes(t.nbytes)
+                else:
+                    produced[t.name] = _convert(w, src, t, action.dst_type, on_bytes, chunk_values)
+        return _verify(plan, src, produced) if verify else _describe(plan.dst)
+
+
+def _declare(w: GGUFWriter, src: GGUFFile, plan: ShardPlan):
+    edits = plan.kv_edits
+    for kv in src.kvs:
+        if kv.key in edits.removed:
+            continue
+        if kv.key in edits.changes:
+            w.add_kv(kv.key, *edits.changes[kv.key])
+        else:
+            w.add_kv_record(kv)
+    for key, value in edits.changes.items():
+        if key not in src.kv:
+            w.add_kv(key, *value)
+    for a in plan.tensors:
+        w.add_tensor_info(a.name, a.ne, a.dst_type, a.bytes_out)
+
+
+def _convert(w, src, t, dst_type, on_bytes, chunk_values) -> str:
+    """Dequantize → quantize in row chunks, writing as it goes; returns the sha256 of the bytes written."""
+    rows = src.tensor_data(t).reshape(t.n_rows, -1)
+    h = hashlib.sha256()
+    for part in iter_row_chunks(t.n_rows, t.row_length, chunk_values):
+        values = dequantize(t.type_id, rows[part], t.row_length)
+        data = quantize(dst_type, values)
+        h.update(data)
+        w.write(data)
+        on_bytes(rows[part].nbytes)
+    return h.hexdigest()
+
+
+def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str]) -> ShardResult:
+    result = _describe(plan.dst)
+    with GGUFFile(plan.dst) as out:
+        bad = [p for p in check_file(out) if p.severity == "error"]
+        if bad:
+            raise RewriteError(f"output failed validation: {bad[0]}")
+        for a in plan.tensors:
+            t = out.tensor.get(a.name)
+            if t is None or t.type_id != a.dst_type or t.nbytes != a.bytes_out:
+                raise RewriteError(f"{plan.dst}: tensor '{a.name}' is not the planned {a.dst_type} of "
+                                   f"{a.bytes_out} bytes")
+            got = result.tensors[a.name]
+            if a.action == COPY:
+                s = src.tensor[a.name]
+                want = hash_range(src.buf, s.data_start, s.data_start + s.nbytes)
+                if got != want:
+                    raise RewriteError(f"{plan.dst}: copied tensor '{a.name}' differs from the source "
+                                       f"(sha256 {got[:16]} vs {want[:16]})")
+            else:
+                if got != produced[a.name]:
+                    raise RewriteError(f"{plan.dst}: converted tensor '{a.name}' was not written intact")
+                n_bad, first = check_row_data(a.dst_type, out.tensor_data(t))
+                if n_bad:
+                    raise RewriteError(f"{plan.dst}: converted tensor '{a.name}' has {n_bad} blocks with "
+                                       f"non-finite scales (first at block {first})")
+    result.verified = True
+    return result
+
+
+def _describe(path) -> ShardResult:
+    with GGUFFile(path) as f:
+        sha, tensors = hash_file(f)
+        return ShardResult(path, f.file_size, sha, tensors)
+
+
+def source_identity(path) -> dict:
+    """What must not have changed for a finished output to still count: size, mtime, header hash."""
+    st = os.stat(path)
+    with GGUFFile(path) as f:
+        header = hashlib.sha256(np.frombuffer(f.buf, np.uint8, count=f.data_offset)).hexdigest()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "header_sha256": header}

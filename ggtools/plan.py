@@ -1,0 +1,130 @@
+"""TensorPlan: for every tensor of every shard, what happens to it (copy or convert to a type) and why.
+
+Plans know names, types and sizes, never bytes. The same plan object is printed by --dry-run and drives the
+real rewrite (engine.py), so what is shown is what runs.
+"""
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+from gguf import GGUFValueType as VT
+
+from ggtools.gguf import TensorInfo, ggml_type_name
+from ggtools.gguf.values import encode_kv
+from ggtools.quants import row_bytes
+
+COPY, CONVERT = "copy", "convert"
+
+
+@dataclass
+class TensorAction:
+    name: str
+    ne: tuple
+    src_type: int
+    dst_type: int
+    reason: str
+    bytes_in: int
+    bytes_out: int
+
+    @property
+    def action(self) -> str:
+        return COPY if self.src_type == self.dst_type else CONVERT
+
+    def as_dict(self):
+        return {"name": self.name, "ne": list(self.ne), "action": self.action,
+                "from": ggml_type_name(self.src_type), "to": ggml_type_name(self.dst_type),
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "reason": self.reason}
+
+
+def copy_action(t: TensorInfo, reason: str) -> TensorAction:
+    return TensorAction(t.name, t.ne, t.type_id, t.type_id, reason, t.nbytes, t.nbytes)
+
+
+def convert_action(t: TensorInfo, dst_type: int, reason: str) -> TensorAction:
+    if dst_type == t.type_id:
+        return copy_action(t, reason + " (already that type)")
+    out = row_bytes(dst_type, t.ne[0]) * t.n_rows
+    return TensorAction(t.name, t.ne, t.type_id, int(dst_type), reason, t.nbytes, out)
+
+
+@dataclass
+class KVEdits:
+    """Metadata changes: keys set in place (or appended when new) and keys removed."""
+    changes: dict[str, tuple] = field(default_factory=dict)   # key -> (value type, value, element type)
+    removed: set[str] = field(default_factory=set)
+
+    def drop(self, key):
+        self.removed.add(key)
+        self.changes.pop(key, None)
+
+    def put(self, key, vtype: VT, value, elem_type: VT | None = None):
+        encode_kv(key, vtype, value, elem_type)          # fail now, at planning time, if it cannot be encoded
+        self.changes[key] = (vtype, value, elem_type)
+        self.removed.discard(key)
+
+    def record(self, key) -> bytes:
+        return encode_kv(key, *self.changes[key])
+
+    def __bool__(self):
+        return bool(self.changes or self.removed)
+
+
+@dataclass
+class ShardPlan:
+    src: str
+    dst: str
+    tensors: list[TensorAction]
+    kv_edits: KVEdits = field(default_factory=KVEdits)
+
+    @property
+    def bytes_in(self):
+        return sum(a.bytes_in for a in self.tensors)
+
+    @property
+    def bytes_out(self):
+        return sum(a.bytes_out for a in self.tensors)
+
+    @property
+    def converts(self) -> bool:
+        return any(a.action == CONVERT for a in self.tensors)
+
+
+@dataclass
+class Plan:
+    job: str
+    shards: list[ShardPlan]
+
+    @property
+    def bytes_in(self):
+        return sum(s.bytes_in for s in self.shards)
+
+    @property
+    def bytes_out(self):
+        return sum(s.bytes_out for s in self.shards)
+
+    def shard_fingerprint(self, shard: ShardPlan) -> str:
+        """Identifies what a shard's output must be: same fingerprint, same bytes."""
+        data = {"job": self.job, "src": os.path.basename(shard.src), "tensors": [asdict(a) for a in shard.tensors],
+                "kv_set": {k: shard.kv_edits.record(k).hex() for k in sorted(shard.kv_edits.changes)},
+                "kv_remove": sorted(shard.kv_edits.removed)}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()
+
+    def as_dict(self):
+        return {"job": self.job, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+                "shards": [{"src": s.src, "dst": s.dst, "bytes_in": s.bytes_in, "bytes_out": s.bytes_out,
+                            "kv_set": sorted(s.kv_edits.changes), "kv_remove": sorted(s.kv_edits.removed),
+                            "tensors": [a.as_dict() for a in s.tensors]} for s in self.shards]}
+
+    def summary(self) -> dict:
+        """Per (action, from, to): tensor count and bytes in/out."""
+        out = {}
+        for s in self.shards:
+            for a in s.tensors:
+                key = (a.action, ggml_type_name(a.src_type), ggml_type_name(a.dst_type))
+                e = out.setdefault(key, [0, 0, 0])
+                e[0] += 1
+                e[1] += a.bytes_in
+                e[2] += a.bytes_out
+        return out
