@@ -1,0 +1,44 @@
+"""Printing a Plan (--dry-run) and a run's outcome, shared by the rewriting commands."""
+
+import os
+
+import click
+
+from ggtools.cli.render import emit_json, human_bytes, table
+
+
+def show_plan(plan, *, as_json=False, tensors=True):
+    if as_json:
+        emit_json(plan.as_dict())
+        return
+    if tensors:
+        for s in plan.shards:
+            click.echo(f"{s.src} -> {s.dst}")
+            if s.kv_edits:
+                click.echo(f"  metadata: set {sorted(s.kv_edits.changes) or '-'}; "
+                           f"remove {sorted(s.kv_edits.removed) or '-'}")
+            rows = [(a.name, a.action, f"{_t(a.src_type)} -> {_t(a.dst_type)}" if a.action == "convert"
+                     else _t(a.src_type), human_bytes(a.bytes_in), human_bytes(a.bytes_out), a.reason)
+                    for a in s.tensors]
+            click.echo(_indent(table(rows, ["tensor", "action", "type", "in", "out", "reason"], "lllrrl")))
+            click.echo()
+    if len(plan.shards) > 1 or not tensors:
+        rows = [(os.path.basename(s.dst), sum(a.action == "convert" for a in s.tensors),
+                 sum(a.action == "copy" for a in s.tensors), human_bytes(s.bytes_in), human_bytes(s.bytes_out))
+                for s in plan.shards]
+        click.echo(table(rows, ["shard", "convert", "copy", "in", "out"], "lrrrr"))
+        click.echo()
+    rows = [(action, f"{a} -> {b}" if action == "convert" else a, n, human_bytes(i), human_bytes(o))
+            for (action, a, b), (n, i, o) in sorted(plan.summary().items())]
+    rows.append(("total", "", sum(len(s.tensors) for s in plan.shards), human_bytes(plan.bytes_in),
+                 human_bytes(plan.bytes_out)))
+    click.echo(table(rows, ["action", "types", "tensors", "in", "out"], "llrrr"))
+
+
+def _t(type_id):
+    from ggtools.gguf import ggml_type_name
+    return ggml_type_name(type_id)
+
+
+def _indent(text):
+    return "\n".join("  " + line for line in text.splitlines())

@@ -1,0 +1,54 @@
+import click
+
+from ggtools.cli.plan_view import show_plan
+from ggtools.cli.render import emit_json, human_bytes
+from ggtools.jobs.requant import plan_requant_trunk
+from ggtools.shard_runner import preflight_disk, run_plan
+
+
+@click.command("requant-trunk")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--out-dir", required=True, type=click.Path(file_okay=False), help="Where the output shards go (same names).")
+@click.option("--from", "src_type", default="q8_0", show_default=True, help="Type of the tensors to requantize.")
+@click.option("--to", "dst_type", default="q4_k", show_default=True, help="Their new type.")
+@click.option("--copy", "copy_patterns", multiple=True, metavar="REGEX", help="Also byte-copy tensors matching (repeatable).")
+@click.option("--shard", "only", multiple=True, type=click.IntRange(1), metavar="K", help="Only shard K (1-based; repeatable).")
+@click.option("-j", "--jobs", type=click.IntRange(1), default=None, help="Shards in parallel processes (default: CPU count).")
+@click.option("--dry-run", is_flag=True, help="Print the plan and the disk check; write nothing.")
+@click.option("--resume", is_flag=True, help="Skip shards the manifest shows finished and still intact; redo the rest.")
+@click.option("--no-verify", is_flag=True, help="Skip re-reading outputs (copies hashed against the source).")
+@click.option("--force", is_flag=True, help="Overwrite existing outputs.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable plan / result.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+def command(path, out_dir, src_type, dst_type, copy_patterns, only, jobs, dry_run, resume, no_verify, force,
+            as_json, quiet):
+    """Requantize only the --from tensors (the Q8_0 trunk) of a model; MXFP4 experts, F32 norms and every
+    other tensor are byte-copied and proven unchanged. Split-in = split-out: one output shard per input
+    shard, same names, KVs and tensor order.
+
+    \b
+    Examples:
+      ggtools requant-trunk Kimi-00001-of-00032.gguf -o out/ --dry-run
+      ggtools requant-trunk Kimi-00001-of-00032.gguf -o out/ -j 2
+      ggtools requant-trunk Kimi-00001-of-00032.gguf -o out/ --resume
+      ggtools requant-trunk Kimi-00001-of-00032.gguf -o out/ --shard 7     # one shard, e.g. per cluster job
+    """
+    plan = plan_requant_trunk(path, out_dir, src_type=src_type, dst_type=dst_type, copy_patterns=copy_patterns,
+                              only=only)
+    if dry_run:
+        show_plan(plan, as_json=as_json, tensors=not quiet)
+        if not as_json:
+            preflight_disk(plan.shards)
+            click.echo("disk check: the output fits")
+        return
+    import os
+    report = run_plan(plan, jobs=jobs or min(len(plan.shards), os.cpu_count() or 1), resume=resume, force=force,
+                      verify=not no_verify, progress=False if quiet or as_json else None)
+    if as_json:
+        emit_json({"done": report.done, "skipped": report.skipped, "manifest": report.manifest,
+                   "bytes_in": plan.bytes_in, "bytes_out": plan.bytes_out, "verified": not no_verify})
+        return
+    for p in report.skipped:
+        click.echo(f"skipped (finished and intact): {p}")
+    click.echo(f"{len(report.done)} shard(s) written{', verified' if not no_verify else ''}: "
+               f"{human_bytes(plan.bytes_in)} -> {human_bytes(plan.bytes_out)}; manifest {report.manifest}")

@@ -1,0 +1,70 @@
+"""requant-trunk: surgical requantization of one tensor type (the Q8_0 trunk) of a shard set, split-in = split-out.
+
+Every tensor of type --from becomes --to (dequantize → ggml-exact quantize); everything else — MXFP4 experts,
+F32 norms, any other type, anything matching --copy, rows that do not fit --to — is byte-copied and verified.
+"""
+
+import os
+import re
+
+from ggtools.gguf import GGUFError, ShardSet
+from ggtools.plan import Plan, ShardPlan, convert_action, copy_action
+from ggtools.quants import block_size, parse_qtype
+from ggtools.tensor_rules import never_quantized
+
+
+def plan_requant_trunk(path, out_dir, *, src_type="q8_0", dst_type="q4_k", copy_patterns=(), only=None) -> Plan:
+    """The plan for every shard (or the 1-based shard numbers in `only`)."""
+    src_t, dst_t = parse_qtype(src_type), parse_qtype(dst_type)
+    patterns = [_regex(p) for p in copy_patterns]
+    shards = ShardSet(path)
+    _check_out_dir(shards, out_dir)
+    indices = _select(shards, only)
+    plans = []
+    for i in indices:
+        f = shards.file(i)
+        actions = [_decide(t, src_t, dst_t, patterns) for t in f.tensors]
+        plans.append(ShardPlan(f.path, os.path.join(out_dir, os.path.basename(f.path)), actions))
+    return Plan("requant-trunk", plans)
+
+
+def _decide(t, src_t, dst_t, patterns):
+    for p in patterns:
+        if p.search(t.name):
+            return copy_action(t, f"matches --copy '{p.pattern}'")
+    if t.type_id != src_t:
+        return copy_action(t, f"{t.type_name} is not --from {src_t.name}")
+    reason = never_quantized(t.name, t.ne)
+    if reason:
+        return copy_action(t, reason)
+    if t.ne[0] % block_size(dst_t):
+        return copy_action(t, f"ne0={t.ne[0]} not divisible by {block_size(dst_t)} ({dst_t.name}) → copy")
+    return convert_action(t, dst_t, f"{src_t.name} trunk → {dst_t.name}")
+
+
+def _regex(pattern):
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise GGUFError("--copy", f"bad regular expression {pattern!r}: {e}") from None
+
+
+def _check_out_dir(shards, out_dir):
+    if not os.path.isdir(out_dir):
+        raise GGUFError(out_dir, "output directory does not exist")
+    src_dir = os.path.dirname(os.path.abspath(shards.paths[0]))
+    if os.path.samefile(src_dir, out_dir):
+        raise GGUFError(out_dir, "output directory is the input's directory; outputs keep the input names, "
+                                 "so they would replace the input")
+    if shards.missing:
+        raise GGUFError(shards.missing[0], f"shard {shards.paths.index(shards.missing[0]) + 1} of "
+                                           f"{shards.count} is missing")
+
+
+def _select(shards, only):
+    if not only:
+        return range(shards.count)
+    for k in only:
+        if not 1 <= k <= shards.count:
+            raise GGUFError(shards.paths[0], f"--shard {k} is outside 1..{shards.count}")
+    return sorted(set(k - 1 for k in only))
