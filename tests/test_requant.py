@@ -1,0 +1,161 @@
+"""requant-trunk on a synthetic Kimi-like shard set: copies identical, conversions exact, resume, preflight."""
+
+import collections
+import os
+import shutil
+
+import gguf
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import make_moe_shards
+from ggtools import shard_runner
+from ggtools.cli import main
+from ggtools.engine import RewriteError
+from ggtools.gguf import GGUFFile
+from ggtools.jobs.requant import plan_requant_trunk
+from ggtools.quants import quantize
+from ggtools.shard_runner import run_plan
+
+T = gguf.GGMLQuantizationType
+
+
+@pytest.fixture(scope="module")
+def moe_set(tmp_path_factory):
+    d = tmp_path_factory.mktemp("moe")
+    return make_moe_shards.write_set(str(d / "kimi"), layers=3, hidden=512, ffn=256, experts=4, vocab=1024,
+                                     shards=3)
+
+
+def requant(paths, out, *args):
+    result = CliRunner().invoke(main, ["requant-trunk", paths[0], "-o", str(out), "-q", *args])
+    assert result.exit_code == 0, result.output
+    return [os.path.join(out, os.path.basename(p)) for p in paths]
+
+
+def test_plan_decisions(moe_set, tmp_path):
+    plan = plan_requant_trunk(moe_set[1], str(tmp_path))
+    actions = {a.name: a for s in plan.shards for a in s.tensors}
+    assert len(plan.shards) == 3
+    for name, a in actions.items():
+        if "_exps" in name or name.endswith("norm.weight") or "gate_inp" in name or "attn_k_b" in name:
+            assert a.action == "copy", name
+        else:
+            assert (a.action, a.src_type, a.dst_type) == ("convert", T.Q8_0, T.Q4_K), name
+    assert "not divisible by 256" in actions["blk.0.attn_k_b.weight"].reason
+
+
+def test_requant_output(moe_set, tmp_path):
+    outs = requant(moe_set, tmp_path)
+    for src_path, out_path in zip(moe_set, outs):
+        src, out = gguf.GGUFReader(src_path), gguf.GGUFReader(out_path)      # independent reader
+        assert [f for f in src.fields] == [f for f in out.fields]
+        for key in src.fields:
+            if not key.startswith("GGUF."):
+                assert src.fields[key].contents() == out.fields[key].contents()
+        assert [t.name for t in src.tensors] == [t.name for t in out.tensors]
+        for s, o in zip(src.tensors, out.tensors):
+            if s.tensor_type == T.Q8_0 and s.shape[0] % 256 == 0:
+                assert o.tensor_type == T.Q4_K
+                expected = quantize(T.Q4_K, gguf.quants.dequantize(s.data, T.Q8_0))
+                assert np.array_equal(o.data.reshape(-1), expected.reshape(-1)), s.name
+            else:
+                assert o.tensor_type == s.tensor_type
+                assert bytes(o.data.reshape(-1).view(np.uint8)) == bytes(s.data.reshape(-1).view(np.uint8)), s.name
+    result = CliRunner().invoke(main, ["validate", "--deep", outs[0]])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.oracle
+def test_conversion_equals_ggml(moe_set, tmp_path):
+    from ggml_oracle import load_ggml
+    ggml = load_ggml()
+    outs = requant(moe_set, tmp_path)
+    src, out = gguf.GGUFReader(moe_set[0]), gguf.GGUFReader(outs[0])
+    for s, o in zip(src.tensors, out.tensors):
+        if o.tensor_type == T.Q4_K:
+            ref = ggml.quantize(T.Q4_K, gguf.quants.dequantize(s.data, T.Q8_0))
+            assert np.array_equal(o.data.reshape(-1), ref.reshape(-1)), s.name
+
+
+def test_parallel_equals_serial(moe_set, tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = requant(moe_set, tmp_path / "a", "-j", "1")
+    b = requant(moe_set, tmp_path / "b", "-j", "2")
+    for x, y in zip(a, b):
+        assert open(x, "rb").read() == open(y, "rb").read()
+
+
+def test_resume_after_a_crash(moe_set, tmp_path, monkeypatch):
+    plan = plan_requant_trunk(moe_set[0], str(tmp_path))
+    real = shard_runner.rewrite_shard
+    calls = collections.Counter()
+
+    def crash_on_second(shard, **kw):
+        calls[os.path.basename(shard.dst)] += 1
+        if shard is plan.shards[1]:
+            with open(os.path.join(tmp_path, f".{os.path.basename(shard.dst)}.partial-999"), "wb") as fh:
+                fh.write(b"half a shard")     # what a killed process leaves behind
+            raise RewriteError("simulated crash")
+        return real(shard, **kw)
+
+    monkeypatch.setattr(shard_runner, "rewrite_shard", crash_on_second)
+    with pytest.raises(RewriteError, match="simulated crash"):
+        run_plan(plan, jobs=1, progress=False)
+    assert sorted(os.listdir(tmp_path)) == sorted([".kimi-00002-of-00003.gguf.partial-999", "kimi-00001-of-00003.gguf",
+                                                   "kimi-00003-of-00003.gguf", "kimi.ggtools.json"])
+    monkeypatch.setattr(shard_runner, "rewrite_shard", real)
+    report = run_plan(plan_requant_trunk(moe_set[0], str(tmp_path)), jobs=1, resume=True, progress=False)
+    assert [os.path.basename(p) for p in report.skipped] == ["kimi-00001-of-00003.gguf", "kimi-00003-of-00003.gguf"]
+    assert [os.path.basename(p) for p in report.done] == ["kimi-00002-of-00003.gguf"]
+    assert not [p for p in os.listdir(tmp_path) if "partial" in p]
+    (tmp_path / "fresh").mkdir()
+    fresh = requant(moe_set, tmp_path / "fresh")
+    for p in fresh:
+        assert open(p, "rb").read() == open(tmp_path / os.path.basename(p), "rb").read()
+
+
+def test_resume_redoes_a_damaged_output(moe_set, tmp_path):
+    outs = requant(moe_set, tmp_path)
+    with open(outs[2], "r+b") as fh:
+        fh.seek(-40, os.SEEK_END)
+        fh.write(b"\xff")
+    report = run_plan(plan_requant_trunk(moe_set[0], str(tmp_path)), jobs=1, resume=True, progress=False)
+    assert [os.path.basename(p) for p in report.done] == ["kimi-00003-of-00003.gguf"]
+
+
+def test_single_shard_job(moe_set, tmp_path):
+    requant(moe_set, tmp_path, "--shard", "2")
+    assert sorted(os.listdir(tmp_path)) == ["kimi-00002-of-00003.gguf", "kimi.ggtools.json"]
+
+
+def test_refuses_when_disk_too_small(moe_set, tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "disk_usage", lambda d: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    result = CliRunner().invoke(main, ["requant-trunk", moe_set[0], "-o", str(tmp_path), "-q"])
+    assert result.exit_code == 2 and "not enough disk space" in result.output
+    assert os.listdir(tmp_path) == []
+
+
+def test_refuses_to_overwrite_and_to_write_over_the_input(moe_set, tmp_path):
+    requant(moe_set, tmp_path)
+    result = CliRunner().invoke(main, ["requant-trunk", moe_set[0], "-o", str(tmp_path), "-q"])
+    assert result.exit_code == 2 and "output exists" in result.output
+    result = CliRunner().invoke(main, ["requant-trunk", moe_set[0], "-o", os.path.dirname(moe_set[0])])
+    assert result.exit_code == 2 and "input's directory" in result.output
+
+
+def test_copied_tensor_mismatch_fails_verification(moe_set, tmp_path, monkeypatch):
+    """If the bytes written for a copy differ from the source, the shard fails loudly."""
+    from ggtools.gguf import writer
+    real = writer.GGUFWriter.copy_from
+
+    def corrupting_copy(self, fd, off, n):
+        real(self, fd, off, n)
+        self._fh.flush()
+        os.pwrite(self._fh.fileno(), b"\x01", self._pos - 1)
+
+    monkeypatch.setattr(writer.GGUFWriter, "copy_from", corrupting_copy)
+    result = CliRunner().invoke(main, ["requant-trunk", moe_set[0], "-o", str(tmp_path), "-q", "-j", "1"])
+    assert result.exit_code == 1 and "differs from the source" in result.output
