@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import make_moe_shards
 from ggtools import shard_runner
 from ggtools.cli import main
 from ggtools.engine import RewriteError
 from ggtools.gguf import GGUFFile
 from ggtools.jobs.requant import plan_requant_trunk
 from ggtools.quants import quantize
+from ggtools.samples import write_moe_set
 from ggtools.shard_runner import run_plan
 
 T = gguf.GGMLQuantizationType
@@ -24,7 +24,7 @@ T = gguf.GGMLQuantizationType
 @pytest.fixture(scope="module")
 def moe_set(tmp_path_factory):
     d = tmp_path_factory.mktemp("moe")
-    return make_moe_shards.write_set(str(d / "kimi"), layers=3, hidden=512, ffn=256, experts=4, vocab=1024,
+    return write_moe_set(str(d / "kimi"), layers=3, hidden=512, ffn=256, experts=4, vocab=1024,
                                      shards=3)
 
 
