@@ -60,7 +60,11 @@ def encode_value(vtype: VT, value, elem_type: VT | None = None) -> bytes:
         return head + b"".join(encode_string(s) for s in value)
     if elem_type == VT.BOOL:
         return head + bytes(1 if v else 0 for v in value)
-    return head + np.asarray(value).astype(NUMPY_DTYPE[elem_type], casting="unsafe").tobytes()
+    arr = np.asarray(value)
+    out = arr.astype(NUMPY_DTYPE[elem_type], casting="unsafe")
+    if arr.size and out.dtype.kind in "iu" and not np.array_equal(out.astype(arr.dtype), arr):
+        raise ValueError(f"array values do not fit {elem_type.name}")
+    return head + out.tobytes()
 
 
 def encode_kv(key: str, vtype: VT, value, elem_type: VT | None = None) -> bytes:

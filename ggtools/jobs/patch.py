@@ -1,0 +1,138 @@
+"""patch: metadata edits (set / remove keys, the DFlash mask-token fix) on a file or a shard set.
+
+Only the first shard carries model metadata, so only it is rewritten; tensor data is byte-copied (kernel
+copy) and verified. Output is atomic; the input is untouched unless in-place (then temp file + rename).
+"""
+
+import json
+import os
+import shutil
+
+from gguf import GGUFValueType as VT
+
+from ggtools.engine import rewrite_shard
+from ggtools.errors import GGToolsError
+from ggtools.gguf import GGUFFile, ShardSet
+from ggtools.gguf.values import encode_kv, value_type
+from ggtools.plan import KVEdits, ShardPlan, copy_action
+
+MASK_KEY = "tokenizer.ggml.mask_token_id"
+
+
+class PatchError(GGToolsError):
+    exit_code = 2
+
+
+def parse_assignment(text: str) -> tuple[str, VT, object, VT | None]:
+    """KEY=TYPE:VALUE → (key, value type, value, element type). Arrays: TYPE[]:a,b,c or TYPE[]:[json list]."""
+    key, sep, rest = text.partition("=")
+    tname, sep2, raw = rest.partition(":")
+    if not sep or not sep2 or not key:
+        raise PatchError(f"'{text}': expected KEY=TYPE:VALUE, e.g. tokenizer.ggml.mask_token_id=u32:151669")
+    try:
+        if tname.endswith("[]"):
+            elem = value_type(tname[:-2])
+            items = json.loads(raw) if raw.strip().startswith("[") else ([] if raw == "" else raw.split(","))
+            parsed = key, VT.ARRAY, [_scalar(elem, str(v) if not isinstance(v, str) else v) for v in items], elem
+        else:
+            vtype = value_type(tname)
+            parsed = key, vtype, _scalar(vtype, raw), None
+        encode_kv(*parsed)          # does the value fit its type?
+        return parsed
+    except ValueError as e:
+        raise PatchError(f"'{text}': {e}") from None
+
+
+def _scalar(vtype: VT, raw: str):
+    if vtype == VT.STRING:
+        return raw
+    if vtype == VT.BOOL:
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"bool must be true/false/1/0, got {raw!r}")
+        return raw.lower() in ("true", "1")
+    if vtype in (VT.FLOAT32, VT.FLOAT64):
+        return float(raw)
+    if vtype == VT.ARRAY:
+        raise ValueError("write arrays as TYPE[]:v1,v2")
+    return int(raw, 0)
+
+
+def mask_token_edits(f: GGUFFile, token_id: int | None, target: str | None) -> KVEdits:
+    """Set tokenizer.ggml.mask_token_id (u32) from --id, else from dflash.mask_token_id / <arch>.dflash..."""
+    if token_id is None:
+        for key in ("dflash.mask_token_id", f"{f.architecture}.dflash.mask_token_id"):
+            if key in f.kv:
+                token_id = f.kv[key].value
+                break
+        else:
+            raise PatchError(f"{f.path}: no --id given and neither 'dflash.mask_token_id' nor "
+                             f"'{f.architecture}.dflash.mask_token_id' is in the file; pass --id N (the drafter's "
+                             "mask token id in the target vocabulary)")
+    if not isinstance(token_id, int) or not 0 <= token_id < 2 ** 32:
+        raise PatchError(f"{f.path}: mask token id {token_id!r} is not a u32")
+    if target:
+        vocab = target_vocab_size(target)
+        if vocab is not None and token_id >= vocab:
+            raise PatchError(f"mask token id {token_id} is outside the target vocabulary ({vocab} tokens in {target})")
+    edits = KVEdits()
+    edits.put(MASK_KEY, VT.UINT32, token_id)
+    return edits
+
+
+def target_vocab_size(path) -> int | None:
+    with ShardSet(path) as s:
+        f = s.first
+        kv = f.kv.get("tokenizer.ggml.tokens")
+        if kv is not None:
+            return kv.count
+        size = f.get(f"{f.architecture}.vocab_size")
+        return int(size) if isinstance(size, (int, float)) else None
+
+
+def patch(path, edits: KVEdits, *, out=None, in_place=False, force=False) -> list[str]:
+    """Apply `edits` to the model at path; returns the paths written. For a shard set `out` is a directory."""
+    if bool(out) == bool(in_place):
+        raise PatchError("give exactly one of -o OUT and --in-place")
+    shards = ShardSet(path)
+    files = shards.files
+    first = files[0]
+    for key in edits.removed:
+        if key not in first.kv:
+            raise PatchError(f"{first.path}: key '{key}' is not in the file")
+    dst = _first_output(shards, out, in_place)
+    plan = ShardPlan(first.path, dst, [copy_action(t, "metadata patch") for t in first.tensors], edits)
+    written = [rewrite_shard(plan, force=force or in_place).dst]
+    if shards.is_split and not in_place:
+        for p in shards.paths[1:]:
+            target = os.path.join(out, os.path.basename(p))
+            if os.path.exists(target) and not force:
+                raise PatchError(f"{target}: output exists; pass --force to overwrite it")
+            _copy_whole(p, target)
+            written.append(target)
+    shards.close()
+    return written
+
+
+def _first_output(shards, out, in_place):
+    if in_place:
+        return shards.paths[0]
+    if shards.is_split:
+        if not os.path.isdir(out):
+            raise PatchError(f"{out}: for a shard set, -o names an existing directory for the patched set")
+        dst = os.path.join(out, os.path.basename(shards.paths[0]))
+    else:
+        dst = out
+    if os.path.exists(dst) and os.path.samefile(dst, shards.paths[0]):
+        raise PatchError(f"{dst}: output is the input; use --in-place to edit it")
+    return dst
+
+
+def _copy_whole(src, dst):
+    """Byte copy of an untouched shard (kernel copy where possible), atomic."""
+    tmp = f"{dst}.partial-{os.getpid()}"
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
