@@ -1,0 +1,188 @@
+"""Oracle artifacts as session-scoped pytest fixtures: llama.cpp sources, tiny HF models and the reference
+GGUFs llama.cpp's own converter and quantizer make of them (docs/fixtures.md).
+
+Built on first use by scripts/fixtures/tiny_models.py into `$GGTOOLS_CACHE` (default `~/.cache/ggtools`),
+keyed by a hash of the recipe (script sources + tool versions), so later sessions reuse them. A fixture whose
+oracle is missing (llama-cpp-python, torch, transformers, dflash, sentencepiece, the llama.cpp sdist) skips
+with the reason; a misconfiguration (GGTOOLS_LLAMA_CPP_SRC / GGTOOLS_LLAMA_CPP_SDIST pointing at the wrong
+thing) or a failing build is an error.
+
+Use: `from oracle_artifacts import *` in a test module or conftest.py (tests/ is on sys.path).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+_FIXTURE_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "fixtures"
+if str(_FIXTURE_SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(_FIXTURE_SCRIPTS))
+
+import llama_cpp_src as _lcs  # noqa: E402
+import llama_oracle as _oracle  # noqa: E402
+import tiny_models as _tm  # noqa: E402
+
+__all__ = [
+    "llama_cpp_src", "tiny_tokenizer", "tiny_target", "tiny_drafters", "ref_drafter_gguf", "ref_drafter_quant",
+    "qwen35moe_set", "llama_loads", "llama_load_info", "llama_greedy", "oracle_unit",
+    "TinyTarget", "DrafterRefs", "DrafterQuants", "Qwen35MoeSet",
+]
+
+QUANT_FTYPES = {"Q8_0": 7, "Q4_K_M": 15, "Q2_K": 10}
+
+
+def oracle_unit(unit: str) -> tuple[Path, dict]:
+    """Build (or reuse) a tiny_models unit; skip the test when an oracle it needs is missing."""
+    try:
+        return _tm.ensure(unit)
+    except _tm.OracleMissing as e:
+        pytest.skip(f"oracle missing: {e}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# libllama helpers
+
+
+def llama_load_info(path) -> dict:
+    """Load `path` (first shard of a split) with `llama_model_load_from_file` in a child process.
+    Returns {"ok": bool, "desc", "n_params", "n_vocab"} or {"ok": False, "error": ...}."""
+    pytest.importorskip("llama_cpp")
+    return _oracle.run_ops_subprocess([{"op": "load", "path": str(path)}])[0]
+
+
+def llama_loads(path) -> bool:
+    """True when libllama loads `path` (checked in a child process, so an abort cannot kill pytest)."""
+    return bool(llama_load_info(path).get("ok"))
+
+
+def llama_greedy(path, prompt_ids, n: int) -> list[int]:
+    """Greedy continuation of `prompt_ids` by `n` tokens with libllama (n_threads 2, in process)."""
+    pytest.importorskip("llama_cpp")
+    return _oracle.greedy(str(path), list(prompt_ids), n, n_threads=2)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# result types
+
+
+@dataclass
+class TinyTarget:
+    """Tiny Qwen3 target: HF dir (bf16 safetensors + SentencePiece tokenizer.model) and llama.cpp GGUFs."""
+    hf_dir: Path
+    tokenizer_model: Path
+    gguf: dict[str, Path]           # {"f32": path, "f16": path}
+    manifest: dict = field(repr=False)
+
+
+@dataclass
+class DrafterRefs:
+    """llama.cpp converter outputs. Call with (version, outtype): version 1 / 2 / "v1" / "v2" or a layout
+    variant name ("v2-sharded", ...; those only with outtype "f16"); outtype f16 / bf16 / q8_0 / f32."""
+    paths: dict[str, Path]          # "v1/f16" -> path
+    manifest: dict = field(repr=False)
+
+    def __call__(self, version, outtype: str = "f16") -> Path:
+        key = f"{_version_key(version)}/{outtype.lower()}"
+        if key not in self.paths:
+            raise KeyError(f"no reference drafter {key!r}; have {sorted(self.paths)}")
+        return self.paths[key]
+
+
+@dataclass
+class DrafterQuants:
+    """llama_model_quantize outputs of the f16 references. Call with (version, ftype): ftype "Q8_0" /
+    "Q4_K_M" / "Q2_K" or the llama_ftype number 7 / 15 / 10. `loads` records what libllama loaded at build
+    time, for every reference and quantized drafter ("ref:v1/f16", "quant:v2/Q2_K", ...)."""
+    paths: dict[str, Path]          # "v1/Q8_0" -> path
+    loads: dict[str, dict]
+    manifest: dict = field(repr=False)
+
+    def __call__(self, version, ftype) -> Path:
+        if isinstance(ftype, int):
+            ftype = {v: k for k, v in QUANT_FTYPES.items()}[ftype]
+        key = f"{_version_key(version)}/{ftype.upper()}"
+        if key not in self.paths:
+            raise KeyError(f"no quantized drafter {key!r}; have {sorted(self.paths)}")
+        return self.paths[key]
+
+
+@dataclass
+class Qwen35MoeSet:
+    """Tiny qwen35moe surgical-requant reference set (test-artifacts.md §6)."""
+    hf_dir: Path
+    f16: Path                       # llama.cpp converter, --no-mtp --outtype f16
+    mxfp4_moe: Path                 # llama_model_quantize MXFP4_MOE (38): Q8_0 trunk, MXFP4 experts
+    surgical: Path                  # ... requantized: allow_requantize, pure, _exps=MXFP4, Q4_K_M (15)
+    split: list[Path]               # mxfp4_moe as 3 shards (gguf-py split writer)
+    split_surgical: list[Path]      # the surgical recipe applied to `split` with keep_split
+    loads: dict[str, dict]
+    manifest: dict = field(repr=False)
+
+
+def _version_key(version) -> str:
+    if isinstance(version, int):
+        return f"v{version}"
+    return str(version)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_src() -> Path:
+    """The llama.cpp tree (vendor/llama.cpp of the llama-cpp-python sdist): convert_hf_to_gguf.py,
+    conversion/, gguf-py/, models/ggml-vocab-*.gguf(.inp/.out), tools/{quantize,gguf-split}/ sources."""
+    try:
+        return _lcs.llama_cpp_src()
+    except _lcs.LlamaCppSrcMismatch:
+        raise
+    except _lcs.LlamaCppSrcError as e:
+        pytest.skip(f"oracle missing: llama.cpp sources: {e}")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer() -> Path:
+    """SentencePiece BPE tokenizer.model (vocab 1024, <unk> 0, <s> 1, </s> 2, byte fallback)."""
+    d, m = oracle_unit("tokenizer")
+    return d / m["tokenizer_model"]
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> TinyTarget:
+    d, m = oracle_unit("target")
+    return TinyTarget(hf_dir=d / m["hf_dir"], tokenizer_model=d / m["hf_dir"] / "tokenizer.model",
+                      gguf={k: d / e["path"] for k, e in m["gguf"].items()}, manifest=m)
+
+
+@pytest.fixture(scope="session")
+def tiny_drafters() -> dict[str, Path]:
+    """{variant: HF dir}: "v1", "v2" (z-lab classes, save_pretrained bf16) and the layout variants
+    v1/v2-sharded, v1/v2-prefixed, v2-hub-codebooks, v1-toplevel-mask, v1-toplevel-block-size."""
+    d, m = oracle_unit("drafters")
+    return {k: d / p for k, p in m["dirs"].items()}
+
+
+@pytest.fixture(scope="session")
+def ref_drafter_gguf() -> DrafterRefs:
+    d, m = oracle_unit("drafter-refs")
+    return DrafterRefs(paths={k: d / e["path"] for k, e in m["refs"].items()}, manifest=m)
+
+
+@pytest.fixture(scope="session")
+def ref_drafter_quant() -> DrafterQuants:
+    d, m = oracle_unit("drafter-quants")
+    return DrafterQuants(paths={k: d / e["path"] for k, e in m["quants"].items()}, loads=m["loads"], manifest=m)
+
+
+@pytest.fixture(scope="session")
+def qwen35moe_set() -> Qwen35MoeSet:
+    d, m = oracle_unit("qwen35moe")
+    f = {k: d / e["path"] for k, e in m["files"].items()}
+    return Qwen35MoeSet(hf_dir=d / m["hf_dir"], f16=f["f16"], mxfp4_moe=f["mxfp4_moe"], surgical=f["surgical"],
+                        split=[d / e["path"] for e in m["split"]],
+                        split_surgical=[d / e["path"] for e in m["split_surgical"]], loads=m["loads"], manifest=m)
