@@ -53,6 +53,15 @@ def nearest_int(f):
 
 
 @njit(**JIT)
+def nearest_float(f):
+    """float32(nearest_int(f)) for every f, staying in 32-bit lanes: the same mantissa bits,
+    put back under the exponent of 2**23 and debiased by a float subtraction (all exact).
+    Vector loops use this; int64 intermediates would not vectorize on AVX2."""
+    bits = f32_bits(f + ROUND_MAGIC) & 0x7FFFFF
+    return f32_from_bits(bits | 0x4B000000) - ROUND_MAGIC
+
+
+@njit(**JIT)
 def fp32_to_fp16(f):
     """ggml_compute_fp32_to_fp16: round to nearest even incl. subnormals, overflow to inf,
     NaN to 0x7E00 | sign. Returns the half's bits as int64."""

@@ -1,8 +1,11 @@
-"""K-quants (256-element super-blocks): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+"""K-quant encoders (256-element super-blocks): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 
-quantize_block_* port ggml's quantize_row_*_ref (quant-recipes.md §5); they need caller-owned
-scratch: `L` (int64[256]) and `work` (float32[WORK_ROWS + 3, 32]). decode_block_* port
-dequantize_row_* and need none, so a runtime can call them block by block.
+Ports of ggml's quantize_row_*_ref (quant-recipes.md §5), with caller-owned scratch so the
+parallel kernels allocate once per group of blocks.
+
+Q2_K, Q4_K and Q5_K run a batch of blocks at once, transposed: element i of sub-block c of the
+batch at xt[i, c], so every sub-block is a SIMD lane of make_qkx2_quants (see scalesearch).
+Q3_K and Q6_K go block by block.
 """
 
 import numpy as np
@@ -10,8 +13,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import njit, prange
 
 from .floatbits import JIT, fp16_at, nearest_int, store_fp16
-from .scalesearch import (F0, LANES, WORK_ROWS, clamp, make_q3_quants, make_qkx2_quants,
-                          make_qx_quants)
+from .kdecode import get_scale_min_k4, q3_scale
+from .scalesearch import (F0, LANES, QKX2_ROWS, WORK_ROWS, clamp, level, make_q3_quants,
+                          make_qkx2_quants, make_qx_quants)
 
 QK_K, Q2_K_BYTES = GGML_QUANT_SIZES[T.Q2_K]
 Q3_K_BYTES = GGML_QUANT_SIZES[T.Q3_K][1]
@@ -19,69 +23,79 @@ Q4_K_BYTES = GGML_QUANT_SIZES[T.Q4_K][1]
 Q5_K_BYTES = GGML_QUANT_SIZES[T.Q5_K][1]
 Q6_K_BYTES = GGML_QUANT_SIZES[T.Q6_K][1]
 
-GROUP = 16  # blocks per parallel work item (scratch is allocated once per group)
-W_WEIGHTS, W_SCALES, W_MINS = WORK_ROWS, WORK_ROWS + 1, WORK_ROWS + 2
+BATCH_LANES = 128  # sub-blocks per make_qkx2_quants batch: 16 Q4_K/Q5_K blocks, 8 Q2_K blocks
+GROUP = 16  # Q3_K/Q6_K blocks per parallel work item
+ROW_D, ROW_DM, ROW_SCALES, ROW_MINS = 0, 1, QKX2_ROWS, QKX2_ROWS + 1
+
+
+# ---------------------------------------------------------------- batched Q2_K / Q4_K / Q5_K
+
+@njit(**JIT)
+def new_batch_scratch():
+    size = BATCH_LANES * 32
+    return (np.empty(size, np.float32), np.empty(size, np.float32), np.empty(size, np.int32),
+            np.empty(size, np.int32), np.empty((QKX2_ROWS + 2, BATCH_LANES), np.float32))
 
 
 @njit(**JIT)
-def new_scratch():
-    return np.empty(QK_K, np.int64), np.empty((WORK_ROWS + 3, max(LANES, 32)), np.float32)
-
-
-# ---------------------------------------------------------------- shared packing helpers
-
-@njit(**JIT)
-def pack_2bit(L, y, qo):
-    """qs[32h + l] = L[128h+l] | L[128h+l+32] << 2 | L[..+64] << 4 | L[..+96] << 6."""
-    for h in range(2):
-        for l in range(32):
-            e = 128 * h + l
-            y[qo + 32 * h + l] = L[e] | (L[e + 32] << 2) | (L[e + 64] << 4) | (L[e + 96] << 6)
-
-
-@njit(**JIT)
-def get_scale_min_k4(j, q, so):
-    if j < 4:
-        return np.int64(q[so + j]) & 63, np.int64(q[so + j + 4]) & 63
-    sc = (np.int64(q[so + j + 4]) & 15) | ((np.int64(q[so + j - 4]) >> 6) << 4)
-    m = (np.int64(q[so + j + 4]) >> 4) | ((np.int64(q[so + j]) >> 6) << 4)
-    return sc, m
+def load_batch(x, xo, nblocks, n, scratch):
+    """Transposed views for nblocks blocks with sub-blocks of n: xt[i, c] = x[xo + n*c + i]
+    (sub-block c's values are contiguous in x). Returns xt, wt, Lt, laux, st."""
+    xb, wb, lb, ab, st = scratch
+    lanes = nblocks * (QK_K // n)
+    k = n * lanes
+    xt = xb[:k].reshape((n, lanes))
+    for c in range(lanes):
+        for i in range(n):
+            xt[i, c] = x[xo + n * c + i]
+    return xt, wb[:k].reshape((n, lanes)), lb[:k].reshape((n, lanes)), ab[:k].reshape((n, lanes)), st
 
 
 @njit(**JIT)
-def sub_block_weights(x, xo, w):
-    """Q4_K/Q5_K weights of a 32-element sub-block: av_x + |x| with av_x = sqrt(mean(x^2))."""
-    sum_x2 = F0
-    for l in range(32):
-        sum_x2 += x[xo + l] * x[xo + l]
-    av_x = np.sqrt(sum_x2 / np.float32(32.0))
-    for l in range(32):
-        w[l] = av_x + abs(x[xo + l])
+def requantize_levels(xt, Lt, d, dm, nmax):
+    """Second pass against the rounded scales: L = clamp(nearest_int((x + dm) / d), 0, nmax);
+    sub-blocks with d == 0 keep the levels of the search."""
+    n, lanes = xt.shape
+    fnmax = np.float32(nmax)
+    for i in range(n):
+        for c in range(lanes):
+            fl = level((xt[i, c] + dm[c]) / d[c], fnmax)
+            Lt[i, c] = np.int32(fl) if d[c] != F0 else Lt[i, c]
 
 
 @njit(**JIT)
-def quantize_k4_scales(nmax, rmin, nstep, x, xo, y, yo, L, work):
-    """Steps 1-6 shared by Q4_K and Q5_K: search each sub-block, pack the 6-bit scales/mins and
-    d/dmin at y[yo:yo+16], then redo L against the rounded scales."""
-    scales, mins, w = work[W_SCALES], work[W_MINS], work[W_WEIGHTS]
+def k4_weights(xt, wt, av_x):
+    """Q4_K/Q5_K weights: av_x + |x| with av_x = sqrt(sum(x^2) / 32) per sub-block."""
+    n, lanes = xt.shape
+    for c in range(lanes):
+        av_x[c] = F0
+    for i in range(n):
+        for c in range(lanes):
+            av_x[c] += xt[i, c] * xt[i, c]
+    for c in range(lanes):
+        av_x[c] = np.sqrt(av_x[c] / np.float32(32.0))
+    for i in range(n):
+        for c in range(lanes):
+            wt[i, c] = av_x[c] + abs(xt[i, c])
+
+
+@njit(**JIT)
+def pack_k4_scales(scales, mins, c0, y, yo, d, dm):
+    """Q4_K/Q5_K header of one block (sub-blocks c0..c0+7): 6-bit scales and mins, d, dmin at
+    y[yo:yo+16]; then d[c], dm[c] = the rounded per-sub-block scale and min."""
     max_scale = F0
     max_min = F0
     for j in range(8):
-        sub_block_weights(x, xo + 32 * j, w)
-        s, m = make_qkx2_quants(32, nmax, x, xo + 32 * j, w, L, 32 * j, rmin, np.float32(0.1),
-                                nstep, False, work)
-        scales[j] = s
-        mins[j] = m
-        if s > max_scale:
-            max_scale = s
-        if m > max_min:
-            max_min = m
+        if scales[c0 + j] > max_scale:
+            max_scale = scales[c0 + j]
+        if mins[c0 + j] > max_min:
+            max_min = mins[c0 + j]
     inv_scale = np.float32(63.0) / max_scale if max_scale > F0 else F0
     inv_min = np.float32(63.0) / max_min if max_min > F0 else F0
     so = yo + 4
     for j in range(8):
-        ls = min(63, nearest_int(inv_scale * scales[j]) & 0xFF)
-        lm = min(63, nearest_int(inv_min * mins[j]) & 0xFF)
+        ls = min(63, nearest_int(inv_scale * scales[c0 + j]) & 0xFF)
+        lm = min(63, nearest_int(inv_min * mins[c0 + j]) & 0xFF)
         if j < 4:
             y[so + j] = ls
             y[so + j + 4] = lm
@@ -95,37 +109,72 @@ def quantize_k4_scales(nmax, rmin, nstep, x, xo, y, yo, L, work):
     m_all = fp16_at(y, yo + 2)
     for j in range(8):
         sc, m = get_scale_min_k4(j, y, so)
-        d = d_all * np.float32(sc)
-        if d == F0:
-            continue
-        dm = m_all * np.float32(m)
-        for i in range(32):
-            L[32 * j + i] = clamp(nearest_int((x[xo + 32 * j + i] + dm) / d), 0, nmax)
+        d[c0 + j] = d_all * np.float32(sc)
+        dm[c0 + j] = m_all * np.float32(m)
 
-
-# ---------------------------------------------------------------- Q2_K
 
 @njit(**JIT)
-def quantize_block_q2_k(x, xo, y, yo, L, work):
-    scales, mins, w = work[W_SCALES], work[W_MINS], work[W_WEIGHTS]
+def quantize_k4_batch(nmax, rmin, nstep, block_bytes, x, xo, y, yo, nblocks, scratch):
+    """Everything Q4_K and Q5_K share; returns Lt, the final levels, for the caller to pack."""
+    xt, wt, Lt, laux, st = load_batch(x, xo, nblocks, 32, scratch)
+    k4_weights(xt, wt, st[0])
+    make_qkx2_quants(nmax, xt, wt, Lt, laux, rmin, np.float32(0.1), nstep, False, st,
+                     st[ROW_SCALES], st[ROW_MINS])
+    for b in range(nblocks):
+        pack_k4_scales(st[ROW_SCALES], st[ROW_MINS], 8 * b, y, yo + block_bytes * b,
+                       st[ROW_D], st[ROW_DM])
+    requantize_levels(xt, Lt, st[ROW_D], st[ROW_DM], nmax)
+    return Lt
+
+
+@njit(**JIT)
+def quantize_blocks_q4_k(x, xo, y, yo, nblocks, scratch):
+    """nblocks (<= BATCH_LANES // 8) Q4_K blocks from x[xo:] to y[yo:]."""
+    Lt = quantize_k4_batch(15, np.float32(-1.0), 20, Q4_K_BYTES, x, xo, y, yo, nblocks, scratch)
+    for b in range(nblocks):
+        qs = yo + Q4_K_BYTES * b + 16
+        for c in range(4):  # qs[32c + l]: element l of sub-blocks 2c (low) and 2c+1 (high)
+            for l in range(32):
+                y[qs + 32 * c + l] = Lt[l, 8 * b + 2 * c] | (Lt[l, 8 * b + 2 * c + 1] << 4)
+
+
+@njit(**JIT)
+def quantize_blocks_q5_k(x, xo, y, yo, nblocks, scratch):
+    """nblocks (<= BATCH_LANES // 8) Q5_K blocks from x[xo:] to y[yo:]."""
+    Lt = quantize_k4_batch(31, np.float32(-0.5), 15, Q5_K_BYTES, x, xo, y, yo, nblocks, scratch)
+    for b in range(nblocks):
+        qh = yo + Q5_K_BYTES * b + 16
+        qs = qh + 32
+        for l in range(32):
+            y[qh + l] = 0
+        for c in range(4):
+            for l in range(32):
+                lo = Lt[l, 8 * b + 2 * c]
+                hi = Lt[l, 8 * b + 2 * c + 1]
+                if lo > 15:
+                    lo -= 16
+                    y[qh + l] |= 1 << (2 * c)
+                if hi > 15:
+                    hi -= 16
+                    y[qh + l] |= 2 << (2 * c)
+                y[qs + 32 * c + l] = lo | (hi << 4)
+
+
+@njit(**JIT)
+def pack_q2_k_scales(scales, mins, c0, y, yo, d, dm):
+    """Q2_K scale bytes and d/dmin of one block (sub-blocks c0..c0+15); then d[c], dm[c]."""
     max_scale = F0
     max_min = F0
     for j in range(16):
-        for l in range(16):
-            w[l] = abs(x[xo + 16 * j + l])
-        s, m = make_qkx2_quants(16, 3, x, xo + 16 * j, w, L, 16 * j, np.float32(-0.5),
-                                np.float32(0.1), 15, True, work)
-        scales[j] = s
-        mins[j] = m
-        if s > max_scale:
-            max_scale = s
-        if m > max_min:
-            max_min = m
+        if scales[c0 + j] > max_scale:
+            max_scale = scales[c0 + j]
+        if mins[c0 + j] > max_min:
+            max_min = mins[c0 + j]
     q4scale = np.float32(15.0)
     if max_scale > F0:
         iscale = q4scale / max_scale
         for j in range(16):
-            y[yo + j] = nearest_int(iscale * scales[j]) & 0xFF
+            y[yo + j] = nearest_int(iscale * scales[c0 + j]) & 0xFF
         store_fp16(y, yo + 80, max_scale / q4scale)
     else:
         for j in range(16):
@@ -134,7 +183,7 @@ def quantize_block_q2_k(x, xo, y, yo, L, work):
     if max_min > F0:
         iscale = q4scale / max_min
         for j in range(16):
-            y[yo + j] |= (nearest_int(iscale * mins[j]) << 4) & 0xFF
+            y[yo + j] |= (nearest_int(iscale * mins[c0 + j]) << 4) & 0xFF
         store_fp16(y, yo + 82, max_min / q4scale)
     else:
         store_fp16(y, yo + 82, F0)
@@ -142,41 +191,53 @@ def quantize_block_q2_k(x, xo, y, yo, L, work):
     m_all = fp16_at(y, yo + 82)
     for j in range(16):
         sc = np.int64(y[yo + j])
-        d = d_all * np.float32(sc & 15)
-        if d == F0:
-            continue
-        dm = m_all * np.float32(sc >> 4)
-        for i in range(16):
-            L[16 * j + i] = clamp(nearest_int((x[xo + 16 * j + i] + dm) / d), 0, 3)
-    pack_2bit(L, y, yo + 16)
+        d[c0 + j] = d_all * np.float32(sc & 15)
+        dm[c0 + j] = m_all * np.float32(sc >> 4)
 
 
 @njit(**JIT)
-def decode_block_q2_k(src, so, out, oo):
-    d = fp16_at(src, so + 80)
-    dmin = fp16_at(src, so + 82)
-    for e in range(QK_K):
-        sc = np.int64(src[so + e // 16])
-        h, r = e // 128, e % 128
-        q = (np.int64(src[so + 16 + 32 * h + r % 32]) >> (2 * (r // 32))) & 3
-        dl = d * np.float32(sc & 15)
-        ml = dmin * np.float32(sc >> 4)
-        out[oo + e] = dl * np.float32(q) - ml
+def quantize_blocks_q2_k(x, xo, y, yo, nblocks, scratch):
+    """nblocks (<= BATCH_LANES // 16) Q2_K blocks from x[xo:] to y[yo:]."""
+    xt, wt, Lt, laux, st = load_batch(x, xo, nblocks, 16, scratch)
+    n, lanes = xt.shape
+    for i in range(n):
+        for c in range(lanes):
+            wt[i, c] = abs(xt[i, c])
+    make_qkx2_quants(3, xt, wt, Lt, laux, np.float32(-0.5), np.float32(0.1), 15, True, st,
+                     st[ROW_SCALES], st[ROW_MINS])
+    for b in range(nblocks):
+        pack_q2_k_scales(st[ROW_SCALES], st[ROW_MINS], 16 * b, y, yo + Q2_K_BYTES * b,
+                         st[ROW_D], st[ROW_DM])
+    requantize_levels(xt, Lt, st[ROW_D], st[ROW_DM], 3)
+    for b in range(nblocks):
+        qs = yo + Q2_K_BYTES * b + 16
+        for h in range(2):  # element 128h + 32k + l is sub-block 8h + 2k + l // 16, index l % 16
+            for l in range(32):
+                c = 16 * b + 8 * h + l // 16
+                y[qs + 32 * h + l] = (Lt[l % 16, c] | (Lt[l % 16, c + 2] << 2)
+                                      | (Lt[l % 16, c + 4] << 4) | (Lt[l % 16, c + 6] << 6))
 
 
-# ---------------------------------------------------------------- Q3_K
+# ---------------------------------------------------------------- Q3_K / Q6_K, block by block
 
 @njit(**JIT)
-def q3_scale(src, so, j):
-    """6-bit scale j of a Q3_K block (still offset by +32)."""
-    low = (np.int64(src[so + j]) & 15) if j < 8 else (np.int64(src[so + j - 8]) >> 4)
-    high = (np.int64(src[so + 8 + j % 4]) >> (2 * (j // 4))) & 3
-    return low | (high << 4)
+def new_scratch():
+    """Q3_K / Q6_K scratch: levels L[256], float32 work rows (search lanes, then scales)."""
+    return np.empty(QK_K, np.int64), np.empty((WORK_ROWS + 1, LANES), np.float32)
+
+
+@njit(**JIT)
+def pack_2bit(L, y, qo):
+    """qs[32h + l] = L[128h+l] | L[128h+l+32] << 2 | L[..+64] << 4 | L[..+96] << 6."""
+    for h in range(2):
+        for l in range(32):
+            e = 128 * h + l
+            y[qo + 32 * h + l] = L[e] | (L[e + 32] << 2) | (L[e + 64] << 4) | (L[e + 96] << 6)
 
 
 @njit(**JIT)
 def quantize_block_q3_k(x, xo, y, yo, L, work):
-    scales = work[W_SCALES]
+    scales = work[WORK_ROWS]
     max_scale = F0
     amax = F0
     for j in range(16):
@@ -219,87 +280,8 @@ def quantize_block_q3_k(x, xo, y, yo, L, work):
 
 
 @njit(**JIT)
-def decode_block_q3_k(src, so, out, oo):
-    d = fp16_at(src, so + 108)
-    for e in range(QK_K):
-        dl = d * np.float32(q3_scale(src, so + 96, e // 16) - 32)
-        h, r = e // 128, e % 128
-        q = (np.int64(src[so + 32 + 32 * h + r % 32]) >> (2 * (r // 32))) & 3
-        hbit = (np.int64(src[so + e % 32]) >> (e // 32)) & 1
-        out[oo + e] = dl * np.float32(q - (0 if hbit else 4))
-
-
-# ---------------------------------------------------------------- Q4_K
-
-@njit(**JIT)
-def quantize_block_q4_k(x, xo, y, yo, L, work):
-    quantize_k4_scales(15, np.float32(-1.0), 20, x, xo, y, yo, L, work)
-    for c in range(4):
-        for l in range(32):
-            y[yo + 16 + 32 * c + l] = L[64 * c + l] | (L[64 * c + 32 + l] << 4)
-
-
-@njit(**JIT)
-def decode_block_q4_k(src, so, out, oo):
-    d = fp16_at(src, so)
-    dmin = fp16_at(src, so + 2)
-    for c in range(4):
-        sc, m = get_scale_min_k4(2 * c, src, so + 4)
-        d1 = d * np.float32(sc)
-        m1 = dmin * np.float32(m)
-        sc, m = get_scale_min_k4(2 * c + 1, src, so + 4)
-        d2 = d * np.float32(sc)
-        m2 = dmin * np.float32(m)
-        for l in range(32):
-            q = np.int64(src[so + 16 + 32 * c + l])
-            out[oo + 64 * c + l] = d1 * np.float32(q & 15) - m1
-            out[oo + 64 * c + 32 + l] = d2 * np.float32(q >> 4) - m2
-
-
-# ---------------------------------------------------------------- Q5_K
-
-@njit(**JIT)
-def quantize_block_q5_k(x, xo, y, yo, L, work):
-    quantize_k4_scales(31, np.float32(-0.5), 15, x, xo, y, yo, L, work)
-    qh = yo + 16
-    for l in range(32):
-        y[qh + l] = 0
-    for c in range(4):
-        for l in range(32):
-            lo = L[64 * c + l]
-            hi = L[64 * c + 32 + l]
-            if lo > 15:
-                lo -= 16
-                y[qh + l] |= 1 << (2 * c)
-            if hi > 15:
-                hi -= 16
-                y[qh + l] |= 2 << (2 * c)
-            y[yo + 48 + 32 * c + l] = lo | (hi << 4)
-
-
-@njit(**JIT)
-def decode_block_q5_k(src, so, out, oo):
-    d = fp16_at(src, so)
-    dmin = fp16_at(src, so + 2)
-    for c in range(4):
-        sc, m = get_scale_min_k4(2 * c, src, so + 4)
-        d1 = d * np.float32(sc)
-        m1 = dmin * np.float32(m)
-        sc, m = get_scale_min_k4(2 * c + 1, src, so + 4)
-        d2 = d * np.float32(sc)
-        m2 = dmin * np.float32(m)
-        for l in range(32):
-            q = np.int64(src[so + 48 + 32 * c + l])
-            h = np.int64(src[so + 16 + l]) >> (2 * c)
-            out[oo + 64 * c + l] = d1 * np.float32((q & 15) + 16 * (h & 1)) - m1
-            out[oo + 64 * c + 32 + l] = d2 * np.float32((q >> 4) + 16 * ((h >> 1) & 1)) - m2
-
-
-# ---------------------------------------------------------------- Q6_K
-
-@njit(**JIT)
 def quantize_block_q6_k(x, xo, y, yo, L, work):
-    scales = work[W_SCALES]
+    scales = work[WORK_ROWS]
     max_scale = F0
     max_abs_scale = F0
     for j in range(16):
@@ -335,35 +317,34 @@ def quantize_block_q6_k(x, xo, y, yo, L, work):
                          | ((L[e + l + 64] >> 4) << 4) | ((L[e + l + 96] >> 4) << 6))
 
 
-@njit(**JIT)
-def decode_block_q6_k(src, so, out, oo):
-    d = fp16_at(src, so + 208)
-    for h in range(2):
-        ql = so + 64 * h
-        qh = so + 128 + 32 * h
-        for l in range(32):
-            hb = np.int64(src[qh + l])
-            lo = np.int64(src[ql + l])
-            hi = np.int64(src[ql + l + 32])
-            qs = ((lo & 15) | ((hb & 3) << 4), (hi & 15) | (((hb >> 2) & 3) << 4),
-                  (lo >> 4) | (((hb >> 4) & 3) << 4), (hi >> 4) | (((hb >> 6) & 3) << 4))
-            for k in range(4):
-                e = 128 * h + l + 32 * k
-                sc = np.int64(src[so + 192 + e // 16])
-                dl = d * np.float32(sc - ((sc & 128) << 1))
-                out[oo + e] = dl * np.float32(qs[k] - 32)
-
-
 # ---------------------------------------------------------------- parallel row kernels
 # Rows are contiguous, so block b of a chunk reads x[b*QK_K:] and writes y[b*bytes:].
 
 @njit(parallel=True, **JIT)
 def quantize_q2_k(x, y):
     nb = x.size // QK_K
-    for g in prange((nb + GROUP - 1) // GROUP):
-        L, work = new_scratch()
-        for b in range(g * GROUP, min(nb, (g + 1) * GROUP)):
-            quantize_block_q2_k(x, b * QK_K, y, b * Q2_K_BYTES, L, work)
+    batch = BATCH_LANES // 16
+    for g in prange((nb + batch - 1) // batch):
+        b = g * batch
+        quantize_blocks_q2_k(x, b * QK_K, y, b * Q2_K_BYTES, min(batch, nb - b), new_batch_scratch())
+
+
+@njit(parallel=True, **JIT)
+def quantize_q4_k(x, y):
+    nb = x.size // QK_K
+    batch = BATCH_LANES // 8
+    for g in prange((nb + batch - 1) // batch):
+        b = g * batch
+        quantize_blocks_q4_k(x, b * QK_K, y, b * Q4_K_BYTES, min(batch, nb - b), new_batch_scratch())
+
+
+@njit(parallel=True, **JIT)
+def quantize_q5_k(x, y):
+    nb = x.size // QK_K
+    batch = BATCH_LANES // 8
+    for g in prange((nb + batch - 1) // batch):
+        b = g * batch
+        quantize_blocks_q5_k(x, b * QK_K, y, b * Q5_K_BYTES, min(batch, nb - b), new_batch_scratch())
 
 
 @njit(parallel=True, **JIT)
@@ -376,57 +357,9 @@ def quantize_q3_k(x, y):
 
 
 @njit(parallel=True, **JIT)
-def quantize_q4_k(x, y):
-    nb = x.size // QK_K
-    for g in prange((nb + GROUP - 1) // GROUP):
-        L, work = new_scratch()
-        for b in range(g * GROUP, min(nb, (g + 1) * GROUP)):
-            quantize_block_q4_k(x, b * QK_K, y, b * Q4_K_BYTES, L, work)
-
-
-@njit(parallel=True, **JIT)
-def quantize_q5_k(x, y):
-    nb = x.size // QK_K
-    for g in prange((nb + GROUP - 1) // GROUP):
-        L, work = new_scratch()
-        for b in range(g * GROUP, min(nb, (g + 1) * GROUP)):
-            quantize_block_q5_k(x, b * QK_K, y, b * Q5_K_BYTES, L, work)
-
-
-@njit(parallel=True, **JIT)
 def quantize_q6_k(x, y):
     nb = x.size // QK_K
     for g in prange((nb + GROUP - 1) // GROUP):
         L, work = new_scratch()
         for b in range(g * GROUP, min(nb, (g + 1) * GROUP)):
             quantize_block_q6_k(x, b * QK_K, y, b * Q6_K_BYTES, L, work)
-
-
-@njit(parallel=True, **JIT)
-def dequantize_q2_k(src, out):
-    for b in prange(out.size // QK_K):
-        decode_block_q2_k(src, b * Q2_K_BYTES, out, b * QK_K)
-
-
-@njit(parallel=True, **JIT)
-def dequantize_q3_k(src, out):
-    for b in prange(out.size // QK_K):
-        decode_block_q3_k(src, b * Q3_K_BYTES, out, b * QK_K)
-
-
-@njit(parallel=True, **JIT)
-def dequantize_q4_k(src, out):
-    for b in prange(out.size // QK_K):
-        decode_block_q4_k(src, b * Q4_K_BYTES, out, b * QK_K)
-
-
-@njit(parallel=True, **JIT)
-def dequantize_q5_k(src, out):
-    for b in prange(out.size // QK_K):
-        decode_block_q5_k(src, b * Q5_K_BYTES, out, b * QK_K)
-
-
-@njit(parallel=True, **JIT)
-def dequantize_q6_k(src, out):
-    for b in prange(out.size // QK_K):
-        decode_block_q6_k(src, b * Q6_K_BYTES, out, b * QK_K)

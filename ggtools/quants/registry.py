@@ -2,7 +2,7 @@
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from . import floats, kquants, simple
+from . import floats, kdecode, kquants, simple
 from .errors import QuantError
 
 T = GGMLQuantizationType
@@ -18,11 +18,11 @@ KERNELS = {
     T.Q5_1: (simple.quantize_q5_1, simple.dequantize_q5_1),
     T.Q8_0: (simple.quantize_q8_0, simple.dequantize_q8_0),
     T.MXFP4: (None, simple.dequantize_mxfp4),
-    T.Q2_K: (kquants.quantize_q2_k, kquants.dequantize_q2_k),
-    T.Q3_K: (kquants.quantize_q3_k, kquants.dequantize_q3_k),
-    T.Q4_K: (kquants.quantize_q4_k, kquants.dequantize_q4_k),
-    T.Q5_K: (kquants.quantize_q5_k, kquants.dequantize_q5_k),
-    T.Q6_K: (kquants.quantize_q6_k, kquants.dequantize_q6_k),
+    T.Q2_K: (kquants.quantize_q2_k, kdecode.dequantize_q2_k),
+    T.Q3_K: (kquants.quantize_q3_k, kdecode.dequantize_q3_k),
+    T.Q4_K: (kquants.quantize_q4_k, kdecode.dequantize_q4_k),
+    T.Q5_K: (kquants.quantize_q5_k, kdecode.dequantize_q5_k),
+    T.Q6_K: (kquants.quantize_q6_k, kdecode.dequantize_q6_k),
 }
 
 # llama-quantize's tensor_type_fallback, for rows the requested block size does not divide.

@@ -1,21 +1,24 @@
 """ggml's scale searches for K-quant sub-blocks: make_qkx2_quants, make_qx_quants, make_q3_quants.
 
-The C code tries a list of candidate scales one after another, each with its own sequential
-sums. Here every candidate is a SIMD lane: the sums of all candidates advance together
-element by element (each lane still adds in index order, so every sum is bit-identical), and the
-winner is then picked in the C order with the C comparisons. That turns a latency-bound loop into
-a throughput-bound one without changing a single bit. See quant-recipes.md §4-5.
-
-`work` is caller-owned float32 scratch of shape (WORK_ROWS, LANES).
+The C code runs long chains of dependent float additions (each sum strictly in index order),
+which leaves a CPU mostly waiting. Here independent searches run side by side as SIMD lanes,
+each lane still adding in index order, so every bit stays the same while the loops become
+throughput-bound:
+- make_qkx2_quants (Q2_K, Q4_K, Q5_K): lane = sub-block; a step's candidate depends on the
+  min chosen by the previous accepted step, so the steps themselves stay sequential.
+- make_qx_quants (Q6_K): lane = candidate scale (they are independent); the winner is then
+  picked in the C order with the C comparisons.
+- make_q3_quants (Q3_K): coordinate descent, a plain port.
+See quant-recipes.md §4-5. Scratch arrays are caller-owned so kernels allocate once per group.
 """
 
 import numpy as np
 from numba import njit
 
-from .floatbits import JIT, nearest_int
+from .floatbits import JIT, nearest_float, nearest_int
 
-LANES = 24  # candidate scales per search (at most 21 used), padded to whole AVX2 vectors
-WORK_ROWS = 8
+LANES = 24  # candidate scales per make_qx_quants search (19 used), padded to whole AVX2 vectors
+WORK_ROWS = 3
 GROUP_MAX_EPS = np.float32(1e-15)
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
@@ -27,108 +30,102 @@ def clamp(v, lo, hi):
 
 
 @njit(**JIT)
-def make_qkx2_quants(n, nmax, x, xo, w, L, lo, rmin, rdelta, nstep, use_mad, work):
-    """Scale + min search. Writes L[lo:lo+n], returns (scale, the_min)."""
-    vmin = x[xo]
-    vmax = x[xo]
-    sum_w = w[0]
-    sum_x = sum_w * x[xo]
-    for i in range(1, n):
-        v = x[xo + i]
-        if v < vmin:
-            vmin = v
-        if v > vmax:
-            vmax = v
-        sum_w += w[i]
-        sum_x += w[i] * v
-    if vmin > F0:
-        vmin = F0
-    if vmax == vmin:
-        for i in range(n):
-            L[lo + i] = 0
-        return F0, -vmin
+def level(f, nmax):
+    """float32(clamp(nearest_int(f), 0, nmax)) in vector-friendly form (nmax a float32)."""
+    v = nearest_float(f)
+    v = F0 if v < F0 else v
+    return nmax if v > nmax else v
 
+
+@njit(**JIT)
+def make_qkx2_quants(nmax, xt, wt, Lt, laux, rmin, rdelta, nstep, use_mad, st, scales, mins):
+    """Scale + min search for many sub-blocks at once (sub-block j is lane j).
+
+    xt, wt: (n, nsub) values and weights, element i of sub-block j at [i, j]. Writes the levels
+    to Lt (n, nsub) and scales[j], mins[j] (the_min). laux: int scratch like Lt; st: float32
+    scratch (QKX2_ROWS, >= nsub). Each step of the C loop depends on the min the previous
+    accepted step chose, so steps stay sequential; the lanes are the independent sub-blocks.
+    """
+    n, nsub = xt.shape
+    vmin, vmax, sum_w, sum_x = st[0], st[1], st[2], st[3]
+    best, scale, iscale, sum_l = st[4], st[5], st[6], st[7]
+    sum_l2, sum_xl, err, t_scale = st[8], st[9], st[10], st[11]
+    t_min, det, usable = st[12], st[13], st[14]
     fnmax = np.float32(nmax)
-    span = vmax - vmin
-    iscale0 = fnmax / span
-    scale = F1 / iscale0
-    best = F0
-    for i in range(n):
-        l = clamp(nearest_int(iscale0 * (x[xo + i] - vmin)), 0, nmax)
-        L[lo + i] = l
-        diff = scale * np.float32(l) + vmin - x[xo + i]
-        diff = abs(diff) if use_mad else diff * diff
-        best += w[i] * diff
 
-    iscale, sum_l, sum_l2, sum_xl = work[0], work[1], work[2], work[3]
-    err, lane_scale, lane_min, det = work[4], work[5], work[6], work[7]
-    for k in range(LANES):
-        step = np.float32(min(k, nstep))
-        iscale[k] = (rmin + rdelta * step + fnmax) / span
-        sum_l[k] = F0
-        sum_l2[k] = F0
-        sum_xl[k] = F0
-        err[k] = F0
+    for j in range(nsub):
+        vmin[j] = xt[0, j]
+        vmax[j] = xt[0, j]
+        sum_w[j] = wt[0, j]
+        sum_x[j] = wt[0, j] * xt[0, j]
+    for i in range(1, n):
+        for j in range(nsub):
+            v = xt[i, j]
+            vmin[j] = v if v < vmin[j] else vmin[j]
+            vmax[j] = v if v > vmax[j] else vmax[j]
+            sum_w[j] += wt[i, j]
+            sum_x[j] += wt[i, j] * v
+    for j in range(nsub):
+        vmin[j] = F0 if vmin[j] > F0 else vmin[j]
+        usable[j] = F1 if vmax[j] != vmin[j] else F0  # max == min: all levels 0, scale 0
+        iscale[j] = fnmax / (vmax[j] - vmin[j])
+        scale[j] = F1 / iscale[j]
+        best[j] = F0
     for i in range(n):
-        xi = x[xo + i]
-        dx = xi - vmin
-        wi = w[i]
-        for k in range(LANES):
-            fl = np.float32(clamp(nearest_int(iscale[k] * dx), 0, nmax))
-            wl = wi * fl
-            sum_l[k] += wl
-            sum_l2[k] += wl * fl
-            sum_xl[k] += wl * xi
-    for k in range(LANES):
-        d = sum_w * sum_l2[k] - sum_l[k] * sum_l[k]
-        det[k] = d
-        s = (sum_w * sum_xl[k] - sum_x * sum_l[k]) / d
-        m = (sum_l2[k] * sum_x - sum_l[k] * sum_xl[k]) / d
-        if m > F0:
-            m = F0
-            s = sum_xl[k] / sum_l2[k]
-        lane_scale[k] = s
-        lane_min[k] = m
-    if use_mad:
-        _lane_errors_mad(n, nmax, x, xo, w, vmin, iscale, lane_scale, lane_min, err)
-    else:
-        _lane_errors_sq(n, nmax, x, xo, w, vmin, iscale, lane_scale, lane_min, err)
+        for j in range(nsub):
+            fl = level(iscale[j] * (xt[i, j] - vmin[j]), fnmax)
+            Lt[i, j] = np.int32(fl)
+            diff = scale[j] * fl + vmin[j] - xt[i, j]
+            best[j] += wt[i, j] * (abs(diff) if use_mad else diff * diff)
 
-    chosen = -1
-    for k in range(nstep + 1):
-        if det[k] > F0 and err[k] < best:
-            best = err[k]
-            chosen = k
-    if chosen >= 0:
+    for step in range(nstep + 1):
+        for j in range(nsub):
+            iscale[j] = (rmin + rdelta * np.float32(step) + fnmax) / (vmax[j] - vmin[j])
+            sum_l[j] = F0
+            sum_l2[j] = F0
+            sum_xl[j] = F0
+            err[j] = F0
         for i in range(n):
-            L[lo + i] = clamp(nearest_int(iscale[chosen] * (x[xo + i] - vmin)), 0, nmax)
-        scale = lane_scale[chosen]
-        vmin = lane_min[chosen]
-    return scale, -vmin
+            for j in range(nsub):
+                fl = level(iscale[j] * (xt[i, j] - vmin[j]), fnmax)
+                laux[i, j] = np.int32(fl)
+                wl = wt[i, j] * fl
+                sum_l[j] += wl
+                sum_l2[j] += wl * fl
+                sum_xl[j] += wl * xt[i, j]
+        for j in range(nsub):
+            det[j] = sum_w[j] * sum_l2[j] - sum_l[j] * sum_l[j]
+            this_scale = (sum_w[j] * sum_xl[j] - sum_x[j] * sum_l[j]) / det[j]
+            this_min = (sum_l2[j] * sum_x[j] - sum_l[j] * sum_xl[j]) / det[j]
+            clipped = this_min > F0
+            t_scale[j] = sum_xl[j] / sum_l2[j] if clipped else this_scale
+            t_min[j] = F0 if clipped else this_min
+        for i in range(n):
+            for j in range(nsub):
+                diff = t_scale[j] * np.float32(laux[i, j]) + t_min[j] - xt[i, j]
+                err[j] += wt[i, j] * (abs(diff) if use_mad else diff * diff)
+        accepted = 0
+        for j in range(nsub):
+            take = (usable[j] != F0) & (det[j] > F0) & (err[j] < best[j])
+            accepted += take
+            best[j] = err[j] if take else best[j]
+            scale[j] = t_scale[j] if take else scale[j]
+            vmin[j] = t_min[j] if take else vmin[j]
+            det[j] = F1 if take else F0  # reused as the "take" mask below
+        if accepted:
+            for i in range(n):
+                for j in range(nsub):
+                    Lt[i, j] = laux[i, j] if det[j] != F0 else Lt[i, j]
 
-
-@njit(**JIT)
-def _lane_errors_sq(n, nmax, x, xo, w, vmin, iscale, lane_scale, lane_min, err):
+    for j in range(nsub):
+        scales[j] = scale[j] if usable[j] != F0 else F0
+        mins[j] = -vmin[j]
     for i in range(n):
-        xi = x[xo + i]
-        dx = xi - vmin
-        wi = w[i]
-        for k in range(LANES):
-            fl = np.float32(clamp(nearest_int(iscale[k] * dx), 0, nmax))
-            diff = lane_scale[k] * fl + lane_min[k] - xi
-            err[k] += wi * (diff * diff)
+        for j in range(nsub):
+            Lt[i, j] = Lt[i, j] if usable[j] != F0 else 0
 
 
-@njit(**JIT)
-def _lane_errors_mad(n, nmax, x, xo, w, vmin, iscale, lane_scale, lane_min, err):
-    for i in range(n):
-        xi = x[xo + i]
-        dx = xi - vmin
-        wi = w[i]
-        for k in range(LANES):
-            fl = np.float32(clamp(nearest_int(iscale[k] * dx), 0, nmax))
-            diff = lane_scale[k] * fl + lane_min[k] - xi
-            err[k] += wi * abs(diff)
+QKX2_ROWS = 15
 
 
 @njit(**JIT)
