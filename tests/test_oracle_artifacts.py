@@ -70,9 +70,9 @@ def test_tiny_target(tiny_target):
 
 def test_tiny_target_generates(tiny_target):
     for path in tiny_target.gguf.values():
-        out = llama_greedy(path, PROMPT, 6)
-        assert len(out) == 6 and all(0 <= t < 1024 for t in out)
-        assert llama_greedy(path, PROMPT, 6) == out          # deterministic
+        out = llama_greedy(path, PROMPT, 4)
+        assert len(out) == 4 and all(0 <= t < 1024 for t in out)
+    assert llama_greedy(path, PROMPT, 4) == out              # deterministic
 
 
 # ---------------------------------------------------------------------------------------------- drafters
