@@ -2,7 +2,8 @@
 
 Block types: a scale field that is fp16 inf/NaN (d, and dmin/m where the type has one), an
 MXFP4 E8M0 scale of 0xFF, a Q8_K float32 d that is inf/NaN. Float types: any inf/NaN value.
-Integer types (I8..I64) and NVFP4 have nothing to check.
+F64 values are checked as ggml does, after conversion to float32 (so values beyond float32 range
+are rejected too). Integer types (I8..I64) and NVFP4 have nothing to check.
 """
 
 from typing import NamedTuple
@@ -88,11 +89,23 @@ def _bad_values(bits, mask, counts, firsts):
         counts[c], firsts[c] = n, first
 
 
+@njit(parallel=True, **JIT)
+def _bad_doubles(values, counts, firsts):
+    """F64 values ggml rejects: it checks them as float32, so |v| beyond float32 range too."""
+    for c in prange(counts.size):
+        n, first = 0, -1
+        for i in range(c * CHUNK, min(values.size, (c + 1) * CHUNK)):
+            if not np.isfinite(np.float32(values[i])):
+                n += 1
+                if first < 0:
+                    first = i
+        counts[c], firsts[c] = n, first
+
+
 FLOAT_MASKS = {
     T.F32: (np.uint32, 0x7F800000),
     T.F16: (np.uint16, 0x7C00),
     T.BF16: (np.uint16, 0x7F80),
-    T.F64: (np.uint64, 0x7FF0000000000000),
 }
 
 
@@ -112,7 +125,9 @@ def check_row_data(qtype, data) -> RowCheck:
     nitems = raw.size // tsize
     counts = np.zeros((nitems + CHUNK - 1) // CHUNK, np.int64)
     firsts = np.full(counts.size, -1, np.int64)
-    if t in FLOAT_MASKS:
+    if t == T.F64:
+        _bad_doubles(raw.view(np.float64), counts, firsts)
+    elif t in FLOAT_MASKS:
         dtype, mask = FLOAT_MASKS[t]
         _bad_values(raw.view(dtype), dtype(mask), counts, firsts)
     elif t in FIELDS:
