@@ -1,0 +1,81 @@
+"""quantize: plans follow llama-quantize's rules; output bytes equal llama-quantize with the same types."""
+
+import ctypes
+import os
+
+import gguf
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ggtools.cli import main
+from ggtools.gguf import GGUFFile
+from ggtools.jobs.quantize import plan_quantize
+from ggtools.samples import write_moe_set
+
+T = gguf.GGMLQuantizationType
+
+
+def cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def llama_quantize(src, dst, ftype, type_by_name):
+    """llama_model_quantize with --pure --allow-requantize and one exact-name --tensor-type per tensor."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.nthread, params.ftype, params.allow_requantize, params.pure = 2, ftype, True, True
+    items = [(f"^{name.replace('.', '[.]')}$".encode(), int(t)) for name, t in type_by_name.items()]
+    arr = (llama_cpp.llama_model_tensor_override * (len(items) + 1))()
+    for i, (pattern, t) in enumerate(items):
+        arr[i].pattern, arr[i].type = pattern, t
+    arr[len(items)].pattern = None
+    params.tt_overrides = ctypes.cast(arr, type(params.tt_overrides))
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
+
+
+def tensors_by_name(path):
+    with GGUFFile(path) as f:
+        return {t.name: (t.type_id, bytes(f.tensor_data(t))) for t in f.tensors}
+
+
+def test_scheme_decisions(tmp_path):
+    path = write_moe_set(str(tmp_path / "m"), layers=1, hidden=256, ffn=256, experts=2, vocab=512, shards=1)[0]
+    acts = {a.name: a for a in plan_quantize(path, str(tmp_path / "o.gguf"), "q4-mix").shards[0].tensors}
+    assert acts["blk.0.attn_norm.weight"].action == "copy" and "1-D" in acts["blk.0.attn_norm.weight"].reason
+    assert acts["blk.0.ffn_gate_inp.weight"].action == "copy" and "router" in acts["blk.0.ffn_gate_inp.weight"].reason
+    assert acts["blk.0.attn_q.weight"].dst_type == T.Q4_0
+    assert acts["token_embd.weight"].dst_type == T.Q8_0 and acts["token_embd.weight"].action == "copy"
+    acts = {a.name: a for a in plan_quantize(path, str(tmp_path / "o.gguf"), "q2_k",
+                                             ["attn_q=q6_k"]).shards[0].tensors}
+    assert acts["blk.0.attn_q.weight"].dst_type == T.Q6_K
+    assert acts["blk.0.attn_k_b.weight"].dst_type == T.Q4_0          # 128 wide: Q2_K falls back to Q4_0
+    assert acts["blk.0.ffn_up_shexp.weight"].dst_type == T.Q2_K
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--scheme", "q9"], "unknown scheme"),
+    (["--scheme", "q8_0", "--tensor-type", "attn"], "expected REGEX=TYPE"),
+    (["--scheme", "q8_0", "--tensor-type", "(=q8_0"], "bad regular expression"),
+])
+def test_bad_arguments(tmp_path, args, fragment):
+    path = write_moe_set(str(tmp_path / "m"), layers=1, hidden=256, ffn=256, experts=2, vocab=512, shards=1)[0]
+    r = cli("quantize", path, "-o", tmp_path / "o.gguf", *args)
+    assert r.exit_code == 2 and fragment in r.output, r.output
+
+
+@pytest.mark.oracle
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme,ftype", [("q4_k", 15), ("q8_0", 7), ("q2_k", 10)])
+def test_bytes_equal_llama_quantize_on_smollm2(smollm2_path, tmp_path, scheme, ftype):
+    """Real model, real source types (Q4_1/Q8_0 requantized): every tensor byte-identical to libllama's."""
+    ours = tmp_path / "ours.gguf"
+    r = cli("quantize", smollm2_path, "-o", ours, "--scheme", scheme, "-q")
+    assert r.exit_code == 0, r.output
+    got = tensors_by_name(ours)
+    ref = tmp_path / "ref.gguf"
+    llama_quantize(smollm2_path, ref, ftype, {n: t for n, (t, _) in got.items()})
+    want = tensors_by_name(ref)
+    assert got.keys() == want.keys()
+    bad = [n for n in got if got[n] != want[n]]
+    assert not bad, f"{len(bad)} tensors differ, e.g. {bad[:3]}"
