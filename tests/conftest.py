@@ -34,3 +34,6 @@ def gemma_path():
 @pytest.fixture(scope="session")
 def real_gguf_paths(smollm2_path, gemma_path):
     return [smollm2_path, gemma_path]
+
+
+from oracle_artifacts import *  # noqa: E402,F401,F403  (session fixtures built with llama.cpp's own tools)
