@@ -1,8 +1,5 @@
 """quantize: plans follow llama-quantize's rules; output bytes equal llama-quantize with the same types."""
 
-import ctypes
-import os
-
 import gguf
 import numpy as np
 import pytest
@@ -22,16 +19,10 @@ def cli(*args):
 
 def llama_quantize(src, dst, ftype, type_by_name):
     """llama_model_quantize with --pure --allow-requantize and one exact-name --tensor-type per tensor."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.nthread, params.ftype, params.allow_requantize, params.pure = 2, ftype, True, True
-    items = [(f"^{name.replace('.', '[.]')}$".encode(), int(t)) for name, t in type_by_name.items()]
-    arr = (llama_cpp.llama_model_tensor_override * (len(items) + 1))()
-    for i, (pattern, t) in enumerate(items):
-        arr[i].pattern, arr[i].type = pattern, t
-    arr[len(items)].pattern = None
-    params.tt_overrides = ctypes.cast(arr, type(params.tt_overrides))
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
+    pytest.importorskip("llama_cpp")
+    import llama_oracle
+    overrides = [(f"^{name.replace('.', '[.]')}$", int(t)) for name, t in type_by_name.items()]
+    llama_oracle.quantize(src, dst, ftype, allow_requantize=True, pure=True, tt_overrides=overrides)
 
 
 def tensors_by_name(path):
