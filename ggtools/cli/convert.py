@@ -1,0 +1,86 @@
+import sys
+
+import click
+from tqdm import tqdm
+
+from ggtools.cli.plan_view import show_plan
+from ggtools.cli.render import emit_json, human_bytes
+from ggtools.jobs.convert import OUTTYPES, PROFILES, convert_dflash
+
+
+@click.group("convert")
+def command():
+    """Convert checkpoints to GGUF."""
+
+
+@command.command("dflash")
+@click.argument("hf_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output GGUF.")
+@click.option("--profile", type=click.Choice(PROFILES), default="llama.cpp", show_default=True,
+              help="Whose loader the file is for: llama.cpp (arch dflash) or lucebox (arch qwen35-dflash-draft).")
+@click.option("--target-gguf", "target", type=click.Path(exists=True, dir_okay=False),
+              help="The target model's GGUF (any shard): its tokenizer is embedded (llama.cpp profile), the mask id, "
+                   "layer ids and hidden size are checked against it. Required for the llama.cpp profile.")
+@click.option("--outtype", type=click.Choice(OUTTYPES), default="auto", show_default=True,
+              help="llama.cpp profile: type of the weights (auto: as llama.cpp's converter guesses, BF16 kept). "
+                   "Norms and 1-D tensors are always F32.")
+@click.option("--mask-token-id", type=click.IntRange(0, 2 ** 32 - 1),
+              help="Mask token id (default: dflash_config.mask_token_id, else the top-level mask_token_id).")
+@click.option("--guess-target-layers", is_flag=True,
+              help="Accept z-lab's build_target_layer_ids guess when config.json has no target_layer_ids "
+                   "(often wrong: z-lab/dflash#156).")
+@click.option("--allow-overflow", is_flag=True, help="Write values beyond ±65504 as inf when storing F16 "
+                                                     "(otherwise an error naming each tensor).")
+@click.option("--name", help="general.name (llama.cpp profile; default: from the model card or directory name).")
+@click.option("--dry-run", is_flag=True, help="Check everything and print the plan; write nothing.")
+@click.option("--force", is_flag=True, help="Overwrite an existing output.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable plan / result.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def dflash(hf_dir, out, profile, target, outtype, mask_token_id, guess_target_layers, allow_overflow, name,
+           dry_run, force, as_json, quiet):
+    """Convert a Hugging Face DFlash v1 (DFlashDraftModel) or DFlash2 (DFlash2DraftModel) drafter to GGUF.
+
+    The llama.cpp profile writes what llama.cpp's own converter writes (arch dflash, target layer ids + 1,
+    tokenizer.ggml.mask_token_id, the target's tokenizer). The lucebox profile writes what lucebox's converter
+    writes (arch qwen35-dflash-draft, dflash.fc / dflash.hidden_norm, raw ids, BF16 stored as F16); DFlash v1 only.
+    Single or sharded safetensors, names with or without 'model.'. Memory stays at about one row chunk.
+
+    \b
+    Examples:
+      ggtools convert dflash Qwen3-8B-DFlash-b16/ -o dflash.gguf --target-gguf Qwen3-8B-Q8_0.gguf
+      ggtools convert dflash Qwen3-8B-DFlash-b16/ -o dflash-q8.gguf --target-gguf Qwen3-8B-Q8_0.gguf --outtype q8_0
+      ggtools convert dflash Qwen3.5-27B-DFlash/ -o draft.gguf --profile lucebox --target-gguf Qwen3.5-27B.gguf
+      ggtools convert dflash old-drafter/ -o d.gguf --target-gguf t.gguf --mask-token-id 151669 --dry-run
+    """
+    show_progress = not (quiet or as_json or dry_run) and sys.stderr.isatty()
+    bar = tqdm(unit="B", unit_scale=True, desc="convert", disable=not show_progress)
+    try:
+        result = convert_dflash(hf_dir, out, profile=profile, target=target, outtype=outtype,
+                                mask_token_id=mask_token_id, guess_target_layers=guess_target_layers, name=name,
+                                dry_run=dry_run, force=force, allow_overflow=allow_overflow, on_bytes=bar.update)
+    finally:
+        bar.close()
+    if dry_run:
+        if as_json:
+            emit_json(result.as_dict())
+            return
+        click.echo(f"{result.hf_dir}: DFlash{'2' if result.cfg.version == 2 else ' v1'}, profile {result.profile}, "
+                   f"outtype {result.outtype}")
+        click.echo(f"  target layer ids {result.cfg.target_layer_ids} ({result.cfg.ids_from}); mask token id "
+                   f"{result.cfg.mask_token_id} ({result.cfg.mask_from}); block size {result.cfg.block_size} "
+                   f"({result.cfg.block_size_from})")
+        click.echo(f"  {len(result.kvs.keys())} metadata keys")
+        show_plan(result.as_plan(), tensors=not quiet)
+        _warn(result.warnings)
+        return
+    if as_json:
+        emit_json({"written": result.path, "tensors": result.n_tensors, "bytes": result.bytes_out,
+                   "overflow": result.overflow, "warnings": result.warnings})
+        return
+    _warn(result.warnings)
+    click.echo(f"wrote {result.path}: {result.n_tensors} tensors, {human_bytes(result.bytes_out)} ({profile} profile)")
+
+
+def _warn(warnings):
+    for w in warnings:
+        click.echo(f"warning: {w}", err=True)

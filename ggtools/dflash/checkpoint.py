@@ -1,0 +1,121 @@
+"""Checkpoint: a Hugging Face DFlash drafter directory (config.json + one or more safetensors files).
+
+Tensor names are made canonical: a leading `model.` is dropped and the DFlash2 codebooks get their
+`.weight` (hub checkpoints store them without it, `save_pretrained` with it). The order of `tensors` is the
+order llama.cpp's converter writes them in: parts sorted by file name, names sorted within each part.
+"""
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from ggtools.dflash.safetensors import CheckpointError, SourceTensor, read_header
+
+ARCHITECTURES = {"DFlashDraftModel": 1, "DFlash2DraftModel": 2}
+INDEX = "model.safetensors.index.json"
+CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
+
+
+@dataclass
+class Checkpoint:
+    path: str
+    config: dict                    # config.json, with a text_config merged into the top level
+    version: int                    # 1 (DFlashDraftModel) or 2 (DFlash2DraftModel)
+    tensors: dict[str, SourceTensor] = field(repr=False)   # canonical name -> tensor, converter order
+
+    @property
+    def config_path(self) -> str:
+        return os.path.join(self.path, "config.json")
+
+    @property
+    def dflash_config(self) -> dict:
+        dc = self.config.get("dflash_config")
+        return dc if isinstance(dc, dict) else {}
+
+
+def open_checkpoint(hf_dir) -> Checkpoint:
+    hf_dir = os.fspath(hf_dir)
+    if not os.path.isdir(hf_dir):
+        raise CheckpointError(hf_dir, "not a directory (expected a Hugging Face model directory)")
+    config = read_config(hf_dir)
+    version = drafter_version(config, os.path.join(hf_dir, "config.json"))
+    tensors = {}
+    for part in part_files(hf_dir):
+        for t in sorted(read_header(os.path.join(hf_dir, part)), key=lambda t: t.name):
+            name = canonical_name(t.name)
+            if name in tensors:
+                raise CheckpointError(t.path, f"duplicates tensor '{tensors[name].name}' of "
+                                              f"{os.path.basename(tensors[name].path)}", f"tensor '{t.name}'")
+            tensors[name] = t
+    _check_index(hf_dir, tensors)
+    return Checkpoint(hf_dir, config, version, tensors)
+
+
+def read_config(hf_dir) -> dict:
+    path = os.path.join(hf_dir, "config.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            config = json.load(fh)
+    except FileNotFoundError:
+        raise CheckpointError(hf_dir, "no config.json: not a Hugging Face model directory") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(path, f"cannot read as JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(path, "is not a JSON object")
+    if isinstance(config.get("text_config"), dict):
+        config = {**config, **config["text_config"]}
+    return config
+
+
+def drafter_version(config: dict, where: str) -> int:
+    archs = config.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    if arch not in ARCHITECTURES:
+        raise CheckpointError(where, f"architectures {archs!r}: not a DFlash drafter "
+                                     f"(expected {' or '.join(ARCHITECTURES)})", "architectures")
+    return ARCHITECTURES[arch]
+
+
+def part_files(hf_dir) -> list[str]:
+    """Safetensors files in the order llama.cpp's converter reads them: the index's files, else model*.safetensors."""
+    index = os.path.join(hf_dir, INDEX)
+    if os.path.isfile(index):
+        parts = sorted(set(_weight_map(index).values()))
+        for p in parts:
+            if not os.path.isfile(os.path.join(hf_dir, p)):
+                raise CheckpointError(index, f"names '{p}', which is not in the directory", "weight_map")
+        return parts
+    parts = sorted(f for f in os.listdir(hf_dir) if f.startswith("model") and f.endswith(".safetensors"))
+    if not parts:
+        raise CheckpointError(hf_dir, "no model*.safetensors file (and no model.safetensors.index.json)")
+    return parts
+
+
+def _weight_map(index) -> dict:
+    try:
+        with open(index, encoding="utf-8") as fh:
+            wm = json.load(fh).get("weight_map")
+    except (OSError, ValueError, AttributeError) as e:
+        raise CheckpointError(index, f"cannot read: {e}") from None
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        raise CheckpointError(index, "needs a weight_map object of tensor name -> file name", "weight_map")
+    return wm
+
+
+def _check_index(hf_dir, tensors):
+    index = os.path.join(hf_dir, INDEX)
+    if not os.path.isfile(index):
+        return
+    listed = {canonical_name(n) for n in _weight_map(index)}
+    stored = set(tensors)
+    if listed - stored:
+        raise CheckpointError(index, f"lists tensors no part holds: {sorted(listed - stored)[:5]}", "weight_map")
+    if stored - listed:
+        raise CheckpointError(index, f"misses tensors the parts hold: {sorted(stored - listed)[:5]}", "weight_map")
+
+
+def canonical_name(name: str) -> str:
+    name = name.removeprefix("model.")
+    if name in CODEBOOKS:
+        name += ".weight"
+    return name

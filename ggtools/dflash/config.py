@@ -1,0 +1,139 @@
+"""DraftConfig: the hyperparameters of a DFlash drafter, resolved from config.json with explicit rules.
+
+- mask_token_id: an explicit override, else `dflash_config.mask_token_id`, else the top-level
+  `mask_token_id` (llama.cpp's converter reads only the former, lucebox's only the latter).
+- block_size: `dflash_config.block_size`, else top-level `block_size` / `draft_block_size`, else 16 (as
+  llama.cpp's converter).
+- target_layer_ids: `dflash_config.target_layer_ids`, else top-level `target_layer_ids`. z-lab's
+  `build_target_layer_ids` guess for a missing list is wrong for many published drafters (z-lab/dflash#156),
+  so it is used only when explicitly allowed.
+"""
+
+from dataclasses import dataclass, field
+
+from ggtools.dflash.checkpoint import Checkpoint
+from ggtools.dflash.safetensors import CheckpointError
+
+DEFAULT_BLOCK_SIZE = 16
+V2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+@dataclass
+class DraftConfig:
+    version: int
+    hidden: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    vocab: int | None
+    block_size: int
+    block_size_from: str
+    mask_token_id: int | None
+    mask_from: str
+    target_layer_ids: list[int]
+    ids_from: str
+    num_target_layers: int | None          # the target's depth, as config.json states it
+    attention_bias: bool = False
+    v2: dict = field(default_factory=dict)  # conv_kernel_size, conv_group_size, selector_rank, selector_top_k
+
+    @property
+    def fc_in(self) -> int:
+        return len(self.target_layer_ids) * self.hidden
+
+
+def draft_config(ckpt: Checkpoint, *, mask_token_id: int | None = None,
+                 guess_target_layers: bool = False) -> DraftConfig:
+    c, dc, where = ckpt.config, ckpt.dflash_config, ckpt.config_path
+    hidden = _int(c, where, "hidden_size")
+    n_head = _int(c, where, "num_attention_heads")
+    n_head_kv = _int(c, where, "num_key_value_heads", default=n_head)
+    head_dim = _int(c, where, "head_dim", default=hidden // n_head if n_head else 0)
+    n_layer = _int(c, where, "num_hidden_layers")
+    num_target = _int(c, where, "num_target_layers", default=None)
+    mask, mask_from = _mask(dc, c, mask_token_id, where)
+    ids, ids_from = _target_ids(dc, c, where, num_target, n_layer, guess_target_layers)
+    block, block_from = _block_size(dc, c, where)
+    v2 = {}
+    if ckpt.version == 2:
+        missing = [k for k in V2_KEYS if k not in dc]
+        if missing:
+            raise CheckpointError(where, f"a DFlash2 drafter needs {', '.join(missing)} in dflash_config",
+                                  "dflash_config")
+        v2 = {k: _int(dc, where, k, prefix="dflash_config.") for k in V2_KEYS}
+    return DraftConfig(
+        version=ckpt.version, hidden=hidden, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
+        head_dim=head_dim, n_ff=_int(c, where, "intermediate_size"),
+        vocab=_int(c, where, "vocab_size", default=None), block_size=block, block_size_from=block_from,
+        mask_token_id=mask, mask_from=mask_from, target_layer_ids=ids, ids_from=ids_from,
+        num_target_layers=num_target, attention_bias=bool(c.get("attention_bias", False)), v2=v2)
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's guess (dflash/model.py) for a checkpoint without target_layer_ids."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [round(start + (i * (end - start)) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def _int(d, where, key, *, default=..., prefix=""):
+    v = d.get(key)
+    if v is None:
+        if default is ...:
+            raise CheckpointError(where, "missing (needed to convert a DFlash drafter)", prefix + key)
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise CheckpointError(where, f"{v!r} is not a non-negative integer", prefix + key)
+    return v
+
+
+def _mask(dc, c, override, where):
+    if override is not None:
+        return override, "--mask-token-id"
+    for d, key in ((dc, "dflash_config.mask_token_id"), (c, "mask_token_id")):
+        v = d.get("mask_token_id")
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2 ** 32:
+                raise CheckpointError(where, f"{v!r} is not a token id", key)
+            return v, key
+    return None, "missing"
+
+
+def _block_size(dc, c, where):
+    for d, key in ((dc, "block_size"), (c, "block_size"), (c, "draft_block_size")):
+        if d.get(key) is not None:
+            name = ("dflash_config." if d is dc else "") + key
+            v = _int(d, where, key, prefix="dflash_config." if d is dc else "")
+            if v == 0:
+                raise CheckpointError(where, "block size 0: a drafter drafts at least one token", name)
+            return v, name
+    return DEFAULT_BLOCK_SIZE, "default (16, as llama.cpp's converter)"
+
+
+def _target_ids(dc, c, where, num_target, n_layer, allow_guess):
+    for d, key in ((dc, "dflash_config.target_layer_ids"), (c, "target_layer_ids")):
+        ids = d.get("target_layer_ids")
+        if ids is None:
+            continue
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                           for i in ids):
+            raise CheckpointError(where, f"{ids!r} is not a non-empty list of layer ids", key)
+        if any(i < 0 for i in ids):
+            raise CheckpointError(where, f"{ids}: layer ids are never negative", key)
+        if len(set(ids)) != len(ids):
+            raise CheckpointError(where, f"{ids}: a layer id appears twice", key)
+        if num_target is not None and max(ids) >= num_target:
+            raise CheckpointError(where, f"{ids}: id {max(ids)} is not a layer of a {num_target}-layer target "
+                                         f"(num_target_layers = {num_target}; ids run 0..{num_target - 1})", key)
+        return list(ids), key
+    if not allow_guess:
+        raise CheckpointError(where, "missing: without it z-lab's build_target_layer_ids guess is used, which is "
+                                     "wrong for many published drafters (z-lab/dflash#156); add the ids the "
+                                     "drafter was trained with, or pass --guess-target-layers to accept the guess",
+                              "dflash_config.target_layer_ids")
+    if num_target is None:
+        raise CheckpointError(where, "missing, and so is num_target_layers: nothing to guess the target layer "
+                                     "ids from", "dflash_config.target_layer_ids")
+    return build_target_layer_ids(num_target, n_layer), "guessed (build_target_layer_ids)"

@@ -1,0 +1,244 @@
+"""Profile `llama.cpp`: what llama.cpp's own converter (`convert_hf_to_gguf.py`, class DFlashModel at
+0c1e570) writes for a DFlash / DFlash2 checkpoint: arch `dflash`, its tensor names, dtype rules and keys in
+the same order, with the same types.
+
+Where ggtools deliberately differs: the tokenizer comes from the target GGUF (`tokenizer.*` copied verbatim)
+instead of the target's HF directory; the mask id may come from the config's top level or an explicit
+override (the reference reads only dflash_config, leaving drafters that draft nothing, LC#26761); an M-RoPE
+target is recognised by `rope.dimension_sections` in its GGUF.
+"""
+
+import re
+
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFValueType as VT
+from gguf import LlamaFileType
+
+from ggtools.dflash.checkpoint import Checkpoint
+from ggtools.dflash.config import DraftConfig
+from ggtools.dflash.metadata import KVList
+from ggtools.dflash.safetensors import CheckpointError
+from ggtools.dflash.tensors import TensorJob
+
+ARCH = "dflash"
+MASK_KEY = "tokenizer.ggml.mask_token_id"
+OUTTYPES = {"f32": (T.F32, LlamaFileType.ALL_F32), "f16": (T.F16, LlamaFileType.MOSTLY_F16),
+            "bf16": (T.BF16, LlamaFileType.MOSTLY_BF16), "q8_0": (T.Q8_0, LlamaFileType.MOSTLY_Q8_0)}
+
+NAMES = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight",
+         "norm.weight": "output_norm.weight", "embed_tokens.weight": "token_embd.weight",
+         "lm_head.weight": "output.weight",
+         "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
+         "candidate_selector.predecessor_codebook.weight": "selector_predecessor.weight",
+         "candidate_selector.successor_codebook.weight": "selector_successor.weight"}
+LAYER_NAMES = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+               "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "self_attn.q_norm.weight": "attn_q_norm.weight",
+               "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_proj": "ffn_gate",
+               "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+               "attention_conv.base_kernel": "attn_conv_base",
+               "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
+               "mlp_conv.base_kernel": "ffn_conv_base", "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight"}
+ROPE_PERMUTED = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.q_norm.weight",
+                 "self_attn.k_norm.weight")
+_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+
+
+def gguf_name(hf_name: str) -> str:
+    if hf_name in NAMES:
+        return NAMES[hf_name]
+    m = _LAYER.fullmatch(hf_name)
+    if m:
+        bid, rest = m.groups()
+        if rest in LAYER_NAMES:
+            return f"blk.{bid}.{LAYER_NAMES[rest]}"
+        base, dot, suffix = rest.rpartition(".")
+        if base in LAYER_NAMES and suffix in ("weight", "bias"):
+            return f"blk.{bid}.{LAYER_NAMES[base]}.{suffix}"
+    raise CheckpointError("llama.cpp profile", f"cannot map tensor '{hf_name}'")
+
+
+def auto_outtype(ckpt: Checkpoint) -> str:
+    """The converter's guess: the dtype of the first tensor with 2+ dims, BF16 kept, anything else F16."""
+    for t in ckpt.tensors.values():
+        if len(t.shape) >= 2:
+            return {"BF16": "bf16", "F16": "f16"}.get(t.dtype, "f16")
+    return "f16"
+
+
+def tensor_jobs(ckpt: Checkpoint, cfg: DraftConfig, outtype: str) -> list[TensorJob]:
+    want = OUTTYPES[outtype][0]
+    permute = not ckpt.config.get("rope_is_neox_style", True)
+    jobs = []
+    for hf_name, src in ckpt.tensors.items():
+        if hf_name == "embed_tokens.weight" and not ckpt.config.get("has_embed_tokens", True):
+            continue
+        name = gguf_name(hf_name)
+        dst, reason = _type(name, src.shape, want)
+        head_dim = cfg.head_dim if permute and hf_name.endswith(ROPE_PERMUTED) else None
+        jobs.append(TensorJob(src, name, dst, reason, permute_head_dim=head_dim))
+    return jobs
+
+
+def _type(name, shape, want) -> tuple[T, str]:
+    if len(shape) <= 1 or name.endswith("_norm.weight"):
+        return T.F32, "1-D or norm: F32"
+    if not name.endswith(".weight"):
+        return T.F32, "name does not end in .weight: F32"
+    if want == T.Q8_0 and shape[-1] % 32:
+        return T.F16, f"ne0={shape[-1]} does not fit Q8_0 blocks of 32: F16 (the converter's fallback)"
+    return want, f"outtype {want.name}"
+
+
+def file_type(outtype: str) -> LlamaFileType:
+    return OUTTYPES[outtype][1]
+
+
+def metadata(kvs: KVList, ckpt: Checkpoint, cfg: DraftConfig, ftype: LlamaFileType, target) -> KVList:
+    """Everything after the general.* keys, in the converter's order: TextModel hparams, file type, the
+    DFlash keys, the quantization version, then the target's tokenizer and the mask id."""
+    h, dc = ckpt.config, ckpt.dflash_config
+    rope = rope_parameters(h)
+    _text_model_hparams(kvs, h, rope, ftype)
+    _dflash_hparams(kvs, h, dc, rope, cfg, target)
+    kvs.put("general.quantization_version", VT.UINT32, 2)
+    if target is not None:
+        for kv in target.tokenizer_kvs:
+            kvs.copy(kv)
+    if cfg.mask_token_id is not None:
+        kvs.put(MASK_KEY, VT.UINT32, cfg.mask_token_id)
+    return kvs
+
+
+def rope_parameters(h: dict) -> dict:
+    """TextModel.__init__: rope_parameters (or rope_scaling) with the top-level rope keys mirrored in."""
+    rp = dict(h.get("rope_parameters", h.get("rope_scaling")) or {})
+    theta = _find(h, ("global_rope_theta", "rope_global_theta", "rope_theta_global", "rope_theta", "rotary_emb_base"))
+    local = _find(h, ("local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta",
+                      "rope_local_base_freq"))
+    partial = _find(h, ("partial_rotary_factor", "rope_pct", "rope_percent"))
+    orig = _find(h, ("original_max_position_embeddings",))
+    if "full_attention" not in rp and "sliding_attention" not in rp:
+        if local is not None:
+            rp["sliding_attention"] = {"rope_theta": local}
+        if "rope_theta" not in rp and theta is not None:
+            rp["rope_theta"] = theta
+        if "rope_type" not in rp and rp.get("type") is not None:
+            rp["rope_type"] = rp["type"]
+        if "partial_rotary_factor" not in rp and partial is not None:
+            rp["partial_rotary_factor"] = partial
+        if "original_max_position_embeddings" not in rp and orig is not None:
+            rp["original_max_position_embeddings"] = orig
+    return rp
+
+
+def _find(h, keys):
+    """find_hparam(optional=True): the value of the first key present (even when it is null)."""
+    return next((h[k] for k in keys if k in h), None)
+
+
+def _u32(kvs, key, value):
+    kvs.put(f"{ARCH}.{key}", VT.UINT32, int(value))
+
+
+def _f32(kvs, key, value):
+    kvs.put(f"{ARCH}.{key}", VT.FLOAT32, float(value))
+
+
+def _text_model_hparams(kvs, h, rope, ftype):
+    _u32(kvs, "block_count", _find(h, ("n_layers", "num_hidden_layers", "n_layer", "num_layers")))
+    for key, names in (
+            ("context_length", ("max_position_embeddings", "n_ctx", "n_positions", "max_length",
+                                "max_sequence_length", "model_max_length")),
+            ("embedding_length", ("hidden_size", "n_embd", "dim")),
+            ("feed_forward_length", ("prefix_dense_intermediate_size", "dense_intermediate_size",
+                                     "intermediate_size", "n_inner", "hidden_dim")),
+            ("attention.head_count", ("num_attention_heads", "n_head", "n_heads")),
+            ("attention.head_count_kv", ("num_key_value_heads", "n_kv_heads"))):
+        if (v := _find(h, names)) is not None:
+            _u32(kvs, key, v)
+    if h.get("is_causal") is False:
+        kvs.put(f"{ARCH}.attention.causal", VT.BOOL, False)
+    rp = rope.get("full_attention", rope)
+    _rope_scaling(kvs, rp)
+    if "mrope_section" in rope:
+        sections = (list(rope["mrope_section"]) + [0, 0, 0, 0])[:4]
+        kvs.put(f"{ARCH}.rope.dimension_sections", VT.ARRAY, sections, VT.INT32)
+    if (theta := rp.get("rope_theta")) is not None:
+        _f32(kvs, "rope.freq_base", theta)
+    if (local := rope.get("sliding_attention", {}).get("rope_theta")) is not None:
+        _f32(kvs, "rope.freq_base_swa", local)
+    if (eps := _find(h, ("rms_norm_eps", "norm_eps"))) is not None:
+        _f32(kvs, "attention.layer_norm_rms_epsilon", eps)
+    if (eps := _find(h, ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"))) is not None:
+        _f32(kvs, "attention.layer_norm_epsilon", eps)
+    if _find(h, ("num_local_experts", "num_experts", "n_routed_experts")) is not None:
+        raise CheckpointError("config.json", "a mixture-of-experts drafter is not a DFlash v1/v2 drafter",
+                              "num_experts")
+    if (head_dim := h.get("head_dim")) is not None:
+        _u32(kvs, "attention.key_length", head_dim)
+        _u32(kvs, "attention.value_length", head_dim)
+    kvs.put("general.file_type", VT.UINT32, int(ftype))
+
+
+def _rope_scaling(kvs, rp):
+    rope_type, factor = rp.get("rope_type"), rp.get("factor")
+    if rope_type == "linear" and factor is not None:
+        kvs.put(f"{ARCH}.rope.scaling.type", VT.STRING, "linear")
+        _f32(kvs, "rope.scaling.factor", factor)
+    elif rope_type == "yarn" and factor is not None:
+        kvs.put(f"{ARCH}.rope.scaling.type", VT.STRING, "yarn")
+        _f32(kvs, "rope.scaling.factor", factor)
+        if "original_max_position_embeddings" not in rp:
+            raise CheckpointError("config.json", "YaRN rope scaling needs original_max_position_embeddings",
+                                  "rope_scaling")
+        _u32(kvs, "rope.scaling.original_context_length", rp["original_max_position_embeddings"])
+        for key, value in (("yarn_ext_factor", rp.get("extrapolation_factor")),
+                           ("yarn_attn_factor", rp.get("attention_factor", rp.get("attn_factor"))),
+                           ("yarn_beta_fast", rp.get("beta_fast")), ("yarn_beta_slow", rp.get("beta_slow"))):
+            if value is not None:
+                _f32(kvs, f"rope.scaling.{key}", value)
+    elif rope_type in ("su", "longrope"):
+        kvs.put(f"{ARCH}.rope.scaling.type", VT.STRING, "longrope")
+
+
+def _dflash_hparams(kvs, h, dc, rope, cfg: DraftConfig, target):
+    head_dim = h.get("head_dim") or h["hidden_size"] // h["num_attention_heads"]
+    if (partial := rope.get("partial_rotary_factor")) is not None:
+        _u32(kvs, "rope.dimension_count", int(head_dim * partial))
+    if (value_scale := dc.get("attention_value_scale")) is not None:
+        _f32(kvs, "attention.value_scale", value_scale)
+    _u32(kvs, "block_size", cfg.block_size)
+    if cfg.v2:
+        for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+            _u32(kvs, key, cfg.v2[key])
+    if (mult := dc.get("output_multiplier", h.get("output_multiplier"))) is not None:
+        _f32(kvs, "logit_scale", mult)
+    softcap = dc.get("final_logit_softcapping", h.get("final_logit_softcapping"))
+    if softcap is not None and float(softcap) > 0:
+        _f32(kvs, "final_logit_softcapping", softcap)
+    if (scale := dc.get("input_embedding_scale", h.get("input_embedding_scale"))) is not None:
+        _f32(kvs, "embedding_scale", scale)
+    kvs.put(f"{ARCH}.target_layers", VT.ARRAY, [i + 1 for i in cfg.target_layer_ids], VT.INT32)
+    _sliding_window(kvs, h, dc, cfg)
+    causal = h.get("is_causal")
+    if causal is None:
+        causal = dc.get("causal")
+    if causal is not None:
+        kvs.put(f"{ARCH}.attention.causal", VT.BOOL, bool(causal))
+    if target is not None and target.uses_mrope:
+        kvs.put(f"{ARCH}.rope.dimension_sections", VT.ARRAY, [head_dim // 2, 0, 0, 0], VT.INT32)
+
+
+def _sliding_window(kvs, h, dc, cfg):
+    use = h.get("use_sliding_window", False) or dc.get("use_swa", False)
+    window = dc.get("swa_window_size") or h.get("sliding_window")
+    if not (use and window):
+        return
+    if dc.get("use_swa", False):
+        pattern = [True] * cfg.n_layer
+    else:
+        pattern = [lt == "sliding_attention" for lt in h.get("layer_types") or []]
+    _u32(kvs, "attention.sliding_window", window)
+    if pattern:
+        kvs.put(f"{ARCH}.attention.sliding_window_pattern", VT.ARRAY, pattern, VT.BOOL)

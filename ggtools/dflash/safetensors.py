@@ -1,0 +1,129 @@
+"""One safetensors file, read lazily: the JSON header up front, tensor rows on demand with os.pread.
+
+pread rather than mmap: pages read through a map stay resident (and count in RSS) until the map goes,
+so a large checkpoint would look like it is held in memory. Here only the rows asked for are in memory.
+"""
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from ggtools.errors import GGToolsError
+
+# safetensors dtype -> (numpy dtype of the stored values, ggml type of the same encoding)
+DTYPES = {"BF16": ("<u2", T.BF16), "F16": ("<f2", T.F16), "F32": ("<f4", T.F32), "F64": ("<f8", T.F64)}
+MAX_HEADER = 100 << 20
+
+
+class CheckpointError(GGToolsError):
+    """A Hugging Face checkpoint that cannot be read or breaks a rule; names the file, the place, the rule."""
+
+    exit_code = 2
+
+    def __init__(self, path, rule: str, where: str | None = None):
+        super().__init__(f"{path}: {where}: {rule}" if where else f"{path}: {rule}")
+
+
+@dataclass
+class SourceTensor:
+    name: str            # as stored in the file
+    path: str
+    dtype: str           # safetensors dtype, a key of DTYPES
+    shape: tuple         # numpy order (outermost first), as stored
+    offset: int          # absolute file offset of the data
+    nbytes: int
+
+    @property
+    def ggml_type(self) -> T:
+        return DTYPES[self.dtype][1]
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def row_length(self) -> int:
+        """Values per GGUF row: the innermost dimension."""
+        return self.shape[-1] if self.shape else 1
+
+    @property
+    def n_rows(self) -> int:
+        return self.n_elements // self.row_length if self.row_length else 0
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) as float32, shape (stop - start, row_length). Exact for every source dtype
+        except F64 (rounded to nearest, as torch's .to(float32))."""
+        np_dtype = DTYPES[self.dtype][0]
+        itemsize = np.dtype(np_dtype).itemsize
+        row_bytes = self.row_length * itemsize
+        want = (stop - start) * row_bytes
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, want, self.offset + start * row_bytes)
+        finally:
+            os.close(fd)
+        if len(data) != want:
+            raise CheckpointError(self.path, f"file ends inside the data ({len(data)} of {want} bytes)",
+                                  f"tensor '{self.name}'")
+        values = np.frombuffer(data, dtype=np_dtype)
+        if self.dtype == "BF16":
+            values = (values.astype(np.uint32) << 16).view(np.float32)
+        else:
+            values = values.astype(np.float32, copy=False)
+        return values.reshape(stop - start, self.row_length)
+
+    def read_all(self) -> np.ndarray:
+        """The whole tensor as float32 in its numpy shape (for the small ones)."""
+        return self.read_rows(0, self.n_rows).reshape(self.shape)
+
+
+def read_header(path) -> list[SourceTensor]:
+    """The tensors of one safetensors file, checked against the file's size, in stored-header order."""
+    path = os.fspath(path)
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise CheckpointError(path, "file is shorter than the 8-byte header length: not a safetensors file")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(MAX_HEADER, size - 8):
+                raise CheckpointError(path, f"header length {n} does not fit a file of {size} bytes: "
+                                            "not a safetensors file", "byte 0")
+            raw = fh.read(n)
+    except OSError as e:
+        raise CheckpointError(path, f"cannot read: {e.strerror or e}") from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(path, f"header is not valid JSON: {e}", "byte 8") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(path, "header is not a JSON object", "byte 8")
+    data_start = 8 + n
+    out = []
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        out.append(_tensor(path, name, meta, data_start, size))
+    return out
+
+
+def _tensor(path, name, meta, data_start, size) -> SourceTensor:
+    where = f"tensor '{name}'"
+    try:
+        dtype, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(path, "header entry needs dtype, shape and data_offsets [begin, end]", where) from None
+    if dtype not in DTYPES:
+        raise CheckpointError(path, f"dtype {dtype} is not supported (one of {', '.join(DTYPES)})", where)
+    want = int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[dtype][0]).itemsize
+    if end - begin != want or begin < 0:
+        raise CheckpointError(path, f"data_offsets [{begin}, {end}] hold {end - begin} bytes; "
+                                    f"{dtype} {list(shape)} needs {want}", where)
+    if data_start + end > size:
+        raise CheckpointError(path, f"data [{begin}, {end}) lies beyond the end of the file", where)
+    return SourceTensor(name, path, dtype, shape, data_start + begin, want)

@@ -1,0 +1,53 @@
+"""TargetInfo: what a drafter needs to know about its target model, read from the target's GGUF (any shard of a set)."""
+
+from dataclasses import dataclass, field
+
+from ggtools.gguf import KV, GGUFFile, ShardSet
+
+# Target archs whose llama.cpp graph sets t_layer_inp (the per-layer inputs DFlash taps), at 0c1e570.
+TAP_ARCHS = frozenset({
+    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "openai-moe",
+    "minimax-m2", "minimax-01", "mimo2", "nemotron-h", "bailingmoe3", "hunyuan-vl", "muse-glimmer", "nanbeige",
+    "lfm2", "deepseek4"})
+
+
+@dataclass
+class TargetInfo:
+    path: str
+    arch: str | None
+    n_layer: int | None
+    hidden: int | None
+    vocab: int | None
+    uses_mrope: bool
+    file: GGUFFile = field(repr=False)
+
+    @property
+    def tokenizer_kvs(self) -> list[KV]:
+        """The target's tokenizer (tokenizer.*), in its order; valid while the target stays open."""
+        return [kv for kv in self.file.kvs if kv.key.startswith("tokenizer.")]
+
+    @property
+    def exposes_layer_inputs(self) -> bool:
+        return self.arch in TAP_ARCHS
+
+
+class OpenTarget:
+    """Context manager: `with OpenTarget(path) as target:` reads a target GGUF and keeps it open."""
+
+    def __init__(self, path):
+        self.shards = ShardSet(path)
+
+    def __enter__(self) -> TargetInfo:
+        f = self.shards.first
+        arch = f.architecture
+        tokens = f.kv.get("tokenizer.ggml.tokens")
+        vocab = tokens.count if tokens is not None else _int(f.get(f"{arch}.vocab_size"))
+        return TargetInfo(f.path, arch, _int(f.get(f"{arch}.block_count")), _int(f.get(f"{arch}.embedding_length")),
+                          vocab, f"{arch}.rope.dimension_sections" in f.kv, f)
+
+    def __exit__(self, *exc):
+        self.shards.close()
+
+
+def _int(v):
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None

@@ -1,0 +1,80 @@
+"""TensorJob: one output tensor of a conversion (source, GGUF name, type, why), and its encoding in row chunks.
+
+Encoding follows the reference converters' value paths: sources widen exactly to float32 (BF16, F16) or
+round to it (F64); then F32 is stored as is, F16 by numpy's round-to-nearest-even cast (what both converters
+use; values beyond ±65504 become ±inf and are counted as overflow), BF16 and Q8_0 by ggtools.quants
+(bit-exact with ggml and gguf-py). `via_f16` stores a value after a round trip through F16 (lucebox's
+converter widens its F16-narrowed BF16 norms back to F32).
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from ggtools.dflash.safetensors import SourceTensor
+from ggtools.quants import CHUNK_VALUES, quantize, row_bytes
+
+
+@dataclass
+class TensorJob:
+    src: SourceTensor
+    name: str                              # GGUF tensor name
+    dst_type: T
+    reason: str
+    via_f16: bool = False
+    permute_head_dim: int | None = None    # de-interleave rope rows per head (rope_is_neox_style = false)
+
+    @property
+    def ne(self) -> tuple:
+        return tuple(reversed(self.src.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return row_bytes(self.dst_type, self.src.row_length) * self.src.n_rows
+
+    @property
+    def n_elements(self) -> int:
+        return self.src.n_elements
+
+    @property
+    def checks_f16_range(self) -> bool:
+        return self.dst_type == T.F16 or self.via_f16
+
+
+def encode_chunks(job: TensorJob, chunk_values: int = CHUNK_VALUES) -> Iterator[tuple[np.ndarray, int]]:
+    """(encoded bytes, values that overflowed F16) per chunk of rows, in order; together the tensor's data."""
+    src = job.src
+    if job.permute_head_dim and len(src.shape) == 1:
+        values = src.read_all()[_head_order(src.n_elements, job.permute_head_dim)]
+        yield _encode(values.reshape(1, -1), job)
+        return
+    step = max(1, chunk_values // max(1, src.row_length))
+    if job.permute_head_dim:
+        step = max(1, step // job.permute_head_dim) * job.permute_head_dim
+    for start in range(0, src.n_rows, step):
+        stop = min(src.n_rows, start + step)
+        rows = src.read_rows(start, stop)
+        if job.permute_head_dim:
+            rows = rows[_head_order(stop - start, job.permute_head_dim)]
+        yield _encode(rows, job)
+
+
+def _head_order(n: int, head_dim: int) -> np.ndarray:
+    """Per head of head_dim entries: the even entries, then the odd ones (interleaved rope -> NeoX)."""
+    return np.arange(n).reshape(-1, head_dim // 2, 2).transpose(0, 2, 1).reshape(-1)
+
+
+def _encode(values: np.ndarray, job: TensorJob) -> tuple[np.ndarray, int]:
+    overflow = 0
+    if job.checks_f16_range:
+        with np.errstate(over="ignore"):
+            half = values.astype("<f2")
+        overflow = int(np.count_nonzero(np.isinf(half) & np.isfinite(values)))
+        if job.dst_type == T.F16:
+            return half.view(np.uint8), overflow
+        values = half.astype(np.float32)
+    if job.dst_type == T.F32:
+        return np.ascontiguousarray(values, dtype="<f4").view(np.uint8), overflow
+    return quantize(job.dst_type, values), overflow

@@ -1,0 +1,181 @@
+"""convert dflash: a Hugging Face DFlash v1 / DFlash2 drafter directory -> a drafter GGUF, profile `llama.cpp`
+(llama.cpp's own converter, byte for byte) or `lucebox` (Luce-Org/lucebox's converter).
+
+Plan first (checkpoint read and checked against its config, ids and mask id against the target, every output
+tensor's name, type and reason), then one streaming pass: tensors are read, converted and written in row
+chunks, so memory stays at about one chunk whatever the checkpoint size. Output is atomic; on any error,
+including F16 overflow found while writing, nothing is left behind.
+"""
+
+import contextlib
+from dataclasses import dataclass, field
+
+from ggtools.dflash import llamacpp, lucebox
+from ggtools.dflash.checkpoint import Checkpoint, open_checkpoint
+from ggtools.dflash.config import DraftConfig, draft_config
+from ggtools.dflash.layout import check_layout
+from ggtools.dflash.metadata import KVList, general_kvs
+from ggtools.dflash.target import OpenTarget, TargetInfo
+from ggtools.dflash.tensors import TensorJob, encode_chunks
+from ggtools.errors import GGToolsError
+from ggtools.gguf import GGUFWriter, ggml_type_name
+from ggtools.plan import Plan, ShardPlan, TensorAction
+
+PROFILES = ("llama.cpp", "lucebox")
+OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
+
+
+class ConvertError(GGToolsError):
+    exit_code = 2
+
+
+@dataclass
+class ConvertPlan:
+    hf_dir: str
+    out: str
+    profile: str
+    outtype: str                      # resolved ("auto" replaced by what it means)
+    cfg: DraftConfig
+    kvs: KVList
+    jobs: list[TensorJob]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def bytes_out(self) -> int:
+        return sum(j.nbytes for j in self.jobs)
+
+    def as_plan(self) -> Plan:
+        """The tensor plan in the shape the other rewriting commands print (--dry-run)."""
+        actions = [TensorAction(j.name, j.ne, int(j.src.ggml_type), int(j.dst_type), f"{j.src.name}: {j.reason}",
+                                j.src.nbytes, j.nbytes) for j in self.jobs]
+        return Plan(f"convert dflash ({self.profile})", [ShardPlan(self.hf_dir, self.out, actions)])
+
+    def as_dict(self) -> dict:
+        return {"hf_dir": self.hf_dir, "out": self.out, "profile": self.profile, "outtype": self.outtype,
+                "version": self.cfg.version, "target_layer_ids": self.cfg.target_layer_ids,
+                "target_layer_ids_from": self.cfg.ids_from, "mask_token_id": self.cfg.mask_token_id,
+                "mask_token_id_from": self.cfg.mask_from, "block_size": self.cfg.block_size,
+                "metadata": self.kvs.as_dict(), "warnings": self.warnings,
+                "tensors": [{"name": j.name, "source": j.src.name, "ne": list(j.ne),
+                             "from": j.src.dtype, "to": ggml_type_name(j.dst_type), "bytes": j.nbytes,
+                             "reason": j.reason} for j in self.jobs]}
+
+
+@dataclass
+class ConvertResult:
+    path: str
+    n_tensors: int
+    bytes_out: int
+    overflow: dict[str, int]           # source tensor -> values beyond the F16 range (written as inf)
+    warnings: list[str]
+
+
+def convert_dflash(hf_dir, out, *, profile="llama.cpp", target=None, outtype="auto", mask_token_id=None,
+                   guess_target_layers=False, name=None, dry_run=False, force=False, allow_overflow=False,
+                   on_bytes=None) -> ConvertPlan | ConvertResult:
+    """Plan and (unless dry_run) write the drafter GGUF; returns the plan for a dry run, else the result."""
+    with (OpenTarget(target) if target else contextlib.nullcontext()) as tgt:
+        plan = plan_convert(hf_dir, out, profile=profile, target=tgt, outtype=outtype,
+                            mask_token_id=mask_token_id, guess_target_layers=guess_target_layers, name=name)
+    if dry_run:
+        return plan
+    return write(plan, force=force, allow_overflow=allow_overflow, on_bytes=on_bytes)
+
+
+def plan_convert(hf_dir, out, *, profile="llama.cpp", target: TargetInfo | None = None, outtype="auto",
+                 mask_token_id=None, guess_target_layers=False, name=None) -> ConvertPlan:
+    if profile not in PROFILES:
+        raise ConvertError(f"unknown profile '{profile}' (one of {', '.join(PROFILES)})")
+    if outtype not in OUTTYPES:
+        raise ConvertError(f"unknown outtype '{outtype}' (one of {', '.join(OUTTYPES)})")
+    ckpt = open_checkpoint(hf_dir)
+    if profile == "lucebox":
+        lucebox.check_supported(ckpt)
+        if outtype != "auto":
+            raise ConvertError("--outtype applies to the llama.cpp profile; the lucebox profile stores BF16 "
+                               "and F16 sources as F16 and F32 as F32 (quantize afterwards with ggtools quantize)")
+    cfg = draft_config(ckpt, mask_token_id=mask_token_id, guess_target_layers=guess_target_layers)
+    check_layout(ckpt, cfg)
+    warnings = check_against_target(ckpt, cfg, target, profile)
+    if cfg.mask_token_id is None:
+        raise ConvertError(f"{ckpt.config_path}: no mask_token_id (neither dflash_config.mask_token_id nor a "
+                           "top-level mask_token_id): the drafter would draft nothing (llama.cpp fills the block "
+                           "with token -1, see llama.cpp#26761); pass --mask-token-id N")
+    if cfg.ids_from.startswith("guessed"):
+        warnings.append(f"target layer ids guessed with build_target_layer_ids: {cfg.target_layer_ids}")
+    kvs = KVList()
+    if profile == "lucebox":
+        jobs, notes = lucebox.tensor_jobs(ckpt, cfg)
+        lucebox.metadata(kvs, ckpt, cfg)
+        return ConvertPlan(ckpt.path, str(out), profile, "auto", cfg, kvs, jobs, warnings + notes)
+    if target is None:
+        raise ConvertError("the llama.cpp profile embeds the target's tokenizer (llama.cpp refuses a drafter "
+                           "whose vocabulary differs from the target's): pass --target-gguf TARGET.gguf")
+    resolved = llamacpp.auto_outtype(ckpt) if outtype == "auto" else outtype
+    jobs = llamacpp.tensor_jobs(ckpt, cfg, resolved)
+    general_kvs(kvs, llamacpp.ARCH, ckpt.path, name, sum(j.n_elements for j in jobs))
+    llamacpp.metadata(kvs, ckpt, cfg, llamacpp.file_type(resolved), target)
+    return ConvertPlan(ckpt.path, str(out), profile, resolved, cfg, kvs, jobs, warnings)
+
+
+def check_against_target(ckpt: Checkpoint, cfg: DraftConfig, target: TargetInfo | None, profile: str) -> list[str]:
+    """Errors for what cannot work with this target; warnings for what works only on some runtimes."""
+    where, warnings = ckpt.config_path, []
+    vocab = target.vocab if target is not None else cfg.vocab
+    if cfg.mask_token_id is not None and vocab is not None and cfg.mask_token_id >= vocab:
+        source = f"the target's vocabulary ({vocab} tokens in {target.path})" if target else \
+            f"vocab_size {vocab} in {where}"
+        raise ConvertError(f"mask token id {cfg.mask_token_id} ({cfg.mask_from}) is outside {source}")
+    if cfg.version == 2 and profile == "llama.cpp":
+        kt = cfg.v2["selector_top_k"]
+        if cfg.hidden < kt * (kt + 1):
+            raise ConvertError(f"{where}: hidden_size {cfg.hidden} < selector_top_k {kt} x {kt + 1}: llama.cpp "
+                               "refuses it (\"DFlash2 hidden size is too small for the selector lattice\")")
+    if target is None:
+        return warnings
+    if target.hidden is not None and target.hidden != cfg.hidden:
+        raise ConvertError(f"the drafter's hidden_size {cfg.hidden} differs from the target's "
+                           f"embedding_length {target.hidden} ({target.path}): this drafter belongs to another model")
+    if target.n_layer is not None:
+        bad = [i for i in cfg.target_layer_ids if i >= target.n_layer]
+        if bad:
+            raise ConvertError(f"{where}: target layer ids {bad} ({cfg.ids_from}) are not layers of the "
+                               f"{target.n_layer}-layer target {target.path} (ids run 0..{target.n_layer - 1})")
+        if cfg.num_target_layers is not None and cfg.num_target_layers != target.n_layer:
+            warnings.append(f"num_target_layers {cfg.num_target_layers} in config.json, but the target has "
+                            f"{target.n_layer} layers: is this the drafter for this target?")
+        if profile == "llama.cpp" and max(cfg.target_layer_ids) + 1 > target.n_layer - 1:
+            warnings.append(f"target layer id {max(cfg.target_layer_ids)} is the target's last layer: llama.cpp "
+                            "at 0c1e570 aborts (t_layer_inp[n_layer] is never set); newer revisions accept it")
+    if profile == "llama.cpp" and target.arch and not target.exposes_layer_inputs:
+        warnings.append(f"target arch '{target.arch}' does not expose layer inputs in llama.cpp: DFlash aborts "
+                        "with \"layer input tensor is null\"")
+    return warnings
+
+
+def write(plan: ConvertPlan, *, force=False, allow_overflow=False, on_bytes=None) -> ConvertResult:
+    on_bytes = on_bytes or (lambda n: None)
+    overflow = {}
+    with GGUFWriter(plan.out, force=force) as w:
+        plan.kvs.write_to(w)
+        for j in plan.jobs:
+            w.add_tensor_info(j.name, j.ne, j.dst_type, j.nbytes)
+        for j in plan.jobs:
+            for data, n_over in encode_chunks(j):
+                w.write(data)
+                on_bytes(data.nbytes)
+                if n_over:
+                    overflow[j.src.name] = overflow.get(j.src.name, 0) + n_over
+        if overflow and not allow_overflow:
+            raise ConvertError(overflow_message(plan, overflow) + "; nothing written. Pass --allow-overflow "
+                               "to write them as inf" + ("" if plan.profile == "lucebox" else
+                                                         ", or keep the range with --outtype bf16 or f32"))
+    warnings = list(plan.warnings)
+    if overflow:
+        warnings.append(overflow_message(plan, overflow) + " (written as inf: --allow-overflow)")
+    return ConvertResult(plan.out, len(plan.jobs), plan.bytes_out, overflow, warnings)
+
+
+def overflow_message(plan: ConvertPlan, overflow: dict[str, int]) -> str:
+    parts = ", ".join(f"{name} ({n} value{'s' if n != 1 else ''})" for name, n in overflow.items())
+    return f"{plan.hf_dir}: values beyond the F16 range ±65504 in {parts}"
