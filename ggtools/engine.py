@@ -4,7 +4,7 @@ One rewrite serves quantize, requant-trunk and patch. Per shard: KVs copied verb
 edits), tensor infos re-emitted with new types and offsets, copies done by kernel copy, conversions by
 dequantize → quantize in bounded row chunks. Output is atomic (temp file + rename). Verification re-reads
 the output: container rules, every copied tensor's sha256 against the source, every converted tensor's
-hash against the bytes produced and its scales finite.
+hash against the bytes produced (whose scales were checked finite as they were made).
 """
 
 import hashlib
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggtools.errors import GGToolsError
-from ggtools.gguf import GGUFFile, GGUFWriter
+from ggtools.gguf import GGUFFile, GGUFWriter, ggml_type_name
 from ggtools.gguf.check import check_file
 from ggtools.gguf.hashing import hash_file, hash_range
 from ggtools.plan import COPY, ShardPlan
@@ -75,14 +75,20 @@ def _declare(w: GGUFWriter, src: GGUFFile, plan: ShardPlan):
 
 def _convert(w, src, t, dst_type, on_bytes, chunk_values) -> str:
     """Dequantize → quantize in row chunks, writing as it goes; returns the sha256 of the bytes written."""
-    rows = src.tensor_data(t).reshape(t.n_rows, -1)
     h = hashlib.sha256()
+    buf = None
     for part in iter_row_chunks(t.n_rows, t.row_length, chunk_values):
-        values = dequantize(t.type_id, rows[part], t.row_length)
-        data = quantize(dst_type, values)
+        rows = src.read_rows(t, part.start, part.stop - part.start, buf)
+        buf = rows if buf is None else buf
+        data = quantize(dst_type, dequantize(t.type_id, rows, t.row_length))
+        n_bad, first = check_row_data(dst_type, data)
+        if n_bad:
+            raise RewriteError(f"tensor '{t.name}': {n_bad} {ggml_type_name(dst_type)} blocks with non-finite "
+                               f"scales (first at block {first} of rows {part.start}..); the source values "
+                               "are out of range for the type")
         h.update(data)
         w.write(data)
-        on_bytes(rows[part].nbytes)
+        on_bytes(rows.nbytes)
     return h.hexdigest()
 
 
@@ -100,17 +106,12 @@ def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str]) -> ShardRe
             got = result.tensors[a.name]
             if a.action == COPY:
                 s = src.tensor[a.name]
-                want = hash_range(src.buf, s.data_start, s.data_start + s.nbytes)
+                want = hash_range(src.fd, s.data_start, s.data_start + s.nbytes)
                 if got != want:
                     raise RewriteError(f"{plan.dst}: copied tensor '{a.name}' differs from the source "
                                        f"(sha256 {got[:16]} vs {want[:16]})")
-            else:
-                if got != produced[a.name]:
-                    raise RewriteError(f"{plan.dst}: converted tensor '{a.name}' was not written intact")
-                n_bad, first = check_row_data(a.dst_type, out.tensor_data(t))
-                if n_bad:
-                    raise RewriteError(f"{plan.dst}: converted tensor '{a.name}' has {n_bad} blocks with "
-                                       f"non-finite scales (first at block {first})")
+            elif got != produced[a.name]:
+                raise RewriteError(f"{plan.dst}: converted tensor '{a.name}' was not written intact")
     result.verified = True
     return result
 

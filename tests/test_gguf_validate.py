@@ -273,3 +273,25 @@ def test_random_mutations_never_crash(tmp_path):
         path.write_bytes(bytes(data[:len(base) + 8]))
         codes.add(validate([str(path)]).exit_code)
     assert codes <= {0, 1, 2} and {1, 2} <= codes
+
+
+def test_deep_scan_finds_bad_values(tmp_path):
+    """NaN in F32 data, an inf fp16 scale in a Q8_0 block, an MXFP4 exponent of 0xFF: each found and placed."""
+    t = B.sample_tensors() + [("blk.0.ffn_exps.weight", [64, 2], 39, 0, 2 * 2 * 17)]
+    name, ne, ty, _, nb = t[-1]
+    t[-1] = (name, ne, ty, B.pad(t[-2][3] + t[-2][4], 32), nb)
+    data = bytearray(B.build(B.sample_kvs(), t))
+    data_offset = len(data) - B.pad(t[-1][3] + nb, 32)
+    assert validate([write(tmp_path, bytes(data))], deep=True).exit_code == 0
+    data[data_offset + 4 * 5:data_offset + 4 * 6] = struct.pack("<f", float("nan"))          # F32 value 5
+    q8 = data_offset + t[2][3]
+    data[q8 + 3 * 34:q8 + 3 * 34 + 2] = struct.pack("<H", 0x7C00)                              # Q8_0 block 3
+    mx = data_offset + t[3][3]
+    data[mx + 2 * 17] = 0xFF                                                                     # MXFP4 block 2
+    report = validate([write(tmp_path, bytes(data))], deep=True)
+    messages = {p.where: p.rule for p in report.problems}
+    assert report.exit_code == 1
+    assert "first at value 5" in messages["tensor 'output_norm.weight'"]
+    assert "first at block 3" in messages["tensor 'blk.0.ffn_up.weight'"]
+    assert "first at block 2" in messages["tensor 'blk.0.ffn_exps.weight'"]
+    assert len(report.problems) == 3

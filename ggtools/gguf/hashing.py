@@ -1,6 +1,11 @@
-"""sha256 of a GGUF file and of each tensor's bytes, in one sequential pass."""
+"""sha256 of a GGUF file and of each tensor's bytes, in one sequential pass.
+
+Reads go through the file descriptor into one reused buffer (not the memory map), so hashing a 47 GB shard
+keeps the process's resident memory at the buffer size.
+"""
 
 import hashlib
+import os
 
 from ggtools.gguf.reader import GGUFFile
 
@@ -12,29 +17,32 @@ def hash_file(f: GGUFFile, tensors=True) -> tuple[str, dict[str, str]]:
     hashes (for files whose layout is broken)."""
     whole, per_tensor = hashlib.sha256(), {}
     spans = sorted((t.data_start, t.data_start + t.nbytes, t.name) for t in f.tensors) if tensors else []
+    buf = bytearray(HASH_CHUNK)
     pos = 0
     for start, end, name in spans:
-        feed(f.buf, pos, start, whole)
+        feed(f.fd, pos, start, buf, whole)
         h = hashlib.sha256()
-        feed(f.buf, start, end, whole, h)
+        feed(f.fd, start, end, buf, whole, h)
         per_tensor[name] = h.hexdigest()
         pos = end
-    feed(f.buf, pos, f.file_size, whole)
+    feed(f.fd, pos, f.file_size, buf, whole)
     return whole.hexdigest(), per_tensor
 
 
-def hash_range(buf, start, end) -> str:
+def hash_range(fd: int, start: int, end: int) -> str:
     h = hashlib.sha256()
-    feed(buf, start, end, h)
+    feed(fd, start, end, bytearray(HASH_CHUNK), h)
     return h.hexdigest()
 
 
-def feed(buf, start, end, *hashes):
+def feed(fd, start, end, buf, *hashes):
+    """Feed bytes [start, end) of the file to every hash."""
     view = memoryview(buf)
-    try:
-        for pos in range(start, end, HASH_CHUNK):
-            chunk = view[pos:min(end, pos + HASH_CHUNK)]
-            for h in hashes:
-                h.update(chunk)
-    finally:
-        view.release()
+    pos = start
+    while pos < end:
+        n = os.preadv(fd, [view[:min(len(buf), end - pos)]], pos)
+        if n <= 0:
+            raise OSError(f"file ends at byte {pos}, expected data up to {end}")
+        for h in hashes:
+            h.update(view[:n])
+        pos += n

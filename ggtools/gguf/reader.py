@@ -145,13 +145,14 @@ class GGUFFile:
     def __init__(self, path):
         self.path = os.fspath(path)
         try:
-            with open(self.path, "rb") as fh:
-                self.file_size = os.fstat(fh.fileno()).st_size
-                if self.file_size == 0:
-                    raise GGUFError(self.path, "file is empty")
-                self._mmap = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            self.fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
             raise GGUFError(self.path, f"cannot read: {e.strerror or e}") from None
+        self.file_size = os.fstat(self.fd).st_size
+        if self.file_size == 0:
+            os.close(self.fd)
+            raise GGUFError(self.path, "file is empty")
+        self._mmap = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
         self.buf = self._mmap
         self.kvs: list[KV] = []
         self.tensors: list[TensorInfo] = []
@@ -319,11 +320,25 @@ class GGUFFile:
                             f"the file ({self.file_size} bytes)", where=f"tensor '{t.name}'")
         return np.frombuffer(self.buf, dtype=np.uint8, count=n, offset=t.data_start)
 
+    def read_rows(self, t: TensorInfo, start: int, n: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows [start, start+n) of a tensor as uint8 (n, row bytes), read with pread: unlike the memory
+        map, streaming a huge tensor this way does not grow the process's resident memory."""
+        row = t.nbytes // t.n_rows
+        buf = np.empty((n, row), np.uint8) if out is None else out[:n]
+        got = os.preadv(self.fd, [buf], t.data_start + start * row)
+        if got != buf.nbytes:
+            raise GGUFError(self.path, f"file ends inside the data ({got} of {buf.nbytes} bytes read)",
+                            where=f"tensor '{t.name}'")
+        return buf
+
     def close(self):
         try:
             self._mmap.close()
         except BufferError:
             pass      # numpy views still alive; the map is released with them
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     def __enter__(self):
         return self

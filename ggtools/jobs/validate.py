@@ -113,11 +113,30 @@ def deep_scan(f: GGUFFile) -> list[Problem]:
 
     out = []
     for t in f.tensors:
-        n_bad, first = check_row_data(t.type_id, f.tensor_data(t))
+        n_bad, first = scan_tensor(f, t, check_row_data)
         if n_bad:
-            out.append(Problem(f.path, f"tensor '{t.name}'", f"{n_bad} invalid {t.type_name} values/blocks (first "
-                               f"at block {first}): NaN/inf data or scale, or MXFP4 exponent 0xFF"))
+            unit = "value" if t.block[0] == 1 else "block"
+            out.append(Problem(f.path, f"tensor '{t.name}'", f"{n_bad} invalid {t.type_name} {unit}s, first at "
+                               f"{unit} {first}: NaN/inf data or fp16 scale, or MXFP4 exponent 0xFF "
+                               "(ggml_validate_row_data rejects it)"))
     return out
+
+
+def scan_tensor(f: GGUFFile, t, check, chunk_bytes=16 << 20) -> tuple[int, int]:
+    """check(type, rows) over a tensor in row chunks read with pread (bounded memory); returns
+    (bad items, index of the first bad item) where an item is a block, or a value for float types."""
+    row_bytes = t.nbytes // t.n_rows
+    items_per_row = row_bytes // t.block[1]
+    step = max(1, chunk_bytes // row_bytes)
+    total, first, buf = 0, -1, None
+    for start in range(0, t.n_rows, step):
+        rows = f.read_rows(t, start, min(step, t.n_rows - start), buf)
+        buf = rows if buf is None else buf
+        n_bad, at = check(t.type_id, rows)
+        if n_bad and first < 0:
+            first = start * items_per_row + at
+        total += n_bad
+    return total, first
 
 
 def save_manifest(path, reports):

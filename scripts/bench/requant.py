@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Benchmark requant-trunk on a generated Kimi-like shard set (trunk ≈ 5% of the bytes), all in one run:
+
+- wall time of `ggtools requant-trunk` (verification on) / wall time of `cp` of the same set (goal ≤ 1.5);
+- peak RSS of the requant process (goal ≤ 300 MB), whatever the shard size;
+- Q8_0 → Q4_K conversion rate: ours (one thread, all threads) vs ggml's C reference (one thread).
+
+  python scripts/bench/requant.py [--gb 2] [--shards 4] [--dir /tmp/ggtools-bench] [-j N] [--keep]
+"""
+
+import argparse
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from ggtools import quants
+from ggtools.samples import write_moe_set
+
+HIDDEN, FFN, EXPERTS, VOCAB = 1024, 512, 128, 32000
+
+
+def layers_for(gb):
+    per_layer = 3 * HIDDEN * FFN * EXPERTS * 17 / 32 + (2 * HIDDEN * HIDDEN + 3 * HIDDEN * FFN) * 34 / 32
+    return max(1, round((gb * 1e9 - 2 * HIDDEN * VOCAB * 34 / 32) / per_layer))
+
+
+def timed(cmd):
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def drop_caches_hint():
+    return "page cache warm for both (the set was just written)"
+
+
+def conversion_rates(mb=16):
+    rows = int(mb * 1e6 / 4 / 4096)
+    q8 = quants.quantize(T.Q8_0, np.random.default_rng(0).standard_normal((rows, 4096), dtype=np.float32) * 0.02)
+    values = quants.dequantize(T.Q8_0, q8)
+    quants.requantize(T.Q8_0, T.Q4_K, q8[:1])                       # JIT compile / cache load
+
+    def ours(threads):
+        numba.set_num_threads(threads)
+        t = time.perf_counter()
+        quants.requantize(T.Q8_0, T.Q4_K, q8)
+        return values.nbytes / (time.perf_counter() - t) / 1e6
+
+    all_threads = numba.config.NUMBA_NUM_THREADS
+    one, many = ours(1), ours(all_threads)
+    numba.set_num_threads(all_threads)
+    c = None
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
+    try:
+        from ggml_oracle import load_ggml
+        ggml = load_ggml()
+        t = time.perf_counter()
+        ggml.quantize(T.Q4_K, quants.dequantize(T.Q8_0, q8))
+        c = values.nbytes / (time.perf_counter() - t) / 1e6
+    except BaseException as e:        # pytest.skip is a BaseException
+        print(f"(ggml C reference not available: {e})")
+    return one, many, all_threads, c
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gb", type=float, default=2.0)
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--dir", default="/tmp/ggtools-bench-requant")
+    ap.add_argument("-j", "--jobs", type=int, default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the generated set")
+    args = ap.parse_args()
+
+    src, copy, out = (os.path.join(args.dir, d) for d in ("src", "cp", "out"))
+    shutil.rmtree(args.dir, ignore_errors=True)
+    for d in (src, out):
+        os.makedirs(d)
+    layers = layers_for(args.gb)
+    paths = write_moe_set(os.path.join(src, "kimi-like"), layers=layers, hidden=HIDDEN, ffn=FFN, experts=EXPERTS,
+                          vocab=VOCAB, shards=args.shards)
+    total = sum(os.path.getsize(p) for p in paths)
+    plan_cmd = ["ggtools", "requant-trunk", paths[0], "-o", out, "--dry-run", "--json"]
+    import json
+    plan = json.loads(subprocess.run(plan_cmd, check=True, capture_output=True, text=True).stdout)
+    trunk = sum(t["bytes_in"] for s in plan["shards"] for t in s["tensors"] if t["action"] == "convert")
+    print(f"set: {len(paths)} shards, {total / 1e9:.2f} GB, {layers} layers; trunk converted: "
+          f"{trunk / 1e9:.3f} GB ({100 * trunk / total:.1f}% of the bytes)")
+
+    t_cp = timed(["cp", "-r", src, copy])
+    jobs = ["-j", str(args.jobs)] if args.jobs else []
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t_rq = timed(["ggtools", "requant-trunk", paths[0], "-o", out, "-q", *jobs])
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    print(f"requant-trunk (verify on) {t_rq:.2f} s; cp -r {t_cp:.2f} s -> ratio {t_rq / t_cp:.2f} (goal <= 1.5; "
+          f"{drop_caches_hint()})")
+    print(f"peak RSS of the largest child process: {peak / 1024:.0f} MB"
+          + (" (cp may dominate the figure)" if peak == before else "") + " (goal <= 300 MB)")
+    one, many, n, c = conversion_rates()
+    line = f"Q8_0 -> Q4_K conversion: ours {one:.1f} MB/s on 1 thread, {many:.1f} MB/s on {n} threads"
+    if c:
+        line += f"; ggml C reference {c:.1f} MB/s on 1 thread -> ratio {one / c:.2f} (1 thread)"
+    print(line + " (MB of float32 values per second)")
+    if not args.keep:
+        shutil.rmtree(args.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
