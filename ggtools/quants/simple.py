@@ -2,7 +2,9 @@
 
 Per-block functions take (x, x_offset, y, y_offset): a flat float32 array and a flat uint8 array,
 so a runtime can call them on any block of a tensor. They follow ggml's quantize_row_*_ref and
-dequantize_row_* statement by statement; see ../shared/reference/quant-recipes.md §3.
+dequantize_row_* statement by statement (quant-recipes.md §3). Element loops work on block views
+in 32-bit integers so LLVM vectorizes them (numba widens integer arithmetic to 64 bits, which
+AVX2 cannot vectorize, hence the np.int32 casts).
 """
 
 import numpy as np
@@ -19,14 +21,26 @@ Q8_0_BYTES = GGML_QUANT_SIZES[T.Q8_0][1]
 MXFP4_BYTES = GGML_QUANT_SIZES[T.MXFP4][1]
 HALF = QK // 2
 
+F0 = np.float32(0.0)
 FLT_MAX = np.float32(np.finfo(np.float32).max)
+TWO31 = np.float32(2.0**31)
+INT_MIN = np.int32(-(2**31))
 KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
 
 
+# ---------------------------------------------------------------- C semantics helpers
+
 @njit(**JIT)
-def c_to_int(f):
-    """C's float -> int conversion (truncation; x86 gives INT_MIN for NaN and out of range)."""
-    return np.int64(np.int32(f))
+def c_int(f):
+    """C's float -> int conversion on x86-64 (cvttss2si): truncation; NaN and out-of-range
+    values give INT_MIN. Spelled out because LLVM leaves those cases undefined."""
+    return np.int32(f) if abs(f) < TWO31 else INT_MIN
+
+
+@njit(**JIT)
+def c_int8(f):
+    """(int8_t)f: the low byte of c_int(f), signed."""
+    return np.int32(((c_int(f) & 0xFF) ^ 0x80) - 0x80)
 
 
 @njit(**JIT)
@@ -35,17 +49,17 @@ def roundf(f):
     a = abs(f)
     fl = np.floor(a)
     r = fl + np.floor(np.float32(2.0) * (a - fl))
-    return r if f >= np.float32(0.0) else -r
+    return r if f >= F0 else -r
 
 
 @njit(**JIT)
-def signed_absmax(x, xo, n):
+def signed_absmax(xb):
     """(amax, max): the largest |x| and its signed value; strict '<' so the first one wins and
     NaNs are skipped, as in ggml."""
-    amax = np.float32(0.0)
-    vmax = np.float32(0.0)
-    for j in range(n):
-        v = x[xo + j]
+    amax = F0
+    vmax = F0
+    for j in range(QK):
+        v = xb[j]
         if amax < abs(v):
             amax = abs(v)
             vmax = v
@@ -53,12 +67,12 @@ def signed_absmax(x, xo, n):
 
 
 @njit(**JIT)
-def min_max(x, xo, n):
+def min_max(xb):
     """min and max from +-FLT_MAX with strict compares (NaNs skipped)."""
     vmin = FLT_MAX
     vmax = -FLT_MAX
-    for j in range(n):
-        v = x[xo + j]
+    for j in range(QK):
+        v = xb[j]
         if v < vmin:
             vmin = v
         if v > vmax:
@@ -68,147 +82,160 @@ def min_max(x, xo, n):
 
 @njit(**JIT)
 def inverse(d):
-    return np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
+    return np.float32(1.0) / d if d != F0 else F0
 
 
 @njit(**JIT)
+def store_u32(yb, v):
+    for k in range(4):
+        yb[k] = (v >> (8 * k)) & 0xFF
+
+
+@njit(**JIT)
+def load_u32(src):
+    return (np.uint32(src[0]) | (np.uint32(src[1]) << np.uint32(8))
+            | (np.uint32(src[2]) << np.uint32(16)) | (np.uint32(src[3]) << np.uint32(24)))
+
+
+# ---------------------------------------------------------------- quantize
+
+@njit(**JIT)
 def quantize_block_q4_0(x, xo, y, yo):
-    amax, vmax = signed_absmax(x, xo, QK)
+    xb, yb = x[xo:xo + QK], y[yo:yo + Q4_0_BYTES]
+    amax, vmax = signed_absmax(xb)
     d = vmax / np.float32(-8.0)
     idd = inverse(d)
-    store_fp16(y, yo, d)
+    store_fp16(yb, 0, d)
     for j in range(HALF):
-        q0 = min(15, c_to_int(x[xo + j] * idd + np.float32(8.5)) & 0xFF)
-        q1 = min(15, c_to_int(x[xo + HALF + j] * idd + np.float32(8.5)) & 0xFF)
-        y[yo + 2 + j] = q0 | (q1 << 4)
+        q0 = min(np.int32(15), c_int8(xb[j] * idd + np.float32(8.5)))
+        q1 = min(np.int32(15), c_int8(xb[HALF + j] * idd + np.float32(8.5)))
+        yb[2 + j] = np.uint8((q0 & 0xFF) | ((q1 << 4) & 0xFF))
 
 
 @njit(**JIT)
 def quantize_block_q4_1(x, xo, y, yo):
-    vmin, vmax = min_max(x, xo, QK)
+    xb, yb = x[xo:xo + QK], y[yo:yo + Q4_1_BYTES]
+    vmin, vmax = min_max(xb)
     d = (vmax - vmin) / np.float32(15.0)
     idd = inverse(d)
-    store_fp16(y, yo, d)
-    store_fp16(y, yo + 2, vmin)
+    store_fp16(yb, 0, d)
+    store_fp16(yb, 2, vmin)
     for j in range(HALF):
-        q0 = min(15, c_to_int((x[xo + j] - vmin) * idd + np.float32(0.5)) & 0xFF)
-        q1 = min(15, c_to_int((x[xo + HALF + j] - vmin) * idd + np.float32(0.5)) & 0xFF)
-        y[yo + 4 + j] = q0 | (q1 << 4)
+        q0 = min(np.int32(15), c_int8((xb[j] - vmin) * idd + np.float32(0.5)))
+        q1 = min(np.int32(15), c_int8((xb[HALF + j] - vmin) * idd + np.float32(0.5)))
+        yb[4 + j] = np.uint8((q0 & 0xFF) | ((q1 << 4) & 0xFF))
 
 
 @njit(**JIT)
-def store_q5(y, yo, q0, q1, j, qh):
-    """Pack element j and j+16 of a 5-bit block; returns the updated high-bit word."""
-    y[yo + j] = (q0 & 15) | ((q1 & 15) << 4)
-    return qh | (((q0 & 16) >> 4) << j) | (((q1 & 16) >> 4) << (j + HALF))
-
-
-@njit(**JIT)
-def store_u32(y, yo, v):
-    for k in range(4):
-        y[yo + k] = (v >> (8 * k)) & 0xFF
+def q5_high_bit(q, j):
+    """Bit 4 of the 5-bit level q, moved to bit j of the little-endian qh word."""
+    return (np.uint32(q >> 4) & np.uint32(1)) << np.uint32(j)
 
 
 @njit(**JIT)
 def quantize_block_q5_0(x, xo, y, yo):
-    amax, vmax = signed_absmax(x, xo, QK)
+    xb, yb = x[xo:xo + QK], y[yo:yo + Q5_0_BYTES]
+    amax, vmax = signed_absmax(xb)
     d = vmax / np.float32(-16.0)
     idd = inverse(d)
-    store_fp16(y, yo, d)
-    qh = 0
+    store_fp16(yb, 0, d)
+    qh = np.uint32(0)
     for j in range(HALF):
-        q0 = min(31, c_to_int(x[xo + j] * idd + np.float32(16.5)) & 0xFF)
-        q1 = min(31, c_to_int(x[xo + HALF + j] * idd + np.float32(16.5)) & 0xFF)
-        qh = store_q5(y, yo + 6, q0, q1, j, qh)
-    store_u32(y, yo + 2, qh)
+        q0 = min(np.int32(31), c_int8(xb[j] * idd + np.float32(16.5))) & 0xFF
+        q1 = min(np.int32(31), c_int8(xb[HALF + j] * idd + np.float32(16.5))) & 0xFF
+        yb[6 + j] = np.uint8((q0 & 15) | ((q1 & 15) << 4))
+        qh |= q5_high_bit(q0, j) | q5_high_bit(q1, j + HALF)
+    store_u32(yb[2:6], qh)
 
 
 @njit(**JIT)
 def quantize_block_q5_1(x, xo, y, yo):
-    vmin, vmax = min_max(x, xo, QK)
+    xb, yb = x[xo:xo + QK], y[yo:yo + Q5_1_BYTES]
+    vmin, vmax = min_max(xb)
     d = (vmax - vmin) / np.float32(31.0)
     idd = inverse(d)
-    store_fp16(y, yo, d)
-    store_fp16(y, yo + 2, vmin)
-    qh = 0
+    store_fp16(yb, 0, d)
+    store_fp16(yb, 2, vmin)
+    qh = np.uint32(0)
     for j in range(HALF):
-        q0 = c_to_int((x[xo + j] - vmin) * idd + np.float32(0.5)) & 0xFF
-        q1 = c_to_int((x[xo + HALF + j] - vmin) * idd + np.float32(0.5)) & 0xFF
-        qh = store_q5(y, yo + 8, q0, q1, j, qh)
-    store_u32(y, yo + 4, qh)
+        q0 = c_int((xb[j] - vmin) * idd + np.float32(0.5)) & 0xFF  # (uint8_t), no clamp
+        q1 = c_int((xb[HALF + j] - vmin) * idd + np.float32(0.5)) & 0xFF
+        yb[8 + j] = np.uint8((q0 & 15) | ((q1 & 15) << 4))
+        qh |= q5_high_bit(q0, j) | q5_high_bit(q1, j + HALF)
+    store_u32(yb[4:8], qh)
 
 
 @njit(**JIT)
 def quantize_block_q8_0(x, xo, y, yo):
-    amax = np.float32(0.0)
+    xb, yb = x[xo:xo + QK], y[yo:yo + Q8_0_BYTES]
+    amax = F0
     for j in range(QK):
-        v = abs(x[xo + j])
+        v = abs(xb[j])
         amax = amax if amax > v else v  # C's MAX(amax, fabsf(v)), NaN included
     d = amax / np.float32(127.0)
     idd = inverse(d)
-    store_fp16(y, yo, d)
+    store_fp16(yb, 0, d)
     for j in range(QK):
-        y[yo + 2 + j] = c_to_int(roundf(x[xo + j] * idd)) & 0xFF
+        yb[2 + j] = np.uint8(c_int(roundf(xb[j] * idd)) & 0xFF)
 
+
+# ---------------------------------------------------------------- decode
 
 @njit(**JIT)
 def decode_block_q4_0(src, so, out, oo):
-    d = fp16_at(src, so)
+    sb, ob = src[so:so + Q4_0_BYTES], out[oo:oo + QK]
+    d = fp16_at(sb, 0)
     for j in range(HALF):
-        b = np.int64(src[so + 2 + j])
-        out[oo + j] = np.float32((b & 15) - 8) * d
-        out[oo + HALF + j] = np.float32((b >> 4) - 8) * d
+        b = np.int32(sb[2 + j])
+        ob[j] = np.float32((b & 15) - 8) * d
+        ob[HALF + j] = np.float32((b >> 4) - 8) * d
 
 
 @njit(**JIT)
 def decode_block_q4_1(src, so, out, oo):
-    d = fp16_at(src, so)
-    m = fp16_at(src, so + 2)
+    sb, ob = src[so:so + Q4_1_BYTES], out[oo:oo + QK]
+    d = fp16_at(sb, 0)
+    m = fp16_at(sb, 2)
     for j in range(HALF):
-        b = np.int64(src[so + 4 + j])
-        out[oo + j] = np.float32(b & 15) * d + m
-        out[oo + HALF + j] = np.float32(b >> 4) * d + m
-
-
-@njit(**JIT)
-def load_u32(src, so):
-    v = np.int64(0)
-    for k in range(4):
-        v |= np.int64(src[so + k]) << (8 * k)
-    return v
+        b = np.int32(sb[4 + j])
+        ob[j] = np.float32(b & 15) * d + m
+        ob[HALF + j] = np.float32(b >> 4) * d + m
 
 
 @njit(**JIT)
 def decode_block_q5_0(src, so, out, oo):
-    d = fp16_at(src, so)
-    qh = load_u32(src, so + 2)
+    sb, ob = src[so:so + Q5_0_BYTES], out[oo:oo + QK]
+    d = fp16_at(sb, 0)
+    qh = load_u32(sb[2:6])
     for j in range(HALF):
-        b = np.int64(src[so + 6 + j])
-        q0 = (b & 15) | (((qh >> j) << 4) & 16)
-        q1 = (b >> 4) | ((qh >> (j + 12)) & 16)
-        out[oo + j] = np.float32(q0 - 16) * d
-        out[oo + HALF + j] = np.float32(q1 - 16) * d
+        b = np.int32(sb[6 + j])
+        q0 = (b & 15) | np.int32((qh >> np.uint32(j)) << np.uint32(4) & np.uint32(16))
+        q1 = (b >> 4) | np.int32((qh >> np.uint32(j + 12)) & np.uint32(16))
+        ob[j] = np.float32(q0 - 16) * d
+        ob[HALF + j] = np.float32(q1 - 16) * d
 
 
 @njit(**JIT)
 def decode_block_q5_1(src, so, out, oo):
-    d = fp16_at(src, so)
-    m = fp16_at(src, so + 2)
-    qh = load_u32(src, so + 4)
+    sb, ob = src[so:so + Q5_1_BYTES], out[oo:oo + QK]
+    d = fp16_at(sb, 0)
+    m = fp16_at(sb, 2)
+    qh = load_u32(sb[4:8])
     for j in range(HALF):
-        b = np.int64(src[so + 8 + j])
-        q0 = (b & 15) | (((qh >> j) << 4) & 16)
-        q1 = (b >> 4) | ((qh >> (j + 12)) & 16)
-        out[oo + j] = np.float32(q0) * d + m
-        out[oo + HALF + j] = np.float32(q1) * d + m
+        b = np.int32(sb[8 + j])
+        q0 = (b & 15) | np.int32((qh >> np.uint32(j)) << np.uint32(4) & np.uint32(16))
+        q1 = (b >> 4) | np.int32((qh >> np.uint32(j + 12)) & np.uint32(16))
+        ob[j] = np.float32(q0) * d + m
+        ob[HALF + j] = np.float32(q1) * d + m
 
 
 @njit(**JIT)
 def decode_block_q8_0(src, so, out, oo):
-    d = fp16_at(src, so)
-    for j in range(QK):
-        q = np.int64(src[so + 2 + j])
-        out[oo + j] = np.float32(q - ((q & 128) << 1)) * d
+    sb, ob = src[so:so + Q8_0_BYTES], out[oo:oo + QK]
+    d = fp16_at(sb, 0)
+    qs = sb[2:].view(np.int8)
+    for j in range(ob.shape[0]):  # not range(QK): a known count gets unrolled, not vectorized
+        ob[j] = np.float32(qs[j]) * d
 
 
 @njit(**JIT)
@@ -220,15 +247,17 @@ def e8m0_half(e):
 
 @njit(**JIT)
 def decode_block_mxfp4(src, so, out, oo):
-    d = e8m0_half(np.int64(src[so]))
+    sb, ob = src[so:so + MXFP4_BYTES], out[oo:oo + QK]
+    d = e8m0_half(np.int64(sb[0]))
     for j in range(HALF):
-        b = np.int64(src[so + 1 + j])
-        out[oo + j] = KVALUES_MXFP4[b & 15] * d
-        out[oo + HALF + j] = KVALUES_MXFP4[b >> 4] * d
+        b = np.int32(sb[1 + j])
+        ob[j] = KVALUES_MXFP4[b & 15] * d
+        ob[HALF + j] = KVALUES_MXFP4[b >> 4] * d
 
 
-# Parallel row kernels over flat arrays: rows are contiguous, so block b of the whole chunk
-# reads x[b*QK:] and writes y[b*bytes:], whatever the row length.
+# ---------------------------------------------------------------- parallel row kernels
+# Rows are contiguous, so block b of a chunk reads x[b*QK:] and writes y[b*bytes:], whatever
+# the row length.
 
 @njit(parallel=True, **JIT)
 def quantize_q4_0(x, y):

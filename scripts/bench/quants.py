@@ -34,13 +34,19 @@ def load_c_reference():
         return None
 
 
-def best_seconds(fn, repeat):
+def best_seconds(fn, repeat, clock=time.perf_counter):
     best = float("inf")
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return best
+
+
+def thread_seconds(fn, repeat):
+    """Best CPU time of the calling thread: single-thread figures (ours with numba set to one
+    thread runs in the calling thread, as does the C call), robust on a busy machine."""
+    return best_seconds(fn, repeat, time.thread_time)
 
 
 def on_threads(n, fn):
@@ -52,32 +58,47 @@ def on_threads(n, fn):
         numba.set_num_threads(before)
 
 
+def interleaved(ours, ref, repeat):
+    """Best single-thread seconds of ours and of ref (None when ref is None), timed turn about
+    so that both see the same machine load."""
+    best_ours = best_ref = float("inf")
+    for _ in range(repeat):
+        best_ours = min(best_ours, on_threads(1, lambda: thread_seconds(ours, 1)))
+        if ref is not None:
+            best_ref = min(best_ref, thread_seconds(ref, 1))
+    return best_ours, (best_ref if ref is not None else None)
+
+
+def figures(mb, ours, ref, repeat, cores):
+    ours1, ref1 = interleaved(ours, ref, repeat)
+    oursn = on_threads(cores, lambda: best_seconds(ours, repeat))
+    return mb / ours1, (mb / ref1 if ref1 else None), mb / oursn
+
+
 def measure(name, x, ggml, repeat):
-    """(first_call_s, [quantize figures], [dequantize figures]); figures: ours 1T, C 1T, all."""
+    """(first_call_s, quantize figures, dequantize figures); figures: ours 1T, C 1T, ours all
+    cores, in MB of float32 per second."""
     qtype = quants.parse_qtype(name)
     mb = x.nbytes / 1e6
+    cores = numba.config.NUMBA_NUM_THREADS
     start = time.perf_counter()
     if quants.has_quantizer(qtype):
         quants.quantize(qtype, x[:1])
     quants.dequantize(qtype, np.zeros((1, quants.row_bytes(qtype, x.shape[1])), np.uint8))
     first_call = time.perf_counter() - start
-    cores = numba.config.NUMBA_NUM_THREADS
 
     quant = None
     if quants.has_quantizer(qtype):
         data = quants.quantize(qtype, x)
-        ours1 = on_threads(1, lambda: best_seconds(lambda: quants.quantize(qtype, x, out=data), repeat))
-        oursn = on_threads(cores, lambda: best_seconds(lambda: quants.quantize(qtype, x, out=data), repeat))
-        c1 = best_seconds(lambda: ggml.quantize(qtype, x), repeat) if ggml else None
-        quant = (mb / ours1, mb / c1 if c1 else None, mb / oursn)
+        quant = figures(mb, lambda: quants.quantize(qtype, x, out=data),
+                        (lambda: ggml.quantize(qtype, x)) if ggml else None, repeat, cores)
     else:
         data = np.random.default_rng(0).integers(0, 255, (x.shape[0], quants.row_bytes(qtype, x.shape[1])),
                                                  dtype=np.uint8)
     out = np.empty_like(x)
-    ours1 = on_threads(1, lambda: best_seconds(lambda: quants.dequantize(qtype, data, out=out), repeat))
-    oursn = on_threads(cores, lambda: best_seconds(lambda: quants.dequantize(qtype, data, out=out), repeat))
-    c1 = best_seconds(lambda: ggml.dequantize(qtype, data, x.shape[1]), repeat) if ggml else None
-    return first_call, quant, (mb / ours1, mb / c1 if c1 else None, mb / oursn)
+    dequant = figures(mb, lambda: quants.dequantize(qtype, data, out=out),
+                      (lambda: ggml.dequantize(qtype, data, x.shape[1])) if ggml else None, repeat, cores)
+    return first_call, quant, dequant
 
 
 def cells(fig):
@@ -100,7 +121,8 @@ def main():
     n = 4096
     rows = max(1, int(args.mb * 1e6 / 4 / n))
     x = np.random.default_rng(0).standard_normal((rows, n)).astype(np.float32)
-    print(f"{rows}x{n} float32 ({x.nbytes / 1e6:.1f} MB), best of {args.repeat}, "
+    print(f"{rows}x{n} float32 ({x.nbytes / 1e6:.1f} MB), best of {args.repeat} (1T: thread CPU "
+          f"time; all cores: wall time), "
           f"{numba.config.NUMBA_NUM_THREADS} cores, numba threading layer "
           f"{numba.config.THREADING_LAYER}; figures in MB of float32 per second")
     header = ["type", "first call s", "quant 1T", "C 1T", "ratio", "all cores",
