@@ -71,7 +71,7 @@ def drafter_version(config: dict, where: str) -> int:
     archs = config.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs else None
     if arch not in ARCHITECTURES:
-        raise CheckpointError(where, f"architectures {archs!r}: not a DFlash drafter "
+        raise CheckpointError(where, f"{archs!r}: not a DFlash drafter "
                                      f"(expected {' or '.join(ARCHITECTURES)})", "architectures")
     return ARCHITECTURES[arch]
 
