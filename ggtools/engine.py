@@ -3,8 +3,8 @@
 One rewrite serves quantize, requant-trunk and patch. Per shard: KVs copied verbatim (with the plan's
 edits), tensor infos re-emitted with new types and offsets, copies done by kernel copy, conversions by
 dequantize → quantize in bounded row chunks. Output is atomic (temp file + rename). Verification re-reads
-the output: container rules, every copied tensor's sha256 against the source, every converted tensor's
-hash against the bytes produced (whose scales were checked finite as they were made).
+the output once: container rules, every copied tensor byte for byte against the source, every converted
+tensor's sha256 against the bytes produced (whose scales were checked finite as they were made).
 """
 
 import hashlib
@@ -16,7 +16,7 @@ import numpy as np
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile, GGUFWriter, ggml_type_name
 from ggtools.gguf.check import check_file
-from ggtools.gguf.hashing import hash_file, hash_range
+from ggtools.gguf.hashing import content_digest
 from ggtools.plan import COPY, ShardPlan
 from ggtools.quants import CHUNK_VALUES, check_row_data, dequantize, iter_row_chunks, quantize
 
@@ -31,7 +31,7 @@ class RewriteError(GGToolsError):
 class ShardResult:
     dst: str
     size: int
-    sha256: str                       # whole output file
+    digest: str                       # content digest: header bytes + every tensor's sha256
     tensors: dict[str, str] = field(default_factory=dict)   # tensor sha256 in the output
     verified: bool = False
 
@@ -54,7 +54,7 @@ def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None,
                     on_bytes(t.nbytes)
                 else:
                     produced[t.name] = _convert(w, src, t, action.dst_type, on_bytes, chunk_values)
-        return _verify(plan, src, produced) if verify else _describe(plan.dst)
+        return _verify(plan, src, produced) if verify else describe_output(plan.dst)
 
 
 def _declare(w: GGUFWriter, src: GGUFFile, plan: ShardPlan):
@@ -93,7 +93,17 @@ def _convert(w, src, t, dst_type, on_bytes, chunk_values) -> str:
 
 
 def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str]) -> ShardResult:
-    result = _describe(plan.dst)
+    """Re-read the output once: container rules, planned types and sizes, copies equal to the source byte
+    for byte, conversions equal to the bytes produced."""
+    actions = {a.name: a for a in plan.tensors}
+
+    def compare_copy(t, offset, chunk):
+        if actions[t.name].action == COPY:
+            s = src.tensor[t.name]
+            if os.pread(src.fd, len(chunk), s.data_start + offset) != bytes(chunk):      # memcmp
+                raise RewriteError(f"{plan.dst}: copied tensor '{t.name}' differs from the source near byte "
+                                   f"{offset} of the tensor")
+
     with GGUFFile(plan.dst) as out:
         bad = [p for p in check_file(out) if p.severity == "error"]
         if bad:
@@ -101,25 +111,20 @@ def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str]) -> ShardRe
         for a in plan.tensors:
             t = out.tensor.get(a.name)
             if t is None or t.type_id != a.dst_type or t.nbytes != a.bytes_out:
-                raise RewriteError(f"{plan.dst}: tensor '{a.name}' is not the planned {a.dst_type} of "
-                                   f"{a.bytes_out} bytes")
-            got = result.tensors[a.name]
-            if a.action == COPY:
-                s = src.tensor[a.name]
-                want = hash_range(src.fd, s.data_start, s.data_start + s.nbytes)
-                if got != want:
-                    raise RewriteError(f"{plan.dst}: copied tensor '{a.name}' differs from the source "
-                                       f"(sha256 {got[:16]} vs {want[:16]})")
-            elif got != produced[a.name]:
-                raise RewriteError(f"{plan.dst}: converted tensor '{a.name}' was not written intact")
-    result.verified = True
-    return result
+                raise RewriteError(f"{plan.dst}: tensor '{a.name}' is not the planned "
+                                   f"{ggml_type_name(a.dst_type)} of {a.bytes_out} bytes")
+        digest, tensors = content_digest(out, compare_copy)
+        for name, sha in produced.items():
+            if tensors[name] != sha:
+                raise RewriteError(f"{plan.dst}: converted tensor '{name}' was not written intact")
+        return ShardResult(plan.dst, out.file_size, digest, tensors, verified=True)
 
 
-def _describe(path) -> ShardResult:
+def describe_output(path) -> ShardResult:
+    """Size and content digest of a finished output (what the resume manifest records and re-checks)."""
     with GGUFFile(path) as f:
-        sha, tensors = hash_file(f)
-        return ShardResult(path, f.file_size, sha, tensors)
+        digest, tensors = content_digest(f)
+        return ShardResult(path, f.file_size, digest, tensors)
 
 
 def source_identity(path) -> dict:

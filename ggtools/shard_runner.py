@@ -18,9 +18,8 @@ from dataclasses import asdict, dataclass
 from tqdm import tqdm
 
 from ggtools.errors import GGToolsError
-from ggtools.engine import RewriteError, ShardResult, rewrite_shard, source_identity
-from ggtools.gguf import GGUFError, GGUFFile, parse_shard_name
-from ggtools.gguf.hashing import hash_file
+from ggtools.engine import RewriteError, ShardResult, describe_output, rewrite_shard, source_identity
+from ggtools.gguf import GGUFError, parse_shard_name
 from ggtools.plan import Plan, ShardPlan
 
 
@@ -58,7 +57,7 @@ class Manifest:
     def record(self, plan: Plan, shard: ShardPlan, result: ShardResult):
         self.entries[os.path.basename(shard.dst)] = {
             "fingerprint": plan.shard_fingerprint(shard), "source": source_identity(shard.src),
-            "output": {"size": result.size, "sha256": result.sha256, "tensors": result.tensors},
+            "output": {"size": result.size, "digest": result.digest, "tensors": result.tensors},
             "verified": result.verified}
 
     def still_valid(self, plan: Plan, shard: ShardPlan) -> bool:
@@ -67,8 +66,7 @@ class Manifest:
             return False
         if e["source"] != source_identity(shard.src) or os.path.getsize(shard.dst) != e["output"]["size"]:
             return False
-        with GGUFFile(shard.dst) as f:
-            return hash_file(f, tensors=False)[0] == e["output"]["sha256"]
+        return describe_output(shard.dst).digest == e["output"]["digest"]
 
 
 def run_plan(plan: Plan, *, jobs=1, resume=False, force=False, verify=True, progress=None) -> RunReport:

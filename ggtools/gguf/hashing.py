@@ -29,12 +29,6 @@ def hash_file(f: GGUFFile, tensors=True) -> tuple[str, dict[str, str]]:
     return whole.hexdigest(), per_tensor
 
 
-def hash_range(fd: int, start: int, end: int) -> str:
-    h = hashlib.sha256()
-    feed(fd, start, end, bytearray(HASH_CHUNK), h)
-    return h.hexdigest()
-
-
 def feed(fd, start, end, buf, *hashes):
     """Feed bytes [start, end) of the file to every hash."""
     view = memoryview(buf)
@@ -46,3 +40,28 @@ def feed(fd, start, end, buf, *hashes):
         for h in hashes:
             h.update(view[:n])
         pos += n
+
+
+def content_digest(f: GGUFFile, on_chunk=None) -> tuple[str, dict[str, str]]:
+    """One sha256 pass: {tensor: sha256 of its bytes} and a digest of the file's content (the header bytes
+    and every tensor's hash in order). on_chunk(tensor, offset_in_tensor, bytes) sees each chunk as read,
+    so a caller can compare it with another file without a second read."""
+    digest = hashlib.sha256()
+    feed(f.fd, 0, f.data_offset, bytearray(HASH_CHUNK), digest)
+    buf = bytearray(HASH_CHUNK)
+    view = memoryview(buf)
+    per_tensor = {}
+    for t in f.tensors:
+        h = hashlib.sha256()
+        done = 0
+        while done < t.nbytes:
+            n = os.preadv(f.fd, [view[:min(len(buf), t.nbytes - done)]], t.data_start + done)
+            if n <= 0:
+                raise OSError(f"{f.path}: file ends inside tensor '{t.name}'")
+            h.update(view[:n])
+            if on_chunk is not None:
+                on_chunk(t, done, view[:n])
+            done += n
+        per_tensor[t.name] = h.hexdigest()
+        digest.update(t.name.encode() + b"\0" + bytes.fromhex(per_tensor[t.name]))
+    return digest.hexdigest(), per_tensor

@@ -1,0 +1,3 @@
+from ggtools.cli import main
+
+main()
