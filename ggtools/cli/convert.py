@@ -5,7 +5,7 @@ from tqdm import tqdm
 
 from ggtools.cli.plan_view import show_plan
 from ggtools.cli.render import emit_json, human_bytes
-from ggtools.jobs.convert import OUTTYPES, PROFILES, convert_dflash
+from ggtools.jobs.convert import OUTTYPES, PROFILES, convert_dflash, write
 
 
 @click.group("convert")
@@ -52,33 +52,34 @@ def dflash(hf_dir, out, profile, target, outtype, mask_token_id, guess_target_la
       ggtools convert dflash Qwen3.5-27B-DFlash/ -o draft.gguf --profile lucebox --target-gguf Qwen3.5-27B.gguf
       ggtools convert dflash old-drafter/ -o d.gguf --target-gguf t.gguf --mask-token-id 151669 --dry-run
     """
-    show_progress = not (quiet or as_json or dry_run) and sys.stderr.isatty()
-    bar = tqdm(unit="B", unit_scale=True, desc="convert", disable=not show_progress)
-    try:
-        result = convert_dflash(hf_dir, out, profile=profile, target=target, outtype=outtype,
-                                mask_token_id=mask_token_id, guess_target_layers=guess_target_layers, name=name,
-                                dry_run=dry_run, force=force, allow_overflow=allow_overflow, on_bytes=bar.update)
-    finally:
-        bar.close()
+    plan = convert_dflash(hf_dir, out, profile=profile, target=target, outtype=outtype, mask_token_id=mask_token_id,
+                          guess_target_layers=guess_target_layers, name=name, dry_run=True)
     if dry_run:
-        if as_json:
-            emit_json(result.as_dict())
-            return
-        click.echo(f"{result.hf_dir}: DFlash{'2' if result.cfg.version == 2 else ' v1'}, profile {result.profile}, "
-                   f"outtype {result.outtype}")
-        click.echo(f"  target layer ids {result.cfg.target_layer_ids} ({result.cfg.ids_from}); mask token id "
-                   f"{result.cfg.mask_token_id} ({result.cfg.mask_from}); block size {result.cfg.block_size} "
-                   f"({result.cfg.block_size_from})")
-        click.echo(f"  {len(result.kvs.keys())} metadata keys")
-        show_plan(result.as_plan(), tensors=not quiet)
-        _warn(result.warnings)
+        _show(plan, as_json, quiet)
         return
+    show_progress = not (quiet or as_json) and sys.stderr.isatty()
+    with tqdm(total=plan.bytes_out, unit="B", unit_scale=True, desc="convert", disable=not show_progress) as bar:
+        result = write(plan, force=force, allow_overflow=allow_overflow, on_bytes=bar.update)
     if as_json:
         emit_json({"written": result.path, "tensors": result.n_tensors, "bytes": result.bytes_out,
                    "overflow": result.overflow, "warnings": result.warnings})
         return
     _warn(result.warnings)
     click.echo(f"wrote {result.path}: {result.n_tensors} tensors, {human_bytes(result.bytes_out)} ({profile} profile)")
+
+
+def _show(plan, as_json, quiet):
+    if as_json:
+        emit_json(plan.as_dict())
+        return
+    cfg = plan.cfg
+    click.echo(f"{plan.hf_dir}: DFlash{'2' if cfg.version == 2 else ' v1'}, profile {plan.profile}, "
+               f"outtype {plan.outtype}")
+    click.echo(f"  target layer ids {cfg.target_layer_ids} ({cfg.ids_from}); mask token id {cfg.mask_token_id} "
+               f"({cfg.mask_from}); block size {cfg.block_size} ({cfg.block_size_from})")
+    click.echo(f"  {len(plan.kvs.keys())} metadata keys")
+    show_plan(plan.as_plan(), tensors=not quiet)
+    _warn(plan.warnings)
 
 
 def _warn(warnings):

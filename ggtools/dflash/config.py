@@ -102,13 +102,12 @@ def _mask(dc, c, override, where):
 
 
 def _block_size(dc, c, where):
-    for d, key in ((dc, "block_size"), (c, "block_size"), (c, "draft_block_size")):
+    for d, key, prefix in ((dc, "block_size", "dflash_config."), (c, "block_size", ""), (c, "draft_block_size", "")):
         if d.get(key) is not None:
-            name = ("dflash_config." if d is dc else "") + key
-            v = _int(d, where, key, prefix="dflash_config." if d is dc else "")
+            v = _int(d, where, key, prefix=prefix)
             if v == 0:
-                raise CheckpointError(where, "block size 0: a drafter drafts at least one token", name)
-            return v, name
+                raise CheckpointError(where, "block size 0: a drafter drafts at least one token", prefix + key)
+            return v, prefix + key
     return DEFAULT_BLOCK_SIZE, "default (16, as llama.cpp's converter)"
 
 

@@ -52,7 +52,7 @@ def gguf_name(hf_name: str) -> str:
         bid, rest = m.groups()
         if rest in LAYER_NAMES:
             return f"blk.{bid}.{LAYER_NAMES[rest]}"
-        base, dot, suffix = rest.rpartition(".")
+        base, _, suffix = rest.rpartition(".")
         if base in LAYER_NAMES and suffix in ("weight", "bias"):
             return f"blk.{bid}.{LAYER_NAMES[base]}.{suffix}"
     raise CheckpointError("llama.cpp profile", f"cannot map tensor '{hf_name}'")
