@@ -11,6 +11,8 @@ from numba import njit, prange
 
 from .floatbits import JIT, fp16_at
 
+F0 = np.float32(0.0)
+
 QK_K, Q2_K_BYTES = GGML_QUANT_SIZES[T.Q2_K]
 Q3_K_BYTES = GGML_QUANT_SIZES[T.Q3_K][1]
 Q4_K_BYTES = GGML_QUANT_SIZES[T.Q4_K][1]
@@ -35,82 +37,107 @@ def q3_scale(src, so, j):
     return low | (high << 4)
 
 
+# Each decoder walks the block in runs of 16 or 32 values that share one scale, like the C
+# code, so the inner loops vectorize (their bounds come from view lengths: LLVM fully unrolls
+# loops of a known small count instead of vectorizing them).
+
+@njit(**JIT)
+def decode_run_q2(q, shift, dl, ml, ob):
+    """ob[l] = dl * ((q[l] >> shift) & 3) - ml."""
+    for l in range(ob.shape[0]):
+        ob[l] = dl * np.float32(np.int32((np.int32(q[l]) >> shift) & 3)) - ml
+
+
+@njit(**JIT)
+def decode_run_q3(q, shift, hm, hbit, dl, ob):
+    """ob[l] = dl * (((q[l] >> shift) & 3) - 4 * (1 - bit hbit of hm[l]))."""
+    for l in range(ob.shape[0]):
+        low = (np.int32(q[l]) >> shift) & 3
+        high = (np.int32(hm[l]) >> hbit) & 1
+        ob[l] = dl * np.float32(np.int32(low - ((high ^ 1) << 2)))
+
+
 @njit(**JIT)
 def decode_block_q2_k(src, so, out, oo):
-    d = fp16_at(src, so + 80)
-    dmin = fp16_at(src, so + 82)
-    for e in range(QK_K):
-        sc = np.int64(src[so + e // 16])
-        h, r = e // 128, e % 128
-        q = (np.int64(src[so + 16 + 32 * h + r % 32]) >> (2 * (r // 32))) & 3
-        dl = d * np.float32(sc & 15)
-        ml = dmin * np.float32(sc >> 4)
-        out[oo + e] = dl * np.float32(q) - ml
+    sb, ob = src[so:so + Q2_K_BYTES], out[oo:oo + QK_K]
+    d = fp16_at(sb, 80)
+    dmin = fp16_at(sb, 82)
+    for j in range(16):  # sub-block j = 8h + 2k + half: bits 2k of qs[32h + 16half + l]
+        h, k, half = j // 8, (j // 2) % 4, j % 2
+        sc = np.int32(sb[j])
+        q = sb[16 + 32 * h + 16 * half:32 + 32 * h + 16 * half]
+        decode_run_q2(q, 2 * k, d * np.float32(sc & 15), dmin * np.float32(sc >> 4),
+                      ob[16 * j:16 * j + 16])
 
 
 @njit(**JIT)
 def decode_block_q3_k(src, so, out, oo):
-    d = fp16_at(src, so + 108)
-    for e in range(QK_K):
-        dl = d * np.float32(q3_scale(src, so + 96, e // 16) - 32)
-        h, r = e // 128, e % 128
-        q = (np.int64(src[so + 32 + 32 * h + r % 32]) >> (2 * (r // 32))) & 3
-        hbit = (np.int64(src[so + e % 32]) >> (e // 32)) & 1
-        out[oo + e] = dl * np.float32(q - (0 if hbit else 4))
+    sb, ob = src[so:so + Q3_K_BYTES], out[oo:oo + QK_K]
+    d = fp16_at(sb, 108)
+    for j in range(16):  # as Q2_K; the high bit of element e is bit e // 32 of hmask[e % 32]
+        h, k, half = j // 8, (j // 2) % 4, j % 2
+        q = sb[32 + 32 * h + 16 * half:48 + 32 * h + 16 * half]
+        decode_run_q3(q, 2 * k, sb[16 * half:16 * half + 16], 4 * h + k,
+                      d * np.float32(q3_scale(sb, 96, j) - 32), ob[16 * j:16 * j + 16])
+
+
+@njit(**JIT)
+def decode_run_q4(q, shift, dl, ml, ob):
+    """ob[l] = dl * ((q[l] >> shift) & 15) - ml."""
+    for l in range(ob.shape[0]):
+        ob[l] = dl * np.float32(np.int32((np.int32(q[l]) >> shift) & 15)) - ml
+
+
+@njit(**JIT)
+def decode_run_q5(q, shift, qh, hbit, dl, ml, ob):
+    """ob[l] = dl * (((q[l] >> shift) & 15) + 16 * bit hbit of qh[l]) - ml."""
+    for l in range(ob.shape[0]):
+        level = ((np.int32(q[l]) >> shift) & 15) | (((np.int32(qh[l]) >> hbit) & 1) << 4)
+        ob[l] = dl * np.float32(np.int32(level)) - ml
 
 
 @njit(**JIT)
 def decode_block_q4_k(src, so, out, oo):
-    d = fp16_at(src, so)
-    dmin = fp16_at(src, so + 2)
-    for c in range(4):
-        sc, m = get_scale_min_k4(2 * c, src, so + 4)
-        d1 = d * np.float32(sc)
-        m1 = dmin * np.float32(m)
-        sc, m = get_scale_min_k4(2 * c + 1, src, so + 4)
-        d2 = d * np.float32(sc)
-        m2 = dmin * np.float32(m)
-        for l in range(32):
-            q = np.int64(src[so + 16 + 32 * c + l])
-            out[oo + 64 * c + l] = d1 * np.float32(q & 15) - m1
-            out[oo + 64 * c + 32 + l] = d2 * np.float32(q >> 4) - m2
+    sb, ob = src[so:so + Q4_K_BYTES], out[oo:oo + QK_K]
+    d = fp16_at(sb, 0)
+    dmin = fp16_at(sb, 2)
+    for j in range(8):  # sub-block j: nibble j % 2 of qs[32 (j // 2) + l]
+        sc, m = get_scale_min_k4(j, sb, 4)
+        q = sb[16 + 32 * (j // 2):48 + 32 * (j // 2)]
+        decode_run_q4(q, 4 * (j % 2), d * np.float32(sc), dmin * np.float32(m), ob[32 * j:32 * j + 32])
 
 
 @njit(**JIT)
 def decode_block_q5_k(src, so, out, oo):
-    d = fp16_at(src, so)
-    dmin = fp16_at(src, so + 2)
-    for c in range(4):
-        sc, m = get_scale_min_k4(2 * c, src, so + 4)
-        d1 = d * np.float32(sc)
-        m1 = dmin * np.float32(m)
-        sc, m = get_scale_min_k4(2 * c + 1, src, so + 4)
-        d2 = d * np.float32(sc)
-        m2 = dmin * np.float32(m)
-        for l in range(32):
-            q = np.int64(src[so + 48 + 32 * c + l])
-            h = np.int64(src[so + 16 + l]) >> (2 * c)
-            out[oo + 64 * c + l] = d1 * np.float32((q & 15) + 16 * (h & 1)) - m1
-            out[oo + 64 * c + 32 + l] = d2 * np.float32((q >> 4) + 16 * ((h >> 1) & 1)) - m2
+    sb, ob = src[so:so + Q5_K_BYTES], out[oo:oo + QK_K]
+    d = fp16_at(sb, 0)
+    dmin = fp16_at(sb, 2)
+    for j in range(8):  # as Q4_K, plus bit j of qh[l]
+        sc, m = get_scale_min_k4(j, sb, 4)
+        q = sb[48 + 32 * (j // 2):80 + 32 * (j // 2)]
+        decode_run_q5(q, 4 * (j % 2), sb[16:48], j, d * np.float32(sc), dmin * np.float32(m),
+                      ob[32 * j:32 * j + 32])
 
 
 @njit(**JIT)
 def decode_block_q6_k(src, so, out, oo):
-    d = fp16_at(src, so + 208)
+    sb, ob = src[so:so + Q6_K_BYTES], out[oo:oo + QK_K]
+    d = fp16_at(sb, 208)
+    scales = sb[192:208].view(np.int8)
     for h in range(2):
-        ql = so + 64 * h
-        qh = so + 128 + 32 * h
-        for l in range(32):
-            hb = np.int64(src[qh + l])
-            lo = np.int64(src[ql + l])
-            hi = np.int64(src[ql + l + 32])
-            qs = ((lo & 15) | ((hb & 3) << 4), (hi & 15) | (((hb >> 2) & 3) << 4),
-                  (lo >> 4) | (((hb >> 4) & 3) << 4), (hi >> 4) | (((hb >> 6) & 3) << 4))
-            for k in range(4):
-                e = 128 * h + l + 32 * k
-                sc = np.int64(src[so + 192 + e // 16])
-                dl = d * np.float32(sc - ((sc & 128) << 1))
-                out[oo + e] = dl * np.float32(qs[k] - 32)
+        ql = sb[64 * h:64 * h + 64]
+        qh = sb[128 + 32 * h:160 + 32 * h]
+        for k in range(4):  # elements 128h + 32k + l: nibble k // 2 of ql[l + 32 (k % 2)]
+            for half in range(2):
+                e = 128 * h + 32 * k + 16 * half
+                dl = d * np.float32(scales[e // 16])
+                low = ql[32 * (k % 2) + 16 * half:32 * (k % 2) + 16 * half + 16]
+                high = qh[16 * half:16 * half + 16]
+                run = ob[e:e + 16]
+                for l in range(run.shape[0]):
+                    level = (((np.int32(low[l]) >> (4 * (k // 2))) & 15)
+                             | (((np.int32(high[l]) >> (2 * k)) & 3) << 4))
+                    run[l] = dl * np.float32(np.int32(level - 32))
 
 
 @njit(parallel=True, **JIT)
