@@ -418,3 +418,10 @@ def test_cli_convert_dry_run_json_and_refuses_overwrite(tmp_path, target):
 def test_cli_help_has_examples():
     r = CliRunner().invoke(main, ["convert", "dflash", "--help"])
     assert r.exit_code == 0 and "Examples:" in r.output and "--profile lucebox" in r.output
+
+
+def test_lucebox_without_mask_writes_its_default(tmp_path):
+    out = tmp_path / "d.gguf"
+    result = convert(make_checkpoint(tmp_path / "d", 1, config=_mask_only_at_top()), out, profile="lucebox")
+    assert dict((k, v) for k, _, v in kv_table(out))["qwen35-dflash-draft.dflash.mask_token_id"] == 248070
+    assert any("lucebox's default 248070" in w for w in result.warnings)

@@ -206,3 +206,9 @@ def test_llamacpp_converter_drops_a_top_level_mask(tiny_target, ref_drafter_gguf
     """llama.cpp's converter ignores a top-level mask_token_id: its output loads but drafts nothing (LC#26761)."""
     report = pair_check(tiny_target.gguf["f16"], ref_drafter_gguf("v1-toplevel-mask", "f16"))
     one_failure(report, "mask_token_id", "decode: invalid token[1] = -1")
+
+
+def test_lucebox_stored_mask_beyond_vocab_only_warns(pair):
+    r = broken(pair, 3, "lb-mask", set_keys=[(f"{LB}.dflash.mask_token_id", VT.UINT32, 248070, None)])
+    assert r.exit_code == 0
+    assert [f.severity for f in r.findings if f.check == "mask_token_id"] == ["warning"]

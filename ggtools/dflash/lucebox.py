@@ -23,6 +23,7 @@ from ggtools.dflash.tensors import TensorJob
 
 ARCH = "qwen35-dflash-draft"
 DEFAULT_CONTEXT = 32768
+DEFAULT_MASK_TOKEN_ID = 248070          # qwen35's; what lucebox's converter writes without a top-level id
 NAMES = {"fc.weight": "dflash.fc.weight", "hidden_norm.weight": "dflash.hidden_norm.weight",
          "norm.weight": "output_norm.weight"}
 LAYER_NAMES = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",

@@ -97,6 +97,11 @@ def plan_convert(hf_dir, out, *, profile="llama.cpp", target: TargetInfo | None 
     cfg = draft_config(ckpt, mask_token_id=mask_token_id, guess_target_layers=guess_target_layers)
     check_layout(ckpt, cfg)
     warnings = check_against_target(ckpt, cfg, target, profile)
+    if cfg.mask_token_id is None and profile == "lucebox":
+        # lucebox's loader takes the mask id from the target model; its converter writes this default.
+        cfg.mask_token_id, cfg.mask_from = lucebox.DEFAULT_MASK_TOKEN_ID, "lucebox's default (none in config.json)"
+        warnings.append(f"no mask_token_id in config.json: wrote lucebox's default {cfg.mask_token_id} "
+                        "(lucebox reads the mask id from the target, not from the drafter)")
     if cfg.mask_token_id is None:
         raise ConvertError(f"{ckpt.config_path}: no mask_token_id (neither dflash_config.mask_token_id nor a "
                            "top-level mask_token_id): the drafter would draft nothing (llama.cpp fills the block "

@@ -107,10 +107,13 @@ def _mask(d, t) -> Finding | None:
         return None     # a missing llama.cpp mask id is a loader finding; lucebox takes it from the target
     if d.mask_id < t.vocab:
         return Finding("mask_token_id", "ok", f"mask token id {d.mask_id} < target vocabulary {t.vocab}")
-    said = (f"bad special token: 'tokenizer.ggml.mask_token_id' = {d.mask_id}, using default id -1"
-            if d.profile == "llama.cpp" else "not read by lucebox (it uses the target's mask id)")
+    if d.profile == "lucebox":
+        return Finding("mask_token_id", "warning", f"stored mask token id {d.mask_id} is outside the target's "
+                       f"{t.vocab}-token vocabulary", "not read by lucebox (it takes the mask id from the target)",
+                       f"ggtools patch set DRAFT {d.arch}.dflash.mask_token_id=u32:<the target's mask id> --in-place")
     return Finding("mask_token_id", "error", f"mask token id {d.mask_id} is outside the target's {t.vocab}-token "
-                   "vocabulary", said, "ggtools patch mask-token DRAFT --id <the target's mask token id> --in-place")
+                   "vocabulary", f"bad special token: 'tokenizer.ggml.mask_token_id' = {d.mask_id}, using default "
+                   "id -1", "ggtools patch mask-token DRAFT --id <the target's mask token id> --in-place")
 
 
 def _taps(t) -> Finding:
