@@ -74,8 +74,8 @@ def test_outputs_load_in_libllama(tmp_path, tiny_drafters, tiny_target, version,
 
 @pytest.mark.slow
 def test_config_features_equal_the_converter(tmp_path, tiny_drafters, tiny_target, llama_cpp_src):
-    """Features the tiny fixtures lack, each run through llama.cpp's converter: non-causal flag, sliding
-    window pattern, YaRN, value scale, logit scale / softcap / embedding scale, interleaved rope rows."""
+    """Features the tiny fixtures lack, each run through llama.cpp's converter: model card, non-causal flag,
+    sliding window pattern, YaRN, value scale, logit scale / softcap / embedding scale, interleaved rope rows."""
     from tiny_models import run_converter as run      # scripts/fixtures, on sys.path through oracle_artifacts
 
     d = tmp_path / "dflash-features"
@@ -88,6 +88,8 @@ def test_config_features_equal_the_converter(tmp_path, tiny_drafters, tiny_targe
     cfg["dflash_config"] |= {"attention_value_scale": 0.5, "output_multiplier": 0.196,
                              "final_logit_softcapping": 20.0, "input_embedding_scale": 16.0}
     (d / "config.json").write_text(json.dumps(cfg))
+    (d / "README.md").write_text("---\nlicense: mit\nbase_model:\n- Qwen/Qwen3-8B\ntags:\n- dflash\nlanguage:\n"
+                                 "- en\n---\n# Qwen3-8B-DFlash-b16\n")        # model-card keys
     ref = tmp_path / "ref.gguf"
     run(llama_cpp_src, [[d, "--target-model-dir", tiny_target.hf_dir, "--outtype", "f16", "--outfile", ref,
                          "--model-name", "features"]])
