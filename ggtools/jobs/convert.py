@@ -97,15 +97,7 @@ def plan_convert(hf_dir, out, *, profile="llama.cpp", target: TargetInfo | None 
     cfg = draft_config(ckpt, mask_token_id=mask_token_id, guess_target_layers=guess_target_layers)
     check_layout(ckpt, cfg)
     warnings = check_against_target(ckpt, cfg, target, profile)
-    if cfg.mask_token_id is None and profile == "lucebox":
-        # lucebox's loader takes the mask id from the target model; its converter writes this default.
-        cfg.mask_token_id, cfg.mask_from = lucebox.DEFAULT_MASK_TOKEN_ID, "lucebox's default (none in config.json)"
-        warnings.append(f"no mask_token_id in config.json: wrote lucebox's default {cfg.mask_token_id} "
-                        "(lucebox reads the mask id from the target, not from the drafter)")
-    if cfg.mask_token_id is None:
-        raise ConvertError(f"{ckpt.config_path}: no mask_token_id (neither dflash_config.mask_token_id nor a "
-                           "top-level mask_token_id): the drafter would draft nothing (llama.cpp fills the block "
-                           "with token -1, see llama.cpp#26761); pass --mask-token-id N")
+    _resolve_missing_mask(ckpt, cfg, profile, warnings)
     if cfg.ids_from.startswith("guessed"):
         warnings.append(f"target layer ids guessed with build_target_layer_ids: {cfg.target_layer_ids}")
     kvs = KVList()
@@ -114,13 +106,27 @@ def plan_convert(hf_dir, out, *, profile="llama.cpp", target: TargetInfo | None 
         lucebox.metadata(kvs, ckpt, cfg)
         return ConvertPlan(ckpt.path, str(out), profile, "auto", cfg, kvs, jobs, warnings + notes)
     if target is None:
-        raise ConvertError("the llama.cpp profile embeds the target's tokenizer (llama.cpp refuses a drafter "
-                           "whose vocabulary differs from the target's): pass --target-gguf TARGET.gguf")
+        raise ConvertError("the llama.cpp profile embeds the target's tokenizer (llama.cpp reads the mask token "
+                           "from the drafter's own vocabulary): pass --target-gguf TARGET.gguf")
     resolved = llamacpp.auto_outtype(ckpt) if outtype == "auto" else outtype
     jobs = llamacpp.tensor_jobs(ckpt, cfg, resolved)
     general_kvs(kvs, llamacpp.ARCH, ckpt.path, name, sum(j.n_elements for j in jobs))
     llamacpp.metadata(kvs, ckpt, cfg, llamacpp.file_type(resolved), target)
     return ConvertPlan(ckpt.path, str(out), profile, resolved, cfg, kvs, jobs, warnings)
+
+
+def _resolve_missing_mask(ckpt, cfg, profile, warnings):
+    if cfg.mask_token_id is not None:
+        return
+    if profile == "lucebox":
+        # lucebox's loader takes the mask id from the target model; its converter writes this default.
+        cfg.mask_token_id, cfg.mask_from = lucebox.DEFAULT_MASK_TOKEN_ID, "lucebox's default (none in config.json)"
+        warnings.append(f"no mask_token_id in config.json: wrote lucebox's default {cfg.mask_token_id} "
+                        "(lucebox reads the mask id from the target, not from the drafter)")
+        return
+    raise ConvertError(f"{ckpt.config_path}: no mask_token_id (neither dflash_config.mask_token_id nor a "
+                       "top-level mask_token_id): the drafter would draft nothing (llama.cpp fills the block "
+                       "with token -1, see llama.cpp#26761); pass --mask-token-id N")
 
 
 def check_against_target(ckpt: Checkpoint, cfg: DraftConfig, target: TargetInfo | None, profile: str) -> list[str]:
