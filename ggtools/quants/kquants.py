@@ -3,9 +3,9 @@
 Ports of ggml's quantize_row_*_ref (quant-recipes.md §5), with caller-owned scratch so the
 parallel kernels allocate once per group of blocks.
 
-Q2_K, Q4_K and Q5_K run a batch of blocks at once, transposed: element i of sub-block c of the
-batch at xt[i, c], so every sub-block is a SIMD lane of make_qkx2_quants (see scalesearch).
-Q3_K and Q6_K go block by block.
+Q2_K, Q3_K, Q4_K and Q5_K run a batch of blocks at once, transposed: element i of sub-block c
+of the batch at xt[i, c], so every sub-block is a SIMD lane of the scale search (see
+scalesearch). Q6_K goes block by block (its search is vectorized over candidate scales).
 """
 
 import numpy as np
@@ -14,8 +14,9 @@ from numba import njit, prange
 
 from .floatbits import JIT, fp16_at, nearest_int, store_fp16
 from .kdecode import get_scale_min_k4, q3_scale
-from .scalesearch import (F0, LANES, QKX2_ROWS, WORK_ROWS, clamp, level, make_q3_quants,
-                          make_qkx2_quants, make_qx_quants)
+from .floatbits import nearest_float
+from .scalesearch import (F0, LANES, QKX2_ROWS, WORK_ROWS, clamp, clamp_float, level,
+                          make_q3_quants, make_qkx2_quants, make_qx_quants)
 
 QK_K, Q2_K_BYTES = GGML_QUANT_SIZES[T.Q2_K]
 Q3_K_BYTES = GGML_QUANT_SIZES[T.Q3_K][1]
@@ -23,8 +24,8 @@ Q4_K_BYTES = GGML_QUANT_SIZES[T.Q4_K][1]
 Q5_K_BYTES = GGML_QUANT_SIZES[T.Q5_K][1]
 Q6_K_BYTES = GGML_QUANT_SIZES[T.Q6_K][1]
 
-BATCH_LANES = 128  # sub-blocks per make_qkx2_quants batch: 16 Q4_K/Q5_K blocks, 8 Q2_K blocks
-GROUP = 16  # Q3_K/Q6_K blocks per parallel work item
+BATCH_LANES = 128  # sub-blocks per batch: 16 Q4_K/Q5_K blocks, 8 Q2_K/Q3_K blocks
+GROUP = 16  # Q6_K blocks per parallel work item
 ROW_D, ROW_DM, ROW_SCALES, ROW_MINS = 0, 1, QKX2_ROWS, QKX2_ROWS + 1
 
 
@@ -218,41 +219,31 @@ def quantize_blocks_q2_k(x, xo, y, yo, nblocks, scratch):
                                       | (Lt[l % 16, c + 4] << 4) | (Lt[l % 16, c + 6] << 6))
 
 
-# ---------------------------------------------------------------- Q3_K / Q6_K, block by block
+# ---------------------------------------------------------------- Q6_K, block by block
 
 @njit(**JIT)
 def new_scratch():
-    """Q3_K / Q6_K scratch: levels L[256], float32 work rows (search lanes, then scales)."""
+    """Q6_K scratch: levels L[256], float32 work rows (search lanes, then scales)."""
     return np.empty(QK_K, np.int64), np.empty((WORK_ROWS + 1, LANES), np.float32)
 
 
 @njit(**JIT)
-def pack_2bit(L, y, qo):
-    """qs[32h + l] = L[128h+l] | L[128h+l+32] << 2 | L[..+64] << 4 | L[..+96] << 6."""
-    for h in range(2):
-        for l in range(32):
-            e = 128 * h + l
-            y[qo + 32 * h + l] = L[e] | (L[e + 32] << 2) | (L[e + 64] << 4) | (L[e + 96] << 6)
-
-
-@njit(**JIT)
-def quantize_block_q3_k(x, xo, y, yo, L, work):
-    scales = work[WORK_ROWS]
+def pack_q3_k_scales(scales, c0, y, yo, d):
+    """Q3_K scale bytes and d of one block (sub-blocks c0..c0+15); then d[c] = the rounded
+    scale of each sub-block."""
     max_scale = F0
     amax = F0
     for j in range(16):
-        s = make_q3_quants(16, 4, x, xo + 16 * j, L, 16 * j)
-        scales[j] = s
-        if abs(s) > amax:
-            amax = abs(s)
-            max_scale = s
+        if abs(scales[c0 + j]) > amax:
+            amax = abs(scales[c0 + j])
+            max_scale = scales[c0 + j]
     so = yo + 96
     for k in range(12):
         y[so + k] = 0
     if max_scale != F0:
         iscale = np.float32(-32.0) / max_scale
         for j in range(16):
-            l = nearest_int(iscale * scales[j]) & 0xFF
+            l = nearest_int(iscale * scales[c0 + j]) & 0xFF
             l = l - 256 if l > 127 else l  # int8_t
             l = clamp(l, -32, 31) + 32
             if j < 8:
@@ -265,18 +256,37 @@ def quantize_block_q3_k(x, xo, y, yo, L, work):
         store_fp16(y, yo + 108, F0)
     d_all = fp16_at(y, yo + 108)
     for j in range(16):
-        d = d_all * np.float32(q3_scale(y, so, j) - 32)
-        if d == F0:
-            continue
-        for i in range(16):
-            L[16 * j + i] = clamp(nearest_int(x[xo + 16 * j + i] / d), -4, 3) + 4
-    for k in range(32):
-        y[yo + k] = 0
-    for e in range(QK_K):
-        if L[e] > 3:
-            y[yo + e % 32] |= 1 << (e // 32)
-            L[e] -= 4
-    pack_2bit(L, y, yo + 32)
+        d[c0 + j] = d_all * np.float32(q3_scale(y, so, j) - 32)
+
+
+@njit(**JIT)
+def quantize_blocks_q3_k(x, xo, y, yo, nblocks, scratch):
+    """nblocks (<= BATCH_LANES // 16) Q3_K blocks from x[xo:] to y[yo:]."""
+    xt, wt, Lt, laux, st = load_batch(x, xo, nblocks, 16, scratch)
+    n, lanes = xt.shape
+    make_q3_quants(4, xt, Lt, st, st[ROW_SCALES])
+    d = st[ROW_D]
+    for b in range(nblocks):
+        pack_q3_k_scales(st[ROW_SCALES], 16 * b, y, yo + Q3_K_BYTES * b, d)
+    lo, hi = np.float32(-4.0), np.float32(3.0)
+    for i in range(n):
+        for c in range(lanes):
+            fl = clamp_float(nearest_float(xt[i, c] / d[c]), lo, hi)
+            Lt[i, c] = np.int32(fl) + 4 if d[c] != F0 else Lt[i, c]
+    for b in range(nblocks):
+        yb = y[yo + Q3_K_BYTES * b:yo + Q3_K_BYTES * (b + 1)]
+        for l in range(32):  # element e = 32m + l lives at Lt[e % 16, 16b + e // 16]
+            hm = 0
+            q = 0
+            for m in range(8):
+                level = Lt[l % 16, 16 * b + 2 * m + l // 16]
+                hm |= (1 << m) if level > 3 else 0
+                level = level - 4 if level > 3 else level
+                q |= level << (2 * (m % 4))
+                if m % 4 == 3:  # qs[32h + l] packs elements 128h + 32k + l, k = 0..3
+                    yb[32 + 32 * (m // 4) + l] = q
+                    q = 0
+            yb[l] = hm
 
 
 @njit(**JIT)
@@ -350,10 +360,10 @@ def quantize_q5_k(x, y):
 @njit(parallel=True, **JIT)
 def quantize_q3_k(x, y):
     nb = x.size // QK_K
-    for g in prange((nb + GROUP - 1) // GROUP):
-        L, work = new_scratch()
-        for b in range(g * GROUP, min(nb, (g + 1) * GROUP)):
-            quantize_block_q3_k(x, b * QK_K, y, b * Q3_K_BYTES, L, work)
+    batch = BATCH_LANES // 16
+    for g in prange((nb + batch - 1) // batch):
+        b = g * batch
+        quantize_blocks_q3_k(x, b * QK_K, y, b * Q3_K_BYTES, min(batch, nb - b), new_batch_scratch())
 
 
 @njit(parallel=True, **JIT)

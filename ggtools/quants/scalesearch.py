@@ -8,7 +8,7 @@ throughput-bound:
   min chosen by the previous accepted step, so the steps themselves stay sequential.
 - make_qx_quants (Q6_K): lane = candidate scale (they are independent); the winner is then
   picked in the C order with the C comparisons.
-- make_q3_quants (Q3_K): coordinate descent, a plain port.
+- make_q3_quants (Q3_K): lane = sub-block; coordinate descent, element by element.
 See quant-recipes.md §4-5. Scratch arrays are caller-owned so kernels allocate once per group.
 """
 
@@ -30,11 +30,15 @@ def clamp(v, lo, hi):
 
 
 @njit(**JIT)
+def clamp_float(v, lo, hi):
+    v = lo if v < lo else v
+    return hi if v > hi else v
+
+
+@njit(**JIT)
 def level(f, nmax):
     """float32(clamp(nearest_int(f), 0, nmax)) in vector-friendly form (nmax a float32)."""
-    v = nearest_float(f)
-    v = F0 if v < F0 else v
-    return nmax if v > nmax else v
+    return clamp_float(nearest_float(f), F0, nmax)
 
 
 @njit(**JIT)
@@ -190,46 +194,103 @@ def make_qx_quants(n, nmax, x, xo, L, lo, work):
 
 
 @njit(**JIT)
-def make_q3_quants(n, nmax, x, xo, L, lo):
-    """make_q3_quants with do_rmse: coordinate descent, up to 5 rounds. Writes L[lo:lo+n]
-    (raw 0 for an all-zero group, else l + nmax), returns the scale."""
-    amax, vmax = signed_absmax(x, xo, n)
-    if amax < GROUP_MAX_EPS:
-        for i in range(n):
-            L[lo + i] = 0
-        return F0
-    iscale = np.float32(-nmax) / vmax
-    sumlx = F0
-    suml2 = F0
+def make_q3_quants(nmax, xt, Lt, st, scales):
+    """make_q3_quants with do_rmse for many sub-blocks at once (sub-block c is lane c, element i
+    at xt[i, c]): coordinate descent, up to 5 rounds. Writes Lt (raw 0 for an all-zero group,
+    else l + nmax) and scales[c]. st: float32 scratch (Q3_ROWS, >= lanes).
+
+    The first round runs for all lanes at once; the C loop stops after a round without an
+    accepted change, so only lanes that moved in round 1 continue, one by one.
+    """
+    n, lanes = xt.shape
+    amax, vmax, iscale, sumlx, suml2, usable = st[0], st[1], st[2], st[3], st[4], st[5]
+    lo = np.float32(-nmax)
+    hi = np.float32(nmax - 1)
+    for c in range(lanes):
+        amax[c] = F0
+        vmax[c] = F0
     for i in range(n):
-        xi = x[xo + i]
-        l = clamp(nearest_int(iscale * xi), -nmax, nmax - 1)
-        L[lo + i] = l
-        fl = np.float32(l)
-        wi = xi * xi
-        sumlx += (wi * xi) * fl
-        suml2 += (wi * fl) * fl
-    for _ in range(5):
-        n_changed = 0
+        for c in range(lanes):
+            ax = abs(xt[i, c])
+            bigger = ax > amax[c]
+            amax[c] = ax if bigger else amax[c]
+            vmax[c] = xt[i, c] if bigger else vmax[c]
+    for c in range(lanes):
+        usable[c] = F1 if amax[c] >= GROUP_MAX_EPS else F0
+        iscale[c] = np.float32(-nmax) / vmax[c]
+        sumlx[c] = F0
+        suml2[c] = F0
+    for i in range(n):
+        for c in range(lanes):
+            x = xt[i, c]
+            fl = clamp_float(nearest_float(iscale[c] * x), lo, hi)
+            Lt[i, c] = np.int32(fl)
+            w = x * x
+            sumlx[c] += (w * x) * fl
+            suml2[c] += (w * fl) * fl
+    # Round 1 for all lanes side by side; the few lanes that moved go on alone (C's rounds 2-5).
+    moved = st[6]
+    for c in range(lanes):
+        moved[c] = F0
+    for i in range(n):
+        q3_descent_step(xt, Lt, i, sumlx, suml2, usable, lo, hi, moved)
+    for c in range(lanes):
+        if moved[c] != F0:
+            q3_more_rounds(xt, Lt, c, sumlx, suml2, lo, hi)
+    for c in range(lanes):
+        scale = sumlx[c] / suml2[c] if suml2[c] > F0 else F0
+        scales[c] = scale if usable[c] != F0 else F0
+    for i in range(n):
+        for c in range(lanes):
+            Lt[i, c] = Lt[i, c] + nmax if usable[c] != F0 else 0
+
+
+Q3_ROWS = 7
+
+
+@njit(**JIT)
+def q3_descent_step(xt, Lt, i, sumlx, suml2, usable, lo, hi, moved):
+    """make_q3_quants' try of a new level for element i of every lane; moved[c] = 1 where a
+    lane accepts one. (Its own function: LLVM vectorizes it alone, not inside a loop nest.)"""
+    lanes = xt.shape[1]
+    for c in range(lanes):
+        x = xt[i, c]
+        w = x * x
+        fl = np.float32(Lt[i, c])
+        slx = sumlx[c] - (w * x) * fl
+        sl2 = suml2[c] - (w * fl) * fl
+        new = clamp_float(nearest_float((x * sl2) / slx), lo, hi)
+        slx_new = slx + (w * x) * new
+        sl2_new = sl2 + (w * new) * new
+        take = ((usable[c] != F0) & (slx > F0) & (new != fl) & (sl2_new > F0)
+                & ((slx_new * slx_new) * suml2[c] > (sumlx[c] * sumlx[c]) * sl2_new))
+        moved[c] = F1 if take else moved[c]
+        Lt[i, c] = np.int32(new) if take else Lt[i, c]
+        sumlx[c] = slx_new if take else sumlx[c]
+        suml2[c] = sl2_new if take else suml2[c]
+
+
+@njit(**JIT)
+def q3_more_rounds(xt, Lt, c, sumlx, suml2, lo, hi):
+    """Rounds 2-5 of make_q3_quants for lane c alone, stopping after a round without change."""
+    n = xt.shape[0]
+    for _ in range(4):
+        changed = False
         for i in range(n):
-            xi = x[xo + i]
-            wi = xi * xi
-            fl = np.float32(L[lo + i])
-            slx = sumlx - (wi * xi) * fl
+            x = xt[i, c]
+            w = x * x
+            fl = np.float32(Lt[i, c])
+            slx = sumlx[c] - (w * x) * fl
             if slx > F0:
-                sl2 = suml2 - (wi * fl) * fl
-                new_l = clamp(nearest_int((xi * sl2) / slx), -nmax, nmax - 1)
-                if new_l != L[lo + i]:
-                    fn = np.float32(new_l)
-                    slx += (wi * xi) * fn
-                    sl2 += (wi * fn) * fn
-                    if sl2 > F0 and (slx * slx) * suml2 > (sumlx * sumlx) * sl2:
-                        L[lo + i] = new_l
-                        sumlx = slx
-                        suml2 = sl2
-                        n_changed += 1
-        if n_changed == 0:
-            break
-    for i in range(n):
-        L[lo + i] += nmax
-    return sumlx / suml2 if suml2 > F0 else F0
+                sl2 = suml2[c] - (w * fl) * fl
+                new = clamp_float(nearest_float((x * sl2) / slx), lo, hi)
+                if new != fl:
+                    slx += (w * x) * new
+                    sl2 += (w * new) * new
+                    if sl2 > F0 and (slx * slx) * suml2[c] > (sumlx[c] * sumlx[c]) * sl2:
+                        Lt[i, c] = np.int32(new)
+                        sumlx[c] = slx
+                        suml2[c] = sl2
+                        changed = True
+        if not changed:
+            return
