@@ -7,14 +7,11 @@ from click.testing import CliRunner
 from gguf import GGUFValueType as VT
 
 from ggtools.cli import main
-from ggtools.cli.pair import command as pair_command
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.pair import pair_check
 from oracle_artifacts import ref_drafter_gguf, tiny_target  # noqa: F401  (fixtures)
 from test_convert_support import H, make_checkpoint, make_target_gguf, rewrite_gguf
 
-if "pair-check" not in main.commands:
-    main.add_command(pair_command)
 LB = "qwen35-dflash-draft"
 
 
@@ -212,3 +209,11 @@ def test_lucebox_stored_mask_beyond_vocab_only_warns(pair):
     r = broken(pair, 3, "lb-mask", set_keys=[(f"{LB}.dflash.mask_token_id", VT.UINT32, 248070, None)])
     assert r.exit_code == 0
     assert [f.severity for f in r.findings if f.check == "mask_token_id"] == ["warning"]
+
+
+def test_validate_pair_option(pair):
+    """`ggtools validate --pair TARGET DRAFT` is the same check as `pair-check`."""
+    good = CliRunner().invoke(main, ["validate", "--pair", str(pair[0]), str(pair[1])])
+    assert good.exit_code == 0 and "pair OK" in good.output, good.output
+    bad = CliRunner().invoke(main, ["validate", "--pair", str(pair[1]), str(pair[0])])
+    assert bad.exit_code == 1 and "check(s) failed" in bad.output

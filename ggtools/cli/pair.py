@@ -25,7 +25,11 @@ def command(target, draft, as_json):
       ggtools pair-check Qwen3-8B-Q8_0.gguf dflash.gguf
       ggtools pair-check Qwen3.5-27B-00001-of-00002.gguf draft-lucebox.gguf --json
     """
-    report = pair_check(target, draft)
+    show_pair_report(pair_check(target, draft), target, draft, as_json)
+
+
+def show_pair_report(report, target, draft, as_json=False):
+    """Print a pair report and exit with its code (shared with `validate --pair`)."""
     if as_json:
         emit_json(report.as_dict())
         sys.exit(report.exit_code)

@@ -7,7 +7,9 @@ from ggtools.jobs.validate import validate
 
 
 @click.command("validate")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("paths", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--pair", nargs=2, metavar="TARGET DRAFT", type=click.Path(exists=True, dir_okay=False),
+              help="Check a DFlash drafter against its target instead (same as `ggtools pair-check`).")
 @click.option("--deep", is_flag=True, help="Also scan tensor data: finite fp16 scales and floats, MXFP4 exponents.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @click.option("--write-manifest", type=click.Path(dir_okay=False), metavar="F",
@@ -15,7 +17,7 @@ from ggtools.jobs.validate import validate
 @click.option("--manifest", type=click.Path(exists=True, dir_okay=False), metavar="F",
               help="Check files against F: a ggtools manifest or sha256sum-style lines (e.g. HF LFS hashes).")
 @click.option("-j", "--jobs", type=click.IntRange(1), help="Files checked in parallel (default: CPU count).")
-def command(paths, deep, as_json, write_manifest, manifest, jobs):
+def command(paths, pair, deep, as_json, write_manifest, manifest, jobs):
     """Check GGUF files and shard sets against every rule llama.cpp applies, and the ones it misses.
 
     Any one shard names its whole set. Exit 0: all good; 1: a check failed; 2: unreadable input.
@@ -26,7 +28,14 @@ def command(paths, deep, as_json, write_manifest, manifest, jobs):
       ggtools validate --deep model-00001-of-00032.gguf
       ggtools validate --write-manifest model.sha256.json model-00001-of-00032.gguf
       ggtools validate --manifest model.sha256.json model-00001-of-00032.gguf
+      ggtools validate --pair Qwen3-8B-Q8_0.gguf dflash-draft.gguf
     """
+    if pair:
+        from ggtools.cli.pair import show_pair_report
+        from ggtools.jobs.pair import pair_check
+        show_pair_report(pair_check(*pair), *pair, as_json)
+    if not paths:
+        raise click.UsageError("give at least one PATH (or --pair TARGET DRAFT)")
     if write_manifest and manifest:
         raise click.UsageError("--write-manifest and --manifest are exclusive")
     report = validate(paths, deep=deep, manifest=manifest, write_manifest=write_manifest, jobs=jobs)
