@@ -15,6 +15,8 @@ from numba.extending import intrinsic
 JIT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 
 ROUND_MAGIC = np.float32(12582912.0)  # 1.5 * 2**23, see nearest_int
+MANTISSA = np.uint32(0x7FFFFF)
+EXPONENT_2_23 = np.uint32(0x4B000000)
 FP16_SCALE_TO_INF = np.float32(2.0**112)
 FP16_SCALE_TO_ZERO = np.float32(2.0**-110)
 
@@ -57,8 +59,8 @@ def nearest_float(f):
     """float32(nearest_int(f)) for every f, staying in 32-bit lanes: the same mantissa bits,
     put back under the exponent of 2**23 and debiased by a float subtraction (all exact).
     Vector loops use this; int64 intermediates would not vectorize on AVX2."""
-    bits = f32_bits(f + ROUND_MAGIC) & 0x7FFFFF
-    return f32_from_bits(bits | 0x4B000000) - ROUND_MAGIC
+    bits = np.uint32(f32_bits(f + ROUND_MAGIC) & MANTISSA)
+    return f32_from_bits(np.uint32(bits | EXPONENT_2_23)) - ROUND_MAGIC
 
 
 @njit(**JIT)
