@@ -1,7 +1,9 @@
 """quantize / dequantize / requantize over rows, with bounded memory for big tensors."""
 
+import threading
 from collections.abc import Iterator
 
+import numba
 import numpy as np
 
 from .errors import QuantError
@@ -9,6 +11,22 @@ from .registry import (block_size, check_row_length, dequantize_kernel, parse_qt
                        quantize_kernel, row_bytes, type_size)
 
 CHUNK_VALUES = 1 << 22  # float32 values per requantize chunk: 16 MiB of scratch
+_LAUNCH_LOCK = threading.Lock()
+
+
+def _launch(kernel, src, dst):
+    """Run a parallel kernel. numba's fallback "workqueue" threading layer cannot run kernels
+    from two Python threads at once, so launches are serialized when it may be in use (the
+    omp and tbb layers are thread-safe)."""
+    try:
+        shared_ok = numba.threading_layer() in ("omp", "tbb")
+    except ValueError:  # no parallel kernel has run yet
+        shared_ok = False
+    if shared_ok:
+        kernel(src, dst)
+        return
+    with _LAUNCH_LOCK:
+        kernel(src, dst)
 
 
 def iter_row_chunks(nrows: int, n_per_row: int, chunk_values: int = CHUNK_VALUES) -> Iterator[slice]:
@@ -24,7 +42,7 @@ def _float_rows(x) -> np.ndarray:
         x = x.astype(np.float32)
     if x.dtype != np.float32:
         raise QuantError(f"quantize expects float32 values, got {x.dtype}")
-    if x.ndim == 0 or x.size == 0:
+    if x.ndim == 0 or x.shape[-1] == 0:
         raise QuantError(f"quantize expects rows of values, got shape {x.shape}")
     return np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
 
@@ -51,7 +69,7 @@ def quantize(qtype, x, out=None) -> np.ndarray:
     rows = _float_rows(x)
     nrows, n = rows.shape
     y = _out_array(out, (nrows, row_bytes(t, n)), np.uint8)
-    kernel(rows.reshape(-1), y.reshape(-1))
+    _launch(kernel, rows.reshape(-1), y.reshape(-1))
     return y
 
 
@@ -87,7 +105,7 @@ def dequantize(qtype, data, n_per_row=None, out=None) -> np.ndarray:
     kernel = dequantize_kernel(t)
     rows, n = _byte_rows(t, data, n_per_row)
     values = _out_array(out, (rows.shape[0], n), np.float32)
-    kernel(rows.reshape(-1), values.reshape(-1))
+    _launch(kernel, rows.reshape(-1), values.reshape(-1))
     return values
 
 
@@ -101,7 +119,7 @@ def requantize(src_type, dst_type, data, n_per_row=None, out=None,
     check_row_length(dst, n)
     quantize_kernel(dst)
     y = _out_array(out, (rows.shape[0], row_bytes(dst, n)), np.uint8)
-    step = next(iter_row_chunks(rows.shape[0], n, chunk_values)).stop
+    step = min(rows.shape[0], max(1, chunk_values // n))
     scratch = np.empty((step, n), np.float32)
     for part in iter_row_chunks(rows.shape[0], n, chunk_values):
         values = dequantize(src, rows[part], n, out=scratch[: part.stop - part.start])
