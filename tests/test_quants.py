@@ -2,6 +2,7 @@
 every type, its quantizers for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/F16/BF16."""
 
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import gguf
 import numba
@@ -102,6 +103,20 @@ def test_bytes_do_not_depend_on_thread_count(qtype, rng):
     finally:
         numba.set_num_threads(before)
     assert np.array_equal(one, quants.quantize(qtype, x))
+
+
+def test_calls_from_several_threads_match_gguf_py(rng):
+    x = sample_rows(rng, n=256)
+    expected = gguf.quants.quantize(x, T.Q8_0)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: quants.quantize("q8_0", x), range(8)))
+    assert all(np.array_equal(r, expected) for r in results)
+
+
+def test_zero_rows():
+    assert quants.quantize("q4_k", np.zeros((0, 512), np.float32)).shape == (0, 288)
+    assert quants.dequantize("q4_k", np.zeros((0, 288), np.uint8)).shape == (0, 512)
+    assert quants.requantize("q8_0", "q4_k", b"", n_per_row=256).shape == (0, 144)
 
 
 def test_qtype_forms_are_equivalent(rng):

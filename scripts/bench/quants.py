@@ -6,18 +6,25 @@ on the same data), the ratio ours/C, and ours on all cores; plus the first call'
 compile, or loading numba's on-disk cache when warm). Without llama-cpp-python only our
 figures are printed.
 
-    python scripts/bench/quants.py [--mb 8] [--repeat 3] [--types q4_k,q2_k]
+    python scripts/bench/quants.py [--mb 8] [--repeat 3] [--types q4_k,q2_k] [--cold]
+
+--cold compiles into an empty numba cache, so "first call" is the JIT compile time; without it,
+a second run shows the time to load the cached machine code.
 """
 
 import argparse
 import os
 import sys
+import tempfile
 import time
 
-import numba
-import numpy as np
+if __name__ == "__main__" and "--cold" in sys.argv:  # before numba reads its configuration
+    os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="ggtools-bench-numba-")
 
-from ggtools import quants
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ggtools import quants  # noqa: E402
 
 QUANT_TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
                "f16", "bf16"]
@@ -115,6 +122,7 @@ def main():
     parser.add_argument("--mb", type=float, default=8.0, help="MB of float32 input per type")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per figure (best counts)")
     parser.add_argument("--types", default=",".join(QUANT_TYPES + DEQUANT_ONLY))
+    parser.add_argument("--cold", action="store_true", help="compile into an empty numba cache")
     args = parser.parse_args()
 
     ggml = load_c_reference()
@@ -122,7 +130,7 @@ def main():
     rows = max(1, int(args.mb * 1e6 / 4 / n))
     x = np.random.default_rng(0).standard_normal((rows, n)).astype(np.float32)
     print(f"{rows}x{n} float32 ({x.nbytes / 1e6:.1f} MB), best of {args.repeat} (1T: thread CPU "
-          f"time; all cores: wall time), "
+          f"time; all cores: wall time), first call {'compiles' if args.cold else 'uses the cache'}, "
           f"{numba.config.NUMBA_NUM_THREADS} cores, numba threading layer "
           f"{numba.config.THREADING_LAYER}; figures in MB of float32 per second")
     header = ["type", "first call s", "quant 1T", "C 1T", "ratio", "all cores",
