@@ -1,0 +1,78 @@
+"""Causal GQA attention over an f16 KV cache, as llama.cpp's CPU backend computes it without flash
+attention (its default in llama-cpp-python), operation for operation:
+
+    scores = K . f16(q)              mul_mat(k, q): q rounded to f16, dots with fma lanes
+    w      = scores * scale + mask   soft_max_ext: masked positions -inf
+    e      = ggml_v_expf(w - max)    in blocks of 8, each block's hsum8 added in float64
+    p      = f16(e * (1 / sum))      mul_mat(v, kq) rounds the probabilities to f16
+    out    = V^T . p
+
+One-row batches use ggml_vec_dot_f16's layout, longer ones tinyBLAS's (what llama.cpp does); the
+cache length is padded to a multiple of 32 with zero rows, as llama.cpp pads n_kv, which leaves
+the values unchanged but fixes which lane each position lands in.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from ggtools.runtime.ggmlmath import EXACT, expf, hsum8, to_f16
+from ggtools.runtime.kernels import dot_4x8, dot_lanes8
+
+KV_PAD = 32
+
+
+@njit(**EXACT)
+def dot_f16(w, x, one_row):
+    return dot_4x8(w, x, True) if one_row else dot_lanes8(w, x, 8)
+
+
+@njit(**EXACT)
+def softmax_f16(w, out):
+    """ggml_vec_soft_max_f32 + scale by 1/sum, then the f16 rounding of mul_mat's input."""
+    m = -np.inf
+    for s in range(w.size):
+        m = max(m, w[s])
+    e = np.empty(8, np.float32)
+    total = np.float64(0.0)
+    for c in range(w.size // 8):
+        for lane in range(8):
+            e[lane] = expf(w[c * 8 + lane] - np.float32(m))
+            out[c * 8 + lane] = e[lane]
+        total += np.float64(hsum8(e))
+    inv = np.float32(1.0 / total)
+    for s in range(w.size):
+        out[s] = to_f16(out[s] * inv)
+
+
+@njit(parallel=True, **EXACT)
+def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, out):
+    """q: (T, n_head, d) after RoPE; k_cache: (n_kv, capacity, d), vt_cache: (n_kv, d, capacity),
+    both f16-valued and zero past n_ctx; out: (T, n_head * d)."""
+    n_tokens, n_head, d = q.shape
+    group = n_head // k_cache.shape[0]
+    n_pad = (n_ctx + KV_PAD - 1) // KV_PAD * KV_PAD
+    for job in prange(n_tokens * n_head):
+        t, h = job // n_head, job % n_head
+        g = h // group
+        q16 = np.empty(d, np.float32)
+        for i in range(d):
+            q16[i] = to_f16(q[t, h, i])
+        w = np.empty(n_pad, np.float32)
+        for s in range(n_pad):
+            score = dot_f16(k_cache[g, s], q16, one_row) * scale
+            w[s] = score if s <= q_positions[t] else -np.inf
+        p = np.empty(n_pad, np.float32)
+        softmax_f16(w, p)
+        for i in range(d):
+            out[t, h * d + i] = dot_f16(vt_cache[g, i, :n_pad], p, one_row)
+
+
+def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positions: np.ndarray,
+              n_ctx: int, scale: float, stepwise: bool = False) -> np.ndarray:
+    """(T, n_head, d) queries at q_positions over cache positions 0..n_ctx-1 -> (T, n_head * d)."""
+    n_tokens, n_head, d = q.shape
+    out = np.empty((n_tokens, n_head * d), np.float32)
+    one_row = n_tokens == 1 or stepwise
+    attention_rows(np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64),
+                   n_ctx, np.float32(scale), one_row, out)
+    return out

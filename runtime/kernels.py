@@ -1,0 +1,578 @@
+"""numba matmul kernels: ggml weights dequantized on the fly, numerics equal to llama.cpp's CPU backend.
+
+y[t, r] = W[r] . x[t] for weight rows W kept in their ggml block layout (memory-mapped) and 1 to
+many input rows x. Each task decodes ROWS_PER_TASK weight rows, one at a time, and dots each with
+every input row, so a 16-token verify batch reads the weights once.
+
+Numerics follow what llama.cpp (x86-64, AVX2 build) does for the weight type, operation for
+operation (see ggmlmath for why):
+- 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the input is quantized to Q8_0 / Q8_1
+  (quantize_row_q8_0/1) and the dot is ggml_vec_dot_qX_q8_Y: per block, 8 lanes each holding the
+  exact integer dot of 4 consecutive values, accumulated with fma(d_w * d_x, lane, acc), then hsum8.
+  tinyBLAS (used by llama.cpp for batches) has the same structure, so these are batch-invariant.
+  Block values are stored lane-major (position i*8 + lane for value 4*lane + i) so the lane loop
+  is unit-stride.
+- F32 / F16 / BF16: the input is rounded to the weight's type; one-row products follow
+  ggml_vec_dot_f32/f16 (4 accumulators x 8 lanes, reduce4x8), batches follow tinyBLAS (8 lanes,
+  hsum8) as llama.cpp does; `stepwise` forces the one-row structure for every row.
+- K-quants: the input is rounded through Q8_K and dotted in the 8-lane structure: deterministic
+  and batch-invariant, within float rounding of llama.cpp (not bit-exact).
+
+The block decoders are written here rather than called from ggtools.quants' per-block helpers
+because LLVM only vectorizes these loops when trip counts are runtime values (a constant 16 is
+fully unrolled and the block loop then vectorized with gathers, 3-4x slower) and indices unsigned
+(numba adds a negative-index branch to signed ones). So block sizes arrive as uint64 arguments and
+offsets stay uint64 (mixing them with signed ints would silently promote to float64). The tests
+check every decoder bit-exact against ggtools.quants.dequantize.
+"""
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from numba import njit, prange
+
+from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, fp32_to_fp16, nearest_int
+from ggtools.runtime.ggmlmath import EXACT, fma, hsum8, reduce4x8, to_f16
+
+ROWS_PER_TASK = 16
+
+# how a weight type's input is rounded (its vec_dot_type in ggml-cpu.c)
+ACT_F32, ACT_F16, ACT_BF16, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K = range(6)
+ACTIVATION = {
+    T.F32: ACT_F32, T.F16: ACT_F16, T.BF16: ACT_BF16,
+    T.Q4_0: ACT_Q8_0, T.Q4_1: ACT_Q8_1, T.Q5_0: ACT_Q8_0, T.Q5_1: ACT_Q8_1, T.Q8_0: ACT_Q8_0,
+    T.Q2_K: ACT_Q8_K, T.Q3_K: ACT_Q8_K, T.Q4_K: ACT_Q8_K, T.Q5_K: ACT_Q8_K, T.Q6_K: ACT_Q8_K,
+}
+SUPPORTED_TYPES = frozenset(ACTIVATION)
+BLOCK32_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0})
+
+# type ids as plain ints for the numba dispatch
+F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 = (int(t) for t in (
+    T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4))
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K))
+
+U = np.uint64
+U0, U1, U2, U3, U4, U6, U8, U12, U16, U32 = (U(v) for v in (0, 1, 2, 3, 4, 6, 8, 12, 16, 32))
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
+# lane-major position of value e inside a 32-value block
+LANE_POS = np.array([(e % 4) * 8 + e // 4 for e in range(32)], dtype=np.int64)
+
+
+# ---- block decoders: (src bytes, src offset, dst floats, dst offset, values per block) -----------
+
+@njit(**EXACT)
+def fp16_at(src, o):
+    return FP16_TO_F32[np.int64(src[o]) | (np.int64(src[o + U1]) << 8)]
+
+
+@njit(**EXACT)
+def u32_at(src, o):
+    return U(src[o]) | (U(src[o + U1]) << U8) | (U(src[o + U2]) << U16) | (U(src[o + U3]) << U(24))
+
+
+@njit(**EXACT)
+def decode_q4_0(src, so, dst, do, qk):
+    half = qk >> U1
+    d = fp16_at(src, so)
+    qs = so + U2
+    for j in range(half):
+        v = np.int64(src[qs + j])
+        dst[do + j] = np.float32((v & 15) - 8) * d
+        dst[do + half + j] = np.float32((v >> 4) - 8) * d
+
+
+@njit(**EXACT)
+def decode_q4_1(src, so, dst, do, qk):
+    half = qk >> U1
+    d = fp16_at(src, so)
+    m = fp16_at(src, so + U2)
+    qs = so + U4
+    for j in range(half):
+        v = np.int64(src[qs + j])
+        dst[do + j] = np.float32(v & 15) * d + m
+        dst[do + half + j] = np.float32(v >> 4) * d + m
+
+
+@njit(**EXACT)
+def decode_q5_0(src, so, dst, do, qk):
+    half = qk >> U1
+    d = fp16_at(src, so)
+    qh = u32_at(src, so + U2)
+    qs = so + U6
+    for j in range(half):
+        v = U(src[qs + j])
+        lo = (v & U(15)) | (((qh >> j) << U4) & U16)
+        hi = (v >> U4) | ((qh >> (j + U12)) & U16)
+        dst[do + j] = np.float32(np.int64(lo) - 16) * d
+        dst[do + half + j] = np.float32(np.int64(hi) - 16) * d
+
+
+@njit(**EXACT)
+def decode_q5_1(src, so, dst, do, qk):
+    half = qk >> U1
+    d = fp16_at(src, so)
+    m = fp16_at(src, so + U2)
+    qh = u32_at(src, so + U4)
+    qs = so + U8
+    for j in range(half):
+        v = U(src[qs + j])
+        lo = (v & U(15)) | (((qh >> j) << U4) & U16)
+        hi = (v >> U4) | ((qh >> (j + U12)) & U16)
+        dst[do + j] = np.float32(lo) * d + m
+        dst[do + half + j] = np.float32(hi) * d + m
+
+
+@njit(**EXACT)
+def decode_q8_0(src, so, dst, do, qk):
+    d = fp16_at(src, so)
+    qs = so + U2
+    for j in range(qk):
+        q = np.int64(src[qs + j])
+        dst[do + j] = np.float32(q - ((q & 128) << 1)) * d
+
+
+@njit(**EXACT)
+def decode_mxfp4(src, so, dst, do, qk):
+    half = qk >> U1
+    e = np.int64(src[so])
+    d = f32_from_bits((0x00200000 << e) if e < 2 else ((e - 1) << 23))
+    qs = so + U1
+    for j in range(half):
+        v = np.int64(src[qs + j])
+        dst[do + j] = KVALUES_MXFP4[v & 15] * d
+        dst[do + half + j] = KVALUES_MXFP4[v >> 4] * d
+
+
+@njit(**EXACT)
+def decode_q2_k(src, so, dst, do, qk):
+    n16 = qk >> U4  # 16 values per scale
+    n32 = qk >> U3  # 32 bytes of 2-bit values per half
+    d = fp16_at(src, so + U(80))
+    dmin = fp16_at(src, so + U(82))
+    sc_at = so
+    for half in range(U2):
+        qs = so + U16 + half * n32
+        for k in range(U4):
+            shift = k * U2
+            for s in range(U2):
+                sc = np.int64(src[sc_at])
+                sc_at += U1
+                dl = d * np.float32(sc & 15)
+                ml = dmin * np.float32(sc >> 4)
+                out = do + half * U(128) + k * U32 + s * U16
+                q = qs + s * U16
+                for l in range(n16):
+                    dst[out + l] = dl * np.float32((np.int64(src[q + l]) >> shift) & 3) - ml
+
+
+@njit(**EXACT)
+def decode_q3_k(src, so, dst, do, qk):
+    n16 = qk >> U4
+    d = fp16_at(src, so + U(108))
+    a0 = u32_at(src, so + U(96))
+    a1 = u32_at(src, so + U(100))
+    tmp = u32_at(src, so + U(104))
+    m2, m4 = U(0x03030303), U(0x0F0F0F0F)
+    packed = ((a0 & m4) | (((tmp >> U0) & m2) << U4),
+              (a1 & m4) | (((tmp >> U2) & m2) << U4),
+              ((a0 >> U4) & m4) | (((tmp >> U4) & m2) << U4),
+              ((a1 >> U4) & m4) | (((tmp >> U6) & m2) << U4))
+    is_ = 0
+    for half in range(U2):
+        qs = so + U32 + half * U32
+        for k in range(U4):
+            shift = k * U2
+            mask = np.int64(1) << np.int64(half * U4 + k)
+            for s in range(U2):
+                word = packed[is_ >> 2]
+                scale = np.int64((word >> U(8 * (is_ & 3))) & U(255)) - 32
+                is_ += 1
+                dl = d * np.float32(scale)
+                out = do + half * U(128) + k * U32 + s * U16
+                q = qs + s * U16
+                hm = so + s * U16
+                for l in range(n16):
+                    low = (np.int64(src[q + l]) >> shift) & 3
+                    high = 0 if np.int64(src[hm + l]) & mask else 4
+                    dst[out + l] = dl * np.float32(low - high)
+
+
+@njit(**EXACT)
+def scale_min_k4(src, so, j):
+    """get_scale_min_k4: the 6-bit scale and min of sub-block j from the 12 packed bytes."""
+    if j < 4:
+        return np.int64(src[so + U(j)]) & 63, np.int64(src[so + U(j + 4)]) & 63
+    sc = (np.int64(src[so + U(j + 4)]) & 15) | ((np.int64(src[so + U(j - 4)]) >> 6) << 4)
+    m = (np.int64(src[so + U(j + 4)]) >> 4) | ((np.int64(src[so + U(j)]) >> 6) << 4)
+    return sc, m
+
+
+@njit(**EXACT)
+def decode_q4_k(src, so, dst, do, qk):
+    n32 = qk >> U3
+    d = fp16_at(src, so)
+    dmin = fp16_at(src, so + U2)
+    for c in range(4):
+        sc1, m1 = scale_min_k4(src, so + U4, 2 * c)
+        sc2, m2 = scale_min_k4(src, so + U4, 2 * c + 1)
+        d1, mm1 = d * np.float32(sc1), dmin * np.float32(m1)
+        d2, mm2 = d * np.float32(sc2), dmin * np.float32(m2)
+        qs = so + U16 + U(c) * U32
+        out = do + U(c) * U(64)
+        for l in range(n32):
+            v = np.int64(src[qs + l])
+            dst[out + l] = d1 * np.float32(v & 15) - mm1
+            dst[out + n32 + l] = d2 * np.float32(v >> 4) - mm2
+
+
+@njit(**EXACT)
+def decode_q5_k(src, so, dst, do, qk):
+    n32 = qk >> U3
+    d = fp16_at(src, so)
+    dmin = fp16_at(src, so + U2)
+    qh = so + U16
+    for c in range(4):
+        sc1, m1 = scale_min_k4(src, so + U4, 2 * c)
+        sc2, m2 = scale_min_k4(src, so + U4, 2 * c + 1)
+        d1, mm1 = d * np.float32(sc1), dmin * np.float32(m1)
+        d2, mm2 = d * np.float32(sc2), dmin * np.float32(m2)
+        qs = so + U(48) + U(c) * U32
+        out = do + U(c) * U(64)
+        for l in range(n32):
+            v = np.int64(src[qs + l])
+            h = np.int64(src[qh + l]) >> (2 * c)
+            dst[out + l] = d1 * np.float32((v & 15) + ((h & 1) << 4)) - mm1
+            dst[out + n32 + l] = d2 * np.float32((v >> 4) + ((h & 2) << 3)) - mm2
+
+
+@njit(**EXACT)
+def decode_q6_k(src, so, dst, do, qk):
+    n32 = qk >> U3
+    d = fp16_at(src, so + U(208))
+    for half in range(U2):
+        ql = so + half * U(64)
+        qh = so + U(128) + half * U32
+        sc = so + U(192) + half * U8
+        out = do + half * U(128)
+        for g in range(U2):  # l < 16 and l >= 16 use different scales
+            s0 = d * np.float32(np.int64(np.int8(src[sc + g])))
+            s2 = d * np.float32(np.int64(np.int8(src[sc + g + U2])))
+            s4 = d * np.float32(np.int64(np.int8(src[sc + g + U4])))
+            s6 = d * np.float32(np.int64(np.int8(src[sc + g + U6])))
+            base = g * (n32 >> U1)
+            for i in range(n32 >> U1):
+                l = base + i
+                a = np.int64(src[ql + l])
+                b = np.int64(src[ql + U32 + l])
+                h = np.int64(src[qh + l])
+                dst[out + l] = s0 * np.float32(((a & 15) | ((h & 3) << 4)) - 32)
+                dst[out + U32 + l] = s2 * np.float32(((b & 15) | (((h >> 2) & 3) << 4)) - 32)
+                dst[out + U(64) + l] = s4 * np.float32(((a >> 4) | (((h >> 4) & 3) << 4)) - 32)
+                dst[out + U(96) + l] = s6 * np.float32(((b >> 4) | (((h >> 6) & 3) << 4)) - 32)
+
+
+@njit(**EXACT)
+def decode_f16(src, so, dst, do, n):
+    for j in range(n):
+        o = so + j * U2
+        dst[do + j] = FP16_TO_F32[np.int64(src[o]) | (np.int64(src[o + U1]) << 8)]
+
+
+@njit(**EXACT)
+def decode_bf16(src, so, dst, do, n):
+    for j in range(n):
+        o = so + j * U2
+        dst[do + j] = f32_from_bits((np.int64(src[o]) << 16) | (np.int64(src[o + U1]) << 24))
+
+
+@njit(**EXACT)
+def decode_f32(src, so, dst, do, n):
+    for j in range(n):
+        o = so + j * U4
+        dst[do + j] = f32_from_bits(np.int64(src[o]) | (np.int64(src[o + U1]) << 8)
+                                    | (np.int64(src[o + U2]) << 16) | (np.int64(src[o + U3]) << 24))
+
+
+@njit(**EXACT)
+def decode_row(qtype, src, so, dst, qk, block_bytes):
+    """Decode one row (dst.size values) starting at byte so."""
+    n = U(dst.size)
+    if qtype == F32:
+        decode_f32(src, so, dst, U0, n)
+        return
+    if qtype == F16:
+        decode_f16(src, so, dst, U0, n)
+        return
+    if qtype == BF16:
+        decode_bf16(src, so, dst, U0, n)
+        return
+    for b in range(n // qk):
+        bo = so + b * block_bytes
+        do = b * qk
+        if qtype == Q4_0:
+            decode_q4_0(src, bo, dst, do, qk)
+        elif qtype == Q4_1:
+            decode_q4_1(src, bo, dst, do, qk)
+        elif qtype == Q5_0:
+            decode_q5_0(src, bo, dst, do, qk)
+        elif qtype == Q5_1:
+            decode_q5_1(src, bo, dst, do, qk)
+        elif qtype == Q8_0:
+            decode_q8_0(src, bo, dst, do, qk)
+        elif qtype == MXFP4:
+            decode_mxfp4(src, bo, dst, do, qk)
+        elif qtype == Q2_K:
+            decode_q2_k(src, bo, dst, do, qk)
+        elif qtype == Q3_K:
+            decode_q3_k(src, bo, dst, do, qk)
+        elif qtype == Q4_K:
+            decode_q4_k(src, bo, dst, do, qk)
+        elif qtype == Q5_K:
+            decode_q5_k(src, bo, dst, do, qk)
+        elif qtype == Q6_K:
+            decode_q6_k(src, bo, dst, do, qk)
+
+
+
+
+# ---- 32-value block types as exact integers, lane-major ------------------------------------------
+
+@njit(**EXACT)
+def block32_ints(qtype, src, so, dst, do):
+    """Integer values of one Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 block (as float32) at their lane positions;
+    returns (d, m) with m = 0 for types without a min."""
+    d = fp16_at(src, so)
+    m = np.float32(0.0)
+    if qtype == Q8_0:
+        for e in range(32):
+            q = np.int64(src[so + U2 + U(e)])
+            dst[do + LANE_POS[e]] = np.float32(q - ((q & 128) << 1))
+        return d, m
+    qh = U0
+    if qtype == Q4_0:
+        qs, offset = so + U2, 8
+    elif qtype == Q4_1:
+        qs, offset = so + U4, 0
+        m = fp16_at(src, so + U2)
+    elif qtype == Q5_0:
+        qs, offset = so + U6, 16
+        qh = u32_at(src, so + U2)
+    else:  # Q5_1
+        qs, offset = so + U8, 0
+        m = fp16_at(src, so + U2)
+        qh = u32_at(src, so + U4)
+    for j in range(16):
+        v = np.int64(src[qs + U(j)])
+        lo = (v & 15) | np.int64(((qh >> U(j)) & U1) << U4)
+        hi = (v >> 4) | np.int64(((qh >> U(j + 16)) & U1) << U4)
+        dst[do + LANE_POS[j]] = np.float32(lo - offset)
+        dst[do + LANE_POS[j + 16]] = np.float32(hi - offset)
+    return d, m
+
+
+@njit(**EXACT)
+def quantize_q8_row(x, xq, xd, xs):
+    """quantize_row_q8_0 / q8_1, x86 AVX2 path (id = 127/amax, round half to even), for one row:
+    xq the integer values (lane-major per block), xd the fp16 scales, xs (Q8_1 only, may be empty)
+    the fp16 block sums s = d * sum(q) with d before its rounding."""
+    for b in range(x.size // 32):
+        o = b * 32
+        amax = np.float32(0.0)
+        for j in range(32):
+            amax = max(amax, abs(x[o + j]))
+        d = amax / np.float32(127.0)
+        inv = np.float32(127.0) / amax if amax != np.float32(0.0) else np.float32(0.0)
+        q_sum = 0
+        for e in range(32):
+            q = np.rint(x[o + e] * inv)
+            q_sum += np.int64(q)
+            xq[o + LANE_POS[e]] = q
+        xd[b] = to_f16(d)
+        if xs.size:
+            xs[b] = to_f16(d * np.float32(q_sum))
+
+
+@njit(**EXACT)
+def dot_block32(wq, wd, wm, xq, xd, xs, lanes):
+    """ggml_vec_dot_q4_0_q8_0 & co. (AVX2): per block fma(d_w * d_x, lane sums, acc), hsum8, plus
+    the sum of m_w * s_x for types with a min (Q4_1, Q5_1: pass xs non-empty)."""
+    acc = np.zeros(8, np.float32)
+    summs = np.float32(0.0)
+    for b in range(wd.size):
+        scale = wd[b] * xd[b]
+        o = b * 32
+        for lane in range(lanes):
+            p = (wq[o + lane] * xq[o + lane] + wq[o + 8 + lane] * xq[o + 8 + lane]) \
+                + (wq[o + 16 + lane] * xq[o + 16 + lane] + wq[o + 24 + lane] * xq[o + 24 + lane])
+            acc[lane] = fma(scale, p, acc[lane])
+        if xs.size:
+            summs = fma(wm[b], xs[b], summs)
+    return hsum8(acc) + summs
+
+
+# ---- float dot structures ------------------------------------------------------------------------
+
+@njit(**EXACT)
+def dot_lanes8(w, x, lanes):
+    """tinyBLAS (llama.cpp's batch matmul): lane l accumulates w[k] * x[k] for k = l mod 8 with fma."""
+    acc = np.zeros(8, np.float32)
+    for c in range(w.size // 8):
+        o = c * 8
+        for lane in range(lanes):
+            acc[lane] = fma(w[o + lane], x[o + lane], acc[lane])
+    return hsum8(acc)
+
+
+@njit(**EXACT)
+def dot_4x8(w, x, f16_tail):
+    """ggml_vec_dot_f32 / ggml_vec_dot_f16 (AVX2): 4 accumulators of 8 lanes over steps of 32,
+    reduce4x8, then leftovers (float fma for f32, double sum of float products for f16)."""
+    acc = np.zeros((4, 8), np.float32)
+    n_main = w.size // 32 * 32
+    for c in range(n_main // 8):
+        a = acc[c % 4]
+        o = c * 8
+        for lane in range(8):
+            a[lane] = fma(w[o + lane], x[o + lane], a[lane])
+    s = reduce4x8(acc)
+    if f16_tail:
+        total = np.float64(s)
+        for k in range(n_main, w.size):
+            total += np.float64(w[k] * x[k])
+        return np.float32(total)
+    for k in range(n_main, w.size):
+        s = fma(w[k], x[k], s)
+    return s
+
+
+# ---- activations ---------------------------------------------------------------------------------
+
+@njit(**EXACT)
+def round_q8_k(x, out):
+    """quantize_row_q8_K_ref (iscale = -127/max, nearest_int, clamp 127, d = 1/iscale), back to float."""
+    for b in range(x.size // 256):
+        o = b * 256
+        amax = np.float32(0.0)
+        vmax = np.float32(0.0)
+        for j in range(256):
+            if abs(x[o + j]) > amax:
+                amax = abs(x[o + j])
+                vmax = x[o + j]
+        if amax == np.float32(0.0):
+            for j in range(256):
+                out[o + j] = np.float32(0.0)
+            continue
+        iscale = np.float32(-127.0) / vmax
+        d = np.float32(1.0) / iscale
+        for j in range(256):
+            out[o + j] = np.float32(min(127, nearest_int(iscale * x[o + j]))) * d
+
+
+@njit(**EXACT)
+def prepare_rows(kind, x, xq, xd, xs):
+    """Round each input row for a weight type: Q8_0/Q8_1 into (xq, xd, xs); others into xq."""
+    for t in range(x.shape[0]):
+        src, dst = x[t], xq[t]
+        if kind == ACT_Q8_0 or kind == ACT_Q8_1:
+            quantize_q8_row(src, dst, xd[t], xs[t])
+        elif kind == ACT_Q8_K:
+            round_q8_k(src, dst)
+        elif kind == ACT_F16:
+            for j in range(src.size):
+                dst[j] = to_f16(src[j])
+        elif kind == ACT_BF16:
+            for j in range(src.size):
+                dst[j] = f32_from_bits(fp32_to_bf16(src[j]) << 16)
+        else:
+            dst[:] = src
+
+
+# ---- matmul --------------------------------------------------------------------------------------
+
+@njit(parallel=True, **EXACT)
+def matmul_block32(qtype, block_bytes, row_bytes, data, xq, xd, xs, out, lanes):
+    n_rows = out.shape[1]
+    n_blocks = xq.shape[1] // 32
+    n_tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    for task in prange(n_tasks):
+        wq = np.empty(xq.shape[1], np.float32)
+        wd = np.empty(n_blocks, np.float32)
+        wm = np.empty(n_blocks, np.float32)
+        for r in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
+            for b in range(n_blocks):
+                wd[b], wm[b] = block32_ints(qtype, data, U(r) * row_bytes + U(b) * block_bytes, wq, b * 32)
+            for t in range(xq.shape[0]):
+                out[t, r] = dot_block32(wq, wd, wm, xq[t], xd[t], xs[t], lanes)
+
+
+@njit(parallel=True, **EXACT)
+def matmul_float(qtype, qk, block_bytes, row_bytes, data, x, out, one_row_structure, f16_tail, lanes):
+    """Weights dequantized row by row; dots in the vec_dot (one_row_structure) or tinyBLAS layout."""
+    n_rows = out.shape[1]
+    n_tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    for task in prange(n_tasks):
+        w = np.empty(x.shape[1], np.float32)
+        for r in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
+            decode_row(qtype, data, U(r) * row_bytes, w, qk, block_bytes)
+            for t in range(x.shape[0]):
+                if one_row_structure:
+                    out[t, r] = dot_4x8(w, x[t], f16_tail)
+                else:
+                    out[t, r] = dot_lanes8(w, x[t], lanes)
+
+
+@njit(parallel=True, **EXACT)
+def decode_rows(qtype, qk, block_bytes, row_bytes, data, rows, out):
+    """out[i] = dequantized row rows[i] (embedding lookups)."""
+    for i in prange(rows.size):
+        decode_row(qtype, data, U(rows[i]) * row_bytes, out[i], qk, block_bytes)
+
+
+# ---- Python entry points -------------------------------------------------------------------------
+
+class PreparedInput:
+    """Input rows rounded for one activation kind; shared by the matrices that take the same input."""
+
+    def __init__(self, x: np.ndarray, kind: int):
+        x = np.ascontiguousarray(x, np.float32)
+        self.kind = kind
+        n_rows, n = x.shape
+        quantized = kind in (ACT_Q8_0, ACT_Q8_1)
+        self.xd = np.empty((n_rows, n // 32 if quantized else 0), np.float32)
+        self.xs = np.empty((n_rows, n // 32 if kind == ACT_Q8_1 else 0), np.float32)
+        if kind == ACT_F32:
+            self.xq = x
+        else:
+            self.xq = np.empty_like(x)
+            prepare_rows(kind, x, self.xq, self.xd, self.xs)
+
+
+def block_geometry(qtype) -> tuple:
+    """(values per block, bytes per block) as uint64 for the kernels."""
+    qk, nbytes = GGML_QUANT_SIZES[T(qtype)]
+    return U(qk), U(nbytes)
+
+
+def matmul(qtype, data: np.ndarray, n_rows: int, a: PreparedInput, stepwise: bool = False) -> np.ndarray:
+    """(rows, n_cols) input prepared for qtype -> (rows, n_rows) float32.
+
+    stepwise: compute every row as llama.cpp computes a one-row batch (only changes float types)."""
+    qtype = T(qtype)
+    qk, nbytes = block_geometry(qtype)
+    n_in, n_cols = a.xq.shape
+    row_bytes = U(n_cols) // qk * nbytes
+    out = np.empty((n_in, n_rows), np.float32)
+    if qtype in BLOCK32_TYPES:
+        matmul_block32(int(qtype), nbytes, row_bytes, data, a.xq, a.xd, a.xs, out, 8)
+        return out
+    # llama.cpp takes tinyBLAS for batches of 2+ rows when the row length allows, vec_dot otherwise
+    float_type = qtype in (T.F32, T.F16, T.BF16)
+    one_row = float_type and (n_in == 1 or stepwise or n_cols % 8 != 0)
+    matmul_float(int(qtype), qk, nbytes, row_bytes, data, a.xq, out, one_row, qtype != T.F32, 8)
+    return out
+
+
+def dequantize_rows(qtype, data: np.ndarray, n_cols: int, rows: np.ndarray) -> np.ndarray:
+    qk, nbytes = block_geometry(qtype)
+    out = np.empty((len(rows), n_cols), np.float32)
+    decode_rows(int(qtype), qk, nbytes, U(n_cols) // qk * nbytes, data, np.asarray(rows, np.int64), out)
+    return out

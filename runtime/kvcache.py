@@ -1,0 +1,56 @@
+"""KVCache: per attention layer, the keys and values of positions 0..n_tokens-1, croppable.
+
+Values are stored rounded to f16 (llama.cpp's default cache type) but held as float32, so attention
+reads them without conversion. Keys are (n_head_kv, capacity, head_dim); values are kept transposed,
+(n_head_kv, head_dim, capacity), as llama.cpp keeps them without flash attention, so each output
+dimension is a contiguous dot over positions. Capacity is a multiple of 32 and grows by doubling.
+"""
+
+import numpy as np
+
+from ggtools.runtime.attention import KV_PAD
+
+
+def to_f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+class KVCache:
+    def __init__(self, n_layers: int, n_head_kv: int, head_dim: int, capacity: int = 256):
+        self.n_layers, self.n_head_kv, self.head_dim = n_layers, n_head_kv, head_dim
+        self.n_tokens = 0
+        self.capacity = 0
+        self.k: list[np.ndarray] = []
+        self.v: list[np.ndarray] = []
+        self.reserve(capacity)
+
+    def reserve(self, n_tokens: int) -> None:
+        """Make room for positions 0..n_tokens-1."""
+        if n_tokens <= self.capacity:
+            return
+        capacity = -(-max(n_tokens, 2 * self.capacity) // KV_PAD) * KV_PAD
+        k = [np.zeros((self.n_head_kv, capacity, self.head_dim), np.float32) for _ in range(self.n_layers)]
+        v = [np.zeros((self.n_head_kv, self.head_dim, capacity), np.float32) for _ in range(self.n_layers)]
+        for layer in range(len(self.k)):
+            k[layer][:, :self.n_tokens] = self.k[layer][:, :self.n_tokens]
+            v[layer][:, :, :self.n_tokens] = self.v[layer][:, :, :self.n_tokens]
+        self.k, self.v, self.capacity = k, v, capacity
+
+    def store(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Write (T, n_head_kv, head_dim) keys/values for positions start..start+T-1."""
+        end = start + k.shape[0]
+        self.k[layer][:, start:end] = to_f16(k).transpose(1, 0, 2)
+        self.v[layer][:, :, start:end] = to_f16(v).transpose(1, 2, 0)
+
+    def crop(self, n_tokens: int) -> None:
+        """Forget every position >= n_tokens (rollback after a rejected draft)."""
+        if not 0 <= n_tokens <= self.n_tokens:
+            raise ValueError(f"cannot crop a cache of {self.n_tokens} tokens to {n_tokens}")
+        self.n_tokens = n_tokens
+
+    def clear(self) -> None:
+        self.n_tokens = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k + self.v)

@@ -1,0 +1,92 @@
+"""RMS norm, RoPE and SwiGLU as llama.cpp's CPU backend computes them (see ggmlmath for why exactly).
+
+- rms_norm: squares summed in float64 (ggml_float), scale 1/sqrtf(mean + eps) in float32;
+- RoPE: angles from repeated float32 multiplication theta *= theta_scale (ggml's rope cache), libm
+  cosf/sinf/powf (numba calls the same C library), pairs (i, i + n/2) for NeoX, (2i, 2i+1) otherwise;
+- SwiGLU: ggml_v_silu on 8-value chunks, libm expf on the leftovers.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from ggtools.runtime.ggmlmath import EXACT, fma, silu
+
+F32 = np.float32
+
+
+@njit(parallel=True, **EXACT)
+def rms_norm_rows(x, weight, eps, out):
+    n = x.shape[-1]
+    for r in prange(x.shape[0]):
+        total = np.float64(0.0)
+        for i in range(n):
+            total += np.float64(x[r, i] * x[r, i])
+        mean = np.float32(total / n)
+        scale = np.float32(1.0) / np.sqrt(mean + eps)
+        for i in range(n):
+            out[r, i] = (x[r, i] * scale) * weight[i]
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """Over the last axis: x / sqrt(mean(x^2) + eps) * weight."""
+    rows = np.ascontiguousarray(x, F32).reshape(-1, x.shape[-1])
+    out = np.empty_like(rows)
+    rms_norm_rows(rows, np.ascontiguousarray(weight, F32), F32(eps), out)
+    return out.reshape(x.shape)
+
+
+@njit(**EXACT)
+def rope_angles(positions, n_dims, base, freq_scale, freq_factors):
+    """cos, sin (len(positions), n_dims // 2) as ggml_rope_cache_init computes them (no YaRN)."""
+    theta_scale = np.power(np.float32(base), np.float32(-2.0) / np.float32(n_dims))
+    cos = np.empty((positions.size, n_dims // 2), np.float32)
+    sin = np.empty((positions.size, n_dims // 2), np.float32)
+    for t in range(positions.size):
+        theta = np.float32(positions[t])
+        for i in range(n_dims // 2):
+            ff = freq_factors[i] if freq_factors.size else np.float32(1.0)
+            angle = freq_scale * (theta / ff)
+            cos[t, i] = np.cos(angle)
+            sin[t, i] = np.sin(angle)
+            theta = theta * theta_scale
+    return cos, sin
+
+
+@njit(parallel=True, **EXACT)
+def rope_rows(x, cos, sin, neox, out):
+    """x, out: (T, heads, head_dim); rotates the first 2 * cos.shape[1] dims of every head."""
+    half = cos.shape[1]
+    for job in prange(x.shape[0] * x.shape[1]):
+        t, h = job // x.shape[1], job % x.shape[1]
+        out[t, h] = x[t, h]
+        for i in range(half):
+            a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
+            x0, x1 = x[t, h, a], x[t, h, b]
+            c, s = cos[t, i], sin[t, i]
+            out[t, h, a] = fma(x0, c, -(x1 * s))
+            out[t, h, b] = fma(x0, s, x1 * c)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndarray:
+    out = np.empty_like(x)
+    rope_rows(np.ascontiguousarray(x, F32), cos, sin, neox, out)
+    return out
+
+
+@njit(parallel=True, **EXACT)
+def swiglu_rows(gate, up, out):
+    n = gate.shape[1]
+    for r in prange(gate.shape[0]):
+        n_main = n // 8 * 8
+        for i in range(n_main):
+            out[r, i] = silu(gate[r, i]) * up[r, i]
+        for i in range(n_main, n):
+            g = gate[r, i]
+            out[r, i] = g / (np.float32(1.0) + np.exp(-g)) * up[r, i]
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up."""
+    out = np.empty_like(gate)
+    swiglu_rows(gate, up, out)
+    return out

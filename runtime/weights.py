@@ -1,0 +1,97 @@
+"""Weights of a target GGUF as memory-mapped views: matrices stay in their ggml block layout.
+
+A `Matrix` is one 2-D weight (ne = [n_cols, n_rows]): `matmul` runs the dequantize-on-the-fly kernel,
+`rows` dequantizes selected rows (embedding lookup). Vectors (norms, biases) are small and become
+float32 arrays.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from ggtools import quants
+from ggtools.gguf import ShardSet
+from ggtools.runtime import kernels
+from ggtools.runtime.hparams import ModelError
+
+
+@dataclass(frozen=True)
+class Matrix:
+    name: str
+    qtype: GGMLQuantizationType
+    n_rows: int      # outputs (ne[1])
+    n_cols: int      # inputs (ne[0], the row length)
+    data: np.ndarray  # uint8, n_rows whole rows
+
+    @property
+    def activation(self) -> int:
+        """How llama.cpp rounds this matrix's input (kernels.ACT_*); equal kinds can share one rounding."""
+        return kernels.ACTIVATION[self.qtype]
+
+    def matmul(self, prepared: kernels.PreparedInput, stepwise: bool = False) -> np.ndarray:
+        """prepared: input rows (rows, n_cols) rounded for this matrix's activation kind -> (rows, n_rows)."""
+        return kernels.matmul(self.qtype, self.data, self.n_rows, prepared, stepwise)
+
+    def __call__(self, x: np.ndarray, stepwise: bool = False) -> np.ndarray:
+        return self.matmul(kernels.PreparedInput(x, self.activation), stepwise)
+
+    def rows(self, ids) -> np.ndarray:
+        return kernels.dequantize_rows(self.qtype, self.data, self.n_cols, ids)
+
+
+class WeightFile:
+    """The tensors of a model (one file or a split set), looked up by name."""
+
+    def __init__(self, path):
+        self.shards = ShardSet(path)
+        files = self.shards.files
+        self.meta = files[0]
+        self._where = {}
+        for f in files:
+            for t in f.tensors:
+                self._where.setdefault(t.name, (f, t))
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def _lookup(self, name):
+        try:
+            return self._where[name]
+        except KeyError:
+            raise ModelError(f"{self.meta.path}: tensor '{name}' is missing") from None
+
+    def matrix(self, name: str, n_cols: int | None = None, n_rows: int | None = None) -> Matrix:
+        f, t = self._lookup(name)
+        if len(t.ne) != 2 or (n_cols is not None and t.ne[0] != n_cols) or (n_rows is not None and t.ne[1] != n_rows):
+            raise ModelError(f"{f.path}: tensor '{name}' has ne {list(t.ne)}, expected [{n_cols}, {n_rows}]")
+        try:
+            qtype = GGMLQuantizationType(t.type_id)
+        except ValueError:
+            qtype = None
+        if qtype not in kernels.SUPPORTED_TYPES:
+            raise ModelError(f"{f.path}: tensor '{name}' has type {t.type_name}, which the runtime cannot run")
+        return Matrix(name, qtype, int(t.ne[1]), int(t.ne[0]), f.tensor_data(t))
+
+    def vector(self, name: str, n: int | None = None) -> np.ndarray:
+        f, t = self._lookup(name)
+        if n is not None and t.n_elements != n:
+            raise ModelError(f"{f.path}: tensor '{name}' has {t.n_elements} values, expected {n}")
+        return quants.dequantize(t.type_id, f.tensor_data(t), t.row_length).reshape(-1)
+
+    def optional_vector(self, name: str, n: int | None = None) -> np.ndarray | None:
+        return self.vector(name, n) if self.has(name) else None
+
+    def close(self):
+        self.shards.close()
+
+
+def project(x: np.ndarray, *matrices: Matrix, stepwise: bool = False) -> list[np.ndarray]:
+    """[m(x) for m in matrices], rounding x once per activation kind (e.g. for Q, K and V)."""
+    prepared = {}
+    outs = []
+    for m in matrices:
+        if m.activation not in prepared:
+            prepared[m.activation] = kernels.PreparedInput(x, m.activation)
+        outs.append(m.matmul(prepared[m.activation], stepwise))
+    return outs
