@@ -12,9 +12,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import njit, prange
 
-from .floatbits import JIT, fp16_at, nearest_int, store_fp16
+from .floatbits import JIT, fp16_at, nearest_float, nearest_int, store_fp16
 from .kdecode import get_scale_min_k4, q3_scale
-from .floatbits import nearest_float
 from .scalesearch import (F0, LANES, QKX2_ROWS, WORK_ROWS, clamp, clamp_float, level,
                           make_q3_quants, make_qkx2_quants, make_qx_quants)
 
@@ -29,7 +28,7 @@ GROUP = 16  # Q6_K blocks per parallel work item
 ROW_D, ROW_DM, ROW_SCALES, ROW_MINS = 0, 1, QKX2_ROWS, QKX2_ROWS + 1
 
 
-# ---------------------------------------------------------------- batched Q2_K / Q4_K / Q5_K
+# ---------------------------------------------------------------- batched Q2_K / Q3_K / Q4_K / Q5_K
 
 @njit(**JIT)
 def new_batch_scratch():
@@ -219,14 +218,6 @@ def quantize_blocks_q2_k(x, xo, y, yo, nblocks, scratch):
                                       | (Lt[l % 16, c + 4] << 4) | (Lt[l % 16, c + 6] << 6))
 
 
-# ---------------------------------------------------------------- Q6_K, block by block
-
-@njit(**JIT)
-def new_scratch():
-    """Q6_K scratch: levels L[256], float32 work rows (search lanes, then scales)."""
-    return np.empty(QK_K, np.int64), np.empty((WORK_ROWS + 1, LANES), np.float32)
-
-
 @njit(**JIT)
 def pack_q3_k_scales(scales, c0, y, yo, d):
     """Q3_K scale bytes and d of one block (sub-blocks c0..c0+15); then d[c] = the rounded
@@ -279,14 +270,21 @@ def quantize_blocks_q3_k(x, xo, y, yo, nblocks, scratch):
             hm = 0
             q = 0
             for m in range(8):
-                level = Lt[l % 16, 16 * b + 2 * m + l // 16]
-                hm |= (1 << m) if level > 3 else 0
-                level = level - 4 if level > 3 else level
-                q |= level << (2 * (m % 4))
+                lv = Lt[l % 16, 16 * b + 2 * m + l // 16]
+                hm |= (1 << m) if lv > 3 else 0
+                q |= (lv - 4 if lv > 3 else lv) << (2 * (m % 4))
                 if m % 4 == 3:  # qs[32h + l] packs elements 128h + 32k + l, k = 0..3
                     yb[32 + 32 * (m // 4) + l] = q
                     q = 0
             yb[l] = hm
+
+
+# ---------------------------------------------------------------- Q6_K, block by block
+
+@njit(**JIT)
+def new_scratch():
+    """Q6_K scratch: levels L[256], float32 work rows (search lanes, then scales)."""
+    return np.empty(QK_K, np.int64), np.empty((WORK_ROWS + 1, LANES), np.float32)
 
 
 @njit(**JIT)

@@ -90,7 +90,13 @@ def make_qkx2_quants(nmax, xt, wt, Lt, laux, rmin, rdelta, nstep, use_mad, st, s
             sum_xl[j] = F0
             err[j] = F0
         for i in range(n):
-            qkx2_sums_row(xt[i], wt[i], iscale, vmin, fnmax, laux[i], sum_l, sum_l2, sum_xl)
+            for j in range(nsub):
+                fl = level(iscale[j] * (xt[i, j] - vmin[j]), fnmax)
+                laux[i, j] = np.int32(fl)
+                wl = wt[i, j] * fl
+                sum_l[j] += wl
+                sum_l2[j] += wl * fl
+                sum_xl[j] += wl * xt[i, j]
         for j in range(nsub):
             det[j] = sum_w[j] * sum_l2[j] - sum_l[j] * sum_l[j]
             this_scale = (sum_w[j] * sum_xl[j] - sum_x[j] * sum_l[j]) / det[j]
@@ -99,7 +105,9 @@ def make_qkx2_quants(nmax, xt, wt, Lt, laux, rmin, rdelta, nstep, use_mad, st, s
             t_scale[j] = sum_xl[j] / sum_l2[j] if clipped else this_scale
             t_min[j] = F0 if clipped else this_min
         for i in range(n):
-            qkx2_error_row(xt[i], wt[i], laux[i], t_scale, t_min, use_mad, err)
+            for j in range(nsub):
+                diff = t_scale[j] * np.float32(laux[i, j]) + t_min[j] - xt[i, j]
+                err[j] += wt[i, j] * (abs(diff) if use_mad else diff * diff)
         accepted = 0
         for j in range(nsub):
             take = (usable[j] != F0) & (det[j] > F0) & (err[j] < best[j])
@@ -122,29 +130,6 @@ def make_qkx2_quants(nmax, xt, wt, Lt, laux, rmin, rdelta, nstep, use_mad, st, s
 
 
 QKX2_ROWS = 15
-
-
-# The per-row loops of make_qkx2_quants live in their own functions: LLVM vectorizes them
-# reliably there, less so inside the step loop nest.
-
-@njit(**JIT)
-def qkx2_sums_row(x, w, iscale, vmin, fnmax, laux, sum_l, sum_l2, sum_xl):
-    """Element i of every lane: its level for this step's iscale, added into the sums."""
-    for j in range(x.shape[0]):
-        fl = level(iscale[j] * (x[j] - vmin[j]), fnmax)
-        laux[j] = np.int32(fl)
-        wl = w[j] * fl
-        sum_l[j] += wl
-        sum_l2[j] += wl * fl
-        sum_xl[j] += wl * x[j]
-
-
-@njit(**JIT)
-def qkx2_error_row(x, w, laux, t_scale, t_min, use_mad, err):
-    """Element i of every lane: its weighted error under this step's scale and min."""
-    for j in range(x.shape[0]):
-        diff = t_scale[j] * np.float32(laux[j]) + t_min[j] - x[j]
-        err[j] += w[j] * (abs(diff) if use_mad else diff * diff)
 
 
 @njit(**JIT)

@@ -131,8 +131,7 @@ def main():
     x = np.random.default_rng(0).standard_normal((rows, n)).astype(np.float32)
     print(f"{rows}x{n} float32 ({x.nbytes / 1e6:.1f} MB), best of {args.repeat} (1T: thread CPU "
           f"time; all cores: wall time), first call {'compiles' if args.cold else 'uses the cache'}, "
-          f"{numba.config.NUMBA_NUM_THREADS} cores, numba threading layer "
-          f"{numba.config.THREADING_LAYER}; figures in MB of float32 per second")
+          f"{numba.config.NUMBA_NUM_THREADS} cores; figures in MB of float32 per second")
     header = ["type", "first call s", "quant 1T", "C 1T", "ratio", "all cores",
               "dequant 1T", "C 1T", "ratio", "all cores"]
     print("| " + " | ".join(header) + " |")
@@ -141,6 +140,7 @@ def main():
         first, quant, dequant = measure(name.strip(), x, ggml, args.repeat)
         row = [name.strip().upper(), f"{first:.2f}"] + cells(quant) + cells(dequant)
         print("| " + " | ".join(row) + " |", flush=True)
+    print(f"numba threading layer: {numba.threading_layer()}")
 
 
 if __name__ == "__main__":
