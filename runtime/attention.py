@@ -16,14 +16,20 @@ import numpy as np
 from numba import njit, prange
 
 from ggtools.runtime.ggmlmath import EXACT, expf, hsum8, to_f16
-from ggtools.runtime.kernels import dot_4x8, dot_lanes8
+from ggtools.runtime.kernels import dot_one_row
+from ggtools.runtime.simd import dot_lanes8_1
 
 KV_PAD = 32
+PARALLEL_WORK = 1 << 16   # below this many multiply-adds a parallel region costs more than it saves
 
 
 @njit(**EXACT)
-def dot_f16(w, x, one_row):
-    return dot_4x8(w, x, True) if one_row else dot_lanes8(w, x, 8)
+def dot_f16(w, x, t, one_row):
+    """w . x[t] for f16-valued float32 rows, in ggml_vec_dot_f16's layout or tinyBLAS's."""
+    if one_row:
+        return dot_one_row(w, x, t, True)
+    (s,) = dot_lanes8_1(w, x, t)
+    return s
 
 
 @njit(**EXACT)
@@ -44,8 +50,7 @@ def softmax_f16(w, out):
         out[s] = to_f16(out[s] * inv)
 
 
-@njit(parallel=True, **EXACT)
-def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, out):
+def _attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, out):
     """q: (T, n_head, d) after RoPE; k_cache: (n_kv, capacity, d), vt_cache: (n_kv, d, capacity),
     both f16-valued and zero past n_ctx; out: (T, n_head * d)."""
     n_tokens, n_head, d = q.shape
@@ -57,14 +62,19 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, out
         q16 = np.empty(d, np.float32)
         for i in range(d):
             q16[i] = to_f16(q[t, h, i])
+        keys, values_t = k_cache[g], vt_cache[g]
         w = np.empty(n_pad, np.float32)
         for s in range(n_pad):
-            score = dot_f16(k_cache[g, s], q16, one_row) * scale
+            score = dot_f16(q16, keys, s, one_row) * scale
             w[s] = score if s <= q_positions[t] else -np.inf
         p = np.empty(n_pad, np.float32)
         softmax_f16(w, p)
         for i in range(d):
-            out[t, h * d + i] = dot_f16(vt_cache[g, i, :n_pad], p, one_row)
+            out[t, h * d + i] = dot_f16(p, values_t, i, one_row)
+
+
+attention_rows = njit(**EXACT)(_attention_rows)
+attention_rows_parallel = njit(parallel=True, **EXACT)(_attention_rows)
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positions: np.ndarray,
@@ -73,6 +83,7 @@ def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positi
     n_tokens, n_head, d = q.shape
     out = np.empty((n_tokens, n_head * d), np.float32)
     one_row = n_tokens == 1 or stepwise
-    attention_rows(np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64),
-                   n_ctx, np.float32(scale), one_row, out)
+    kernel = attention_rows_parallel if n_tokens * n_head * n_ctx * d * 2 >= PARALLEL_WORK else attention_rows
+    kernel(np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64),
+           n_ctx, np.float32(scale), one_row, out)
     return out

@@ -31,7 +31,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import njit, prange
 
 from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, fp32_to_fp16, nearest_int
-from ggtools.runtime.ggmlmath import EXACT, fma, hsum8, reduce4x8, to_f16
+from ggtools.runtime.ggmlmath import EXACT, fma, to_f16
+from ggtools.runtime.simd import (dot_4x8_main, dot_lanes8_1, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
+                                  dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
+                                  dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
 
 ROWS_PER_TASK = 16
 
@@ -337,39 +340,6 @@ def decode_row(qtype, src, so, dst, qk, block_bytes):
 # ---- 32-value block types as exact integers, lane-major ------------------------------------------
 
 @njit(**EXACT)
-def block32_ints(qtype, src, so, dst, do):
-    """Integer values of one Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 block (as float32) at their lane positions;
-    returns (d, m) with m = 0 for types without a min."""
-    d = fp16_at(src, so)
-    m = np.float32(0.0)
-    if qtype == Q8_0:
-        for e in range(32):
-            q = np.int64(src[so + U2 + U(e)])
-            dst[do + LANE_POS[e]] = np.float32(q - ((q & 128) << 1))
-        return d, m
-    qh = U0
-    if qtype == Q4_0:
-        qs, offset = so + U2, 8
-    elif qtype == Q4_1:
-        qs, offset = so + U4, 0
-        m = fp16_at(src, so + U2)
-    elif qtype == Q5_0:
-        qs, offset = so + U6, 16
-        qh = u32_at(src, so + U2)
-    else:  # Q5_1
-        qs, offset = so + U8, 0
-        m = fp16_at(src, so + U2)
-        qh = u32_at(src, so + U4)
-    for j in range(16):
-        v = np.int64(src[qs + U(j)])
-        lo = (v & 15) | np.int64(((qh >> U(j)) & U1) << U4)
-        hi = (v >> 4) | np.int64(((qh >> U(j + 16)) & U1) << U4)
-        dst[do + LANE_POS[j]] = np.float32(lo - offset)
-        dst[do + LANE_POS[j + 16]] = np.float32(hi - offset)
-    return d, m
-
-
-@njit(**EXACT)
 def quantize_q8_row(x, xq, xd, xs):
     """quantize_row_q8_0 / q8_1, x86 AVX2 path (id = 127/amax, round half to even), for one row:
     xq the integer values (lane-major per block), xd the fp16 scales, xs (Q8_1 only, may be empty)
@@ -391,57 +361,39 @@ def quantize_q8_row(x, xq, xd, xs):
             xs[b] = to_f16(d * np.float32(q_sum))
 
 
-@njit(**EXACT)
-def dot_block32(wq, wd, wm, xq, xd, xs, lanes):
-    """ggml_vec_dot_q4_0_q8_0 & co. (AVX2): per block fma(d_w * d_x, lane sums, acc), hsum8, plus
-    the sum of m_w * s_x for types with a min (Q4_1, Q5_1: pass xs non-empty)."""
-    acc = np.zeros(8, np.float32)
-    summs = np.float32(0.0)
-    for b in range(wd.size):
-        scale = wd[b] * xd[b]
-        o = b * 32
-        for lane in range(lanes):
-            p = (wq[o + lane] * xq[o + lane] + wq[o + 8 + lane] * xq[o + 8 + lane]) \
-                + (wq[o + 16 + lane] * xq[o + 16 + lane] + wq[o + 24 + lane] * xq[o + 24 + lane])
-            acc[lane] = fma(scale, p, acc[lane])
-        if xs.size:
-            summs = fma(wm[b], xs[b], summs)
-    return hsum8(acc) + summs
-
-
 # ---- float dot structures ------------------------------------------------------------------------
 
 @njit(**EXACT)
-def dot_lanes8(w, x, lanes):
-    """tinyBLAS (llama.cpp's batch matmul): lane l accumulates w[k] * x[k] for k = l mod 8 with fma."""
-    acc = np.zeros(8, np.float32)
-    for c in range(w.size // 8):
-        o = c * 8
-        for lane in range(lanes):
-            acc[lane] = fma(w[o + lane], x[o + lane], acc[lane])
-    return hsum8(acc)
-
-
-@njit(**EXACT)
-def dot_4x8(w, x, f16_tail):
-    """ggml_vec_dot_f32 / ggml_vec_dot_f16 (AVX2): 4 accumulators of 8 lanes over steps of 32,
-    reduce4x8, then leftovers (float fma for f32, double sum of float products for f16)."""
-    acc = np.zeros((4, 8), np.float32)
+def dot_one_row(w, x, t, f16_tail):
+    """ggml_vec_dot_f32 / ggml_vec_dot_f16 (AVX2) of w with x[t]: 4 accumulators of 8 lanes over
+    steps of 32, reduce4x8, then leftovers (float fma for f32, float64 sum for f16)."""
     n_main = w.size // 32 * 32
-    for c in range(n_main // 8):
-        a = acc[c % 4]
-        o = c * 8
-        for lane in range(8):
-            a[lane] = fma(w[o + lane], x[o + lane], a[lane])
-    s = reduce4x8(acc)
+    s = dot_4x8_main(w, x, t, n_main)
     if f16_tail:
         total = np.float64(s)
         for k in range(n_main, w.size):
-            total += np.float64(w[k] * x[k])
+            total += np.float64(w[k] * x[t, k])
         return np.float32(total)
     for k in range(n_main, w.size):
-        s = fma(w[k], x[k], s)
+        s = fma(w[k], x[t, k], s)
     return s
+
+
+@njit(**EXACT)
+def dot_rows_float(w, x, one_row_structure, f16_tail, out, r):
+    """out[t, r] = w . x[t] in the vec_dot layout (one_row_structure) or tinyBLAS's."""
+    n_in = x.shape[0]
+    if one_row_structure:
+        for t in range(n_in):
+            out[t, r] = dot_one_row(w, x, t, f16_tail)
+        return
+    t = 0
+    while t + 4 <= n_in:
+        out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_lanes8_4(w, x, t)
+        t += 4
+    while t < n_in:
+        (out[t, r],) = dot_lanes8_1(w, x, t)
+        t += 1
 
 
 # ---- activations ---------------------------------------------------------------------------------
@@ -488,24 +440,48 @@ def prepare_rows(kind, x, xq, xd, xs):
 
 # ---- matmul --------------------------------------------------------------------------------------
 
+@njit(**EXACT)
+def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
+    """out[t:t+4, r] (all four when t + 4 <= rows, else out[t, r]) = the row at data[so] . xq rows."""
+    if t + 4 <= xq.shape[0]:
+        if qtype == Q4_0:
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q4_0_4(data, so, n_blocks, xq, xd, xs, t)
+        elif qtype == Q4_1:
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q4_1_4(data, so, n_blocks, xq, xd, xs, t)
+        elif qtype == Q5_0:
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q5_0_4(data, so, n_blocks, xq, xd, xs, t)
+        elif qtype == Q5_1:
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q5_1_4(data, so, n_blocks, xq, xd, xs, t)
+        else:
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q8_0_4(data, so, n_blocks, xq, xd, xs, t)
+        return 4
+    if qtype == Q4_0:
+        (out[t, r],) = dot_row_q4_0_1(data, so, n_blocks, xq, xd, xs, t)
+    elif qtype == Q4_1:
+        (out[t, r],) = dot_row_q4_1_1(data, so, n_blocks, xq, xd, xs, t)
+    elif qtype == Q5_0:
+        (out[t, r],) = dot_row_q5_0_1(data, so, n_blocks, xq, xd, xs, t)
+    elif qtype == Q5_1:
+        (out[t, r],) = dot_row_q5_1_1(data, so, n_blocks, xq, xd, xs, t)
+    else:
+        (out[t, r],) = dot_row_q8_0_1(data, so, n_blocks, xq, xd, xs, t)
+    return 1
+
+
 @njit(parallel=True, **EXACT)
-def matmul_block32(qtype, block_bytes, row_bytes, data, xq, xd, xs, out, lanes):
+def matmul_block32(qtype, block_bytes, row_bytes, data, xq, xd, xs, out):
     n_rows = out.shape[1]
     n_blocks = xq.shape[1] // 32
     n_tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(n_tasks):
-        wq = np.empty(xq.shape[1], np.float32)
-        wd = np.empty(n_blocks, np.float32)
-        wm = np.empty(n_blocks, np.float32)
         for r in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
-            for b in range(n_blocks):
-                wd[b], wm[b] = block32_ints(qtype, data, U(r) * row_bytes + U(b) * block_bytes, wq, b * 32)
-            for t in range(xq.shape[0]):
-                out[t, r] = dot_block32(wq, wd, wm, xq[t], xd[t], xs[t], lanes)
+            t = 0
+            while t < xq.shape[0]:
+                t += dot_row_block32(qtype, data, U(r) * row_bytes, n_blocks, xq, xd, xs, t, out, r)
 
 
 @njit(parallel=True, **EXACT)
-def matmul_float(qtype, qk, block_bytes, row_bytes, data, x, out, one_row_structure, f16_tail, lanes):
+def matmul_float(qtype, qk, block_bytes, row_bytes, data, x, out, one_row_structure, f16_tail):
     """Weights dequantized row by row; dots in the vec_dot (one_row_structure) or tinyBLAS layout."""
     n_rows = out.shape[1]
     n_tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
@@ -513,11 +489,7 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, data, x, out, one_row_struct
         w = np.empty(x.shape[1], np.float32)
         for r in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
             decode_row(qtype, data, U(r) * row_bytes, w, qk, block_bytes)
-            for t in range(x.shape[0]):
-                if one_row_structure:
-                    out[t, r] = dot_4x8(w, x[t], f16_tail)
-                else:
-                    out[t, r] = dot_lanes8(w, x[t], lanes)
+            dot_rows_float(w, x, one_row_structure, f16_tail, out, r)
 
 
 @njit(parallel=True, **EXACT)
@@ -546,33 +518,38 @@ class PreparedInput:
             prepare_rows(kind, x, self.xq, self.xd, self.xs)
 
 
-def block_geometry(qtype) -> tuple:
-    """(values per block, bytes per block) as uint64 for the kernels."""
-    qk, nbytes = GGML_QUANT_SIZES[T(qtype)]
-    return U(qk), U(nbytes)
+class Layout:
+    """A weight matrix's type and geometry, computed once (kernel arguments are uint64 offsets)."""
+
+    def __init__(self, qtype, n_rows: int, n_cols: int):
+        self.qtype = T(qtype)
+        self.type_id = int(self.qtype)
+        qk, block_bytes = GGML_QUANT_SIZES[self.qtype]
+        self.qk, self.block_bytes = U(qk), U(block_bytes)
+        self.row_bytes = U(n_cols // qk * block_bytes)
+        self.n_rows, self.n_cols = n_rows, n_cols
+        self.activation = ACTIVATION[self.qtype]
+        self.block32 = self.qtype in BLOCK32_TYPES
+        self.float_type = self.qtype in (T.F32, T.F16, T.BF16)
 
 
-def matmul(qtype, data: np.ndarray, n_rows: int, a: PreparedInput, stepwise: bool = False) -> np.ndarray:
-    """(rows, n_cols) input prepared for qtype -> (rows, n_rows) float32.
+def matmul(layout: Layout, data: np.ndarray, a: PreparedInput, stepwise: bool = False) -> np.ndarray:
+    """(rows, n_cols) input prepared for the layout's activation kind -> (rows, n_rows) float32.
 
     stepwise: compute every row as llama.cpp computes a one-row batch (only changes float types)."""
-    qtype = T(qtype)
-    qk, nbytes = block_geometry(qtype)
-    n_in, n_cols = a.xq.shape
-    row_bytes = U(n_cols) // qk * nbytes
-    out = np.empty((n_in, n_rows), np.float32)
-    if qtype in BLOCK32_TYPES:
-        matmul_block32(int(qtype), nbytes, row_bytes, data, a.xq, a.xd, a.xs, out, 8)
+    n_in = a.xq.shape[0]
+    out = np.empty((n_in, layout.n_rows), np.float32)
+    if layout.block32:
+        matmul_block32(layout.type_id, layout.block_bytes, layout.row_bytes, data, a.xq, a.xd, a.xs, out)
         return out
     # llama.cpp takes tinyBLAS for batches of 2+ rows when the row length allows, vec_dot otherwise
-    float_type = qtype in (T.F32, T.F16, T.BF16)
-    one_row = float_type and (n_in == 1 or stepwise or n_cols % 8 != 0)
-    matmul_float(int(qtype), qk, nbytes, row_bytes, data, a.xq, out, one_row, qtype != T.F32, 8)
+    one_row = layout.float_type and (n_in == 1 or stepwise or layout.n_cols % 8 != 0)
+    matmul_float(layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes, data, a.xq, out, one_row,
+                 layout.qtype != T.F32)
     return out
 
 
-def dequantize_rows(qtype, data: np.ndarray, n_cols: int, rows: np.ndarray) -> np.ndarray:
-    qk, nbytes = block_geometry(qtype)
-    out = np.empty((len(rows), n_cols), np.float32)
-    decode_rows(int(qtype), qk, nbytes, U(n_cols) // qk * nbytes, data, np.asarray(rows, np.int64), out)
+def dequantize_rows(layout: Layout, data: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    out = np.empty((len(rows), layout.n_cols), np.float32)
+    decode_rows(layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes, data, np.asarray(rows, np.int64), out)
     return out

@@ -7,17 +7,17 @@
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ggtools.runtime.ggmlmath import EXACT, fma, silu
 
 F32 = np.float32
 
 
-@njit(parallel=True, **EXACT)
+@njit(**EXACT)
 def rms_norm_rows(x, weight, eps, out):
     n = x.shape[-1]
-    for r in prange(x.shape[0]):
+    for r in range(x.shape[0]):
         total = np.float64(0.0)
         for i in range(n):
             total += np.float64(x[r, i] * x[r, i])
@@ -52,11 +52,11 @@ def rope_angles(positions, n_dims, base, freq_scale, freq_factors):
     return cos, sin
 
 
-@njit(parallel=True, **EXACT)
+@njit(**EXACT)
 def rope_rows(x, cos, sin, neox, out):
     """x, out: (T, heads, head_dim); rotates the first 2 * cos.shape[1] dims of every head."""
     half = cos.shape[1]
-    for job in prange(x.shape[0] * x.shape[1]):
+    for job in range(x.shape[0] * x.shape[1]):
         t, h = job // x.shape[1], job % x.shape[1]
         out[t, h] = x[t, h]
         for i in range(half):
@@ -73,10 +73,10 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> n
     return out
 
 
-@njit(parallel=True, **EXACT)
+@njit(**EXACT)
 def swiglu_rows(gate, up, out):
     n = gate.shape[1]
-    for r in prange(gate.shape[0]):
+    for r in range(gate.shape[0]):
         n_main = n // 8 * 8
         for i in range(n_main):
             out[r, i] = silu(gate[r, i]) * up[r, i]

@@ -5,8 +5,6 @@ A `Matrix` is one 2-D weight (ne = [n_cols, n_rows]): `matmul` runs the dequanti
 float32 arrays.
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 from gguf import GGMLQuantizationType
 
@@ -16,28 +14,28 @@ from ggtools.runtime import kernels
 from ggtools.runtime.hparams import ModelError
 
 
-@dataclass(frozen=True)
 class Matrix:
-    name: str
-    qtype: GGMLQuantizationType
-    n_rows: int      # outputs (ne[1])
-    n_cols: int      # inputs (ne[0], the row length)
-    data: np.ndarray  # uint8, n_rows whole rows
-
-    @property
-    def activation(self) -> int:
-        """How llama.cpp rounds this matrix's input (kernels.ACT_*); equal kinds can share one rounding."""
-        return kernels.ACTIVATION[self.qtype]
+    def __init__(self, name: str, qtype: GGMLQuantizationType, n_rows: int, n_cols: int, data: np.ndarray):
+        self.name, self.qtype = name, qtype
+        self.n_rows = n_rows    # outputs (ne[1])
+        self.n_cols = n_cols    # inputs (ne[0], the row length)
+        self.data = data        # uint8, n_rows whole rows
+        self.layout = kernels.Layout(qtype, n_rows, n_cols)
+        # how llama.cpp rounds this matrix's input (kernels.ACT_*); equal kinds share one rounding
+        self.activation = self.layout.activation
 
     def matmul(self, prepared: kernels.PreparedInput, stepwise: bool = False) -> np.ndarray:
         """prepared: input rows (rows, n_cols) rounded for this matrix's activation kind -> (rows, n_rows)."""
-        return kernels.matmul(self.qtype, self.data, self.n_rows, prepared, stepwise)
+        return kernels.matmul(self.layout, self.data, prepared, stepwise)
 
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> np.ndarray:
         return self.matmul(kernels.PreparedInput(x, self.activation), stepwise)
 
     def rows(self, ids) -> np.ndarray:
-        return kernels.dequantize_rows(self.qtype, self.data, self.n_cols, ids)
+        return kernels.dequantize_rows(self.layout, self.data, ids)
+
+    def __repr__(self):
+        return f"Matrix({self.name!r}, {self.qtype.name}, {self.n_rows}x{self.n_cols})"
 
 
 class WeightFile:

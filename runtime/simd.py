@@ -1,0 +1,242 @@
+"""8-lane float32 vector kernels emitted as LLVM IR, for the loops numba will not vectorize itself.
+
+numba leaves LLVM's SLP vectorizer off and cannot express the AVX2 lane structure that llama.cpp's
+dot products have, so the few hot inner loops are written here as IR on <8 x float> values (llvmlite),
+callable from numba code. Everything is plain IEEE float32 arithmetic with explicit llvm.fma, so the
+results do not depend on how LLVM schedules them.
+
+- dot_row_<type>_1 / _4 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): ggml_vec_dot_q*_q8_* of one weight row,
+  decoded in registers, with 1 or 4 input rows sharing the decode: each block becomes four "planes"
+  of 8 lanes, lane l of plane i holding value 4l + i, so a lane sums values 4l..4l+3, the group one
+  AVX2 lane of ggml's maddubs/madd sums; acc = fma(d_w * d_x, lane sums, acc), then hsum8, plus
+  the m_w * s_x sum for types with a min. Inputs come lane-major (kernels.quantize_q8_row).
+- dot_lanes8_1 / dot_lanes8_4: tinyBLAS: lane l accumulates w[k] * x[k], k = l mod 8, with fma.
+- dot_4x8_1: ggml_vec_dot_f32 / f16: four 8-lane accumulators over steps of 32, reduce4x8.
+"""
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+F32 = ir.FloatType()
+V8F = ir.VectorType(F32, 8)
+V8I = ir.VectorType(I32, 8)
+V16B = ir.VectorType(I8, 16)
+V32B = ir.VectorType(I8, 32)
+
+
+# ---- IR helpers ----------------------------------------------------------------------------------
+
+def _i64(builder, value):
+    return builder.zext(value, I64) if value.type.width < 64 else value
+
+
+def _element_ptr(context, builder, aryty, ary, *indices):
+    """Pointer to ary[indices] (no bounds or negative-index handling)."""
+    array = context.make_array(aryty)(context, builder, ary)
+    return cgutils.get_item_pointer(context, builder, aryty, array, [_i64(builder, i) for i in indices],
+                                    wraparound=False)
+
+
+def _load8(builder, ptr, offset=0):
+    if offset:
+        ptr = builder.gep(ptr, [ir.Constant(I64, offset)])
+    return builder.load(builder.bitcast(ptr, V8F.as_pointer()), align=4)
+
+
+def _splat(builder, scalar, vtype=V8F):
+    v = builder.insert_element(ir.Constant(vtype, ir.Undefined), scalar, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vtype, ir.Undefined), ir.Constant(V8I, [0] * 8))
+
+
+def _fma8(builder, a, b, c):
+    module = builder.module
+    fn = module.globals.get("llvm.fma.v8f32") or ir.Function(module, ir.FunctionType(V8F, [V8F] * 3), "llvm.fma.v8f32")
+    return builder.call(fn, [a, b, c])
+
+
+def _fma1(builder, a, b, c):
+    module = builder.module
+    fn = module.globals.get("llvm.fma.f32") or ir.Function(module, ir.FunctionType(F32, [F32] * 3), "llvm.fma.f32")
+    return builder.call(fn, [a, b, c])
+
+
+def _lane(builder, v, i):
+    return builder.extract_element(v, ir.Constant(I32, i))
+
+
+def _hsum8(builder, v):
+    """((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7))"""
+    t = [builder.fadd(_lane(builder, v, i), _lane(builder, v, i + 4)) for i in range(4)]
+    return builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3]))
+
+
+def _reduce4x8(builder, accs):
+    a = builder.fadd(builder.fadd(accs[0], accs[2]), builder.fadd(accs[1], accs[3]))
+    t = [builder.fadd(_lane(builder, a, i), _lane(builder, a, i + 4)) for i in range(4)]
+    return builder.fadd(builder.fadd(t[0], t[1]), builder.fadd(t[2], t[3]))
+
+
+class _Accumulators:
+    """Vector (or scalar) values carried around an IR loop, kept in allocas that LLVM promotes."""
+
+    def __init__(self, builder, n, zero):
+        self.builder = builder
+        self.slots = [cgutils.alloca_once_value(builder, zero) for _ in range(n)]
+
+    def __getitem__(self, i):
+        return self.builder.load(self.slots[i])
+
+    def __setitem__(self, i, value):
+        self.builder.store(value, self.slots[i])
+
+
+def _tuple(context, builder, values, n):
+    return context.make_tuple(builder, types.UniTuple(types.float32, n), values)
+
+
+# ---- dot products --------------------------------------------------------------------------------
+
+def _dot_lanes8(n_rows):
+    """tinyBLAS dot of row w with rows t..t+n_rows-1 of x (length a multiple of 8)."""
+    def typer(typingctx, w, x, t):
+        def codegen(context, builder, signature, args):
+            w_a, x_a, t_v = args
+            w_t, x_t, _ = signature.args
+            t_v = _i64(builder, t_v)
+            rows = [builder.add(t_v, ir.Constant(I64, j)) for j in range(n_rows)]
+            n = _i64(builder, context.make_array(w_t)(context, builder, w_a).nitems)
+            acc = _Accumulators(builder, n_rows, ir.Constant(V8F, [0.0] * 8))
+            with cgutils.for_range(builder, builder.udiv(n, ir.Constant(I64, 8))) as loop:
+                o = builder.mul(loop.index, ir.Constant(I64, 8))
+                wv = _load8(builder, _element_ptr(context, builder, w_t, w_a, o))
+                for j, row in enumerate(rows):
+                    xv = _load8(builder, _element_ptr(context, builder, x_t, x_a, row, o))
+                    acc[j] = _fma8(builder, wv, xv, acc[j])
+            return _tuple(context, builder, [_hsum8(builder, acc[j]) for j in range(n_rows)], n_rows)
+
+        return types.UniTuple(types.float32, n_rows)(w, x, t), codegen
+    return intrinsic(typer)
+
+
+def _dot_4x8():
+    """ggml_vec_dot_f32 / f16 main part: w[:n32] . x[t, :n32] for n32 a multiple of 32."""
+    def typer(typingctx, w, x, t, n32):
+        def codegen(context, builder, signature, args):
+            w_a, x_a, t_v, n_v = args
+            w_t, x_t, _, _ = signature.args
+            row = _i64(builder, t_v)
+            acc = _Accumulators(builder, 4, ir.Constant(V8F, [0.0] * 8))
+            with cgutils.for_range(builder, builder.udiv(_i64(builder, n_v), ir.Constant(I64, 32))) as loop:
+                o = builder.mul(loop.index, ir.Constant(I64, 32))
+                wp = _element_ptr(context, builder, w_t, w_a, o)
+                xp = _element_ptr(context, builder, x_t, x_a, row, o)
+                for j in range(4):
+                    acc[j] = _fma8(builder, _load8(builder, wp, 8 * j), _load8(builder, xp, 8 * j), acc[j])
+            return _reduce4x8(builder, [acc[j] for j in range(4)])
+
+        return types.float32(w, x, t, n32), codegen
+    return intrinsic(typer)
+
+
+dot_lanes8_1 = _dot_lanes8(1)
+dot_lanes8_4 = _dot_lanes8(4)
+dot_4x8_main = _dot_4x8()
+
+
+# ---- fused decode + dot for 32-value block types --------------------------------------------------
+
+class Block32Layout:
+    """Where a 32-value block type keeps its fields (bytes from the block start)."""
+
+    def __init__(self, block_bytes, qs, nibbles, value_offset=0, m=None, qh=None):
+        self.block_bytes, self.qs, self.nibbles = block_bytes, qs, nibbles
+        self.value_offset, self.m, self.qh = value_offset, m, qh
+
+
+BLOCK32_LAYOUTS = {
+    "q4_0": Block32Layout(18, qs=2, nibbles=True, value_offset=8),
+    "q4_1": Block32Layout(20, qs=4, nibbles=True, m=2),
+    "q5_0": Block32Layout(22, qs=6, nibbles=True, value_offset=16, qh=2),
+    "q5_1": Block32Layout(24, qs=8, nibbles=True, m=2, qh=4),
+    "q8_0": Block32Layout(34, qs=2, nibbles=False),
+}
+
+
+def _load_half(builder, byte_ptr):
+    h = builder.load(builder.bitcast(byte_ptr, ir.IntType(16).as_pointer()), align=1)
+    return builder.fpext(builder.bitcast(h, ir.HalfType()), F32)
+
+
+def _block_planes(builder, block_ptr, layout):
+    """The four lane-major planes (<8 x float> integer values) of the block at block_ptr."""
+    qs_ptr = builder.gep(block_ptr, [ir.Constant(I64, layout.qs)])
+    if not layout.nibbles:
+        raw = builder.load(builder.bitcast(qs_ptr, V32B.as_pointer()), align=1)
+        return [builder.sitofp(builder.sext(builder.shuffle_vector(
+            raw, ir.Constant(V32B, ir.Undefined), ir.Constant(V8I, [4 * lane + i for lane in range(8)])), V8I), V8F)
+            for i in range(4)]
+    raw = builder.load(builder.bitcast(qs_ptr, V16B.as_pointer()), align=1)
+    qh = None
+    if layout.qh is not None:
+        qh_ptr = builder.gep(block_ptr, [ir.Constant(I64, layout.qh)])
+        qh = _splat(builder, builder.load(builder.bitcast(qh_ptr, I32.as_pointer()), align=1), V8I)
+    planes = []
+    for i in range(4):
+        picked = builder.shuffle_vector(raw, ir.Constant(V16B, ir.Undefined),
+                                        ir.Constant(V8I, [i, i + 4, i + 8, i + 12] * 2))
+        value = builder.and_(builder.lshr(builder.zext(picked, V8I), ir.Constant(V8I, [0] * 4 + [4] * 4)),
+                             ir.Constant(V8I, [15] * 8))
+        if qh is not None:
+            bit5 = builder.and_(builder.lshr(qh, ir.Constant(V8I, [4 * lane + i for lane in range(8)])),
+                                ir.Constant(V8I, [1] * 8))
+            value = builder.or_(value, builder.shl(bit5, ir.Constant(V8I, [4] * 8)))
+        if layout.value_offset:
+            value = builder.sub(value, ir.Constant(V8I, [layout.value_offset] * 8))
+        planes.append(builder.sitofp(value, V8F))
+    return planes
+
+
+def _dot_row_block32(layout, n_rows):
+    """ggml_vec_dot_qX_q8_Y of the weight row at data[row_offset] (n_blocks blocks, decoded in
+    registers) with input rows t..t+n_rows-1 of (xq lane-major, xd, xs)."""
+    def typer(typingctx, data, row_offset, n_blocks, xq, xd, xs, t):
+        def codegen(context, builder, signature, args):
+            data_a, row_off, nb_v, xq_a, xd_a, xs_a, t_v = args
+            data_t, _, _, xq_t, xd_t, xs_t, _ = signature.args
+            row_ptr = _element_ptr(context, builder, data_t, data_a, row_off)
+            t_v = _i64(builder, t_v)
+            rows = [builder.add(t_v, ir.Constant(I64, j)) for j in range(n_rows)]
+            acc = _Accumulators(builder, n_rows, ir.Constant(V8F, [0.0] * 8))
+            summs = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
+            with cgutils.for_range(builder, _i64(builder, nb_v)) as loop:
+                b = loop.index
+                block_ptr = builder.gep(row_ptr, [builder.mul(b, ir.Constant(I64, layout.block_bytes))])
+                d_w = _load_half(builder, block_ptr)
+                planes = _block_planes(builder, block_ptr, layout)
+                o = builder.mul(b, ir.Constant(I64, 32))
+                for j, row in enumerate(rows):
+                    xp = _element_ptr(context, builder, xq_t, xq_a, row, o)
+                    prods = [builder.fmul(planes[i], _load8(builder, xp, 8 * i)) for i in range(4)]
+                    p = builder.fadd(builder.fadd(prods[0], prods[1]), builder.fadd(prods[2], prods[3]))
+                    d_x = builder.load(_element_ptr(context, builder, xd_t, xd_a, row, b))
+                    acc[j] = _fma8(builder, _splat(builder, builder.fmul(d_w, d_x)), p, acc[j])
+                if layout.m is not None:
+                    m_w = _load_half(builder, builder.gep(block_ptr, [ir.Constant(I64, layout.m)]))
+                    for j, row in enumerate(rows):
+                        s_x = builder.load(_element_ptr(context, builder, xs_t, xs_a, row, b))
+                        summs[j] = _fma1(builder, m_w, s_x, summs[j])
+            results = [builder.fadd(_hsum8(builder, acc[j]), summs[j]) for j in range(n_rows)]
+            return _tuple(context, builder, results, n_rows)
+
+        return types.UniTuple(types.float32, n_rows)(data, row_offset, n_blocks, xq, xd, xs, t), codegen
+    return intrinsic(typer)
+
+
+dot_row_q4_0_1, dot_row_q4_0_4 = _dot_row_block32(BLOCK32_LAYOUTS["q4_0"], 1), _dot_row_block32(BLOCK32_LAYOUTS["q4_0"], 4)
+dot_row_q4_1_1, dot_row_q4_1_4 = _dot_row_block32(BLOCK32_LAYOUTS["q4_1"], 1), _dot_row_block32(BLOCK32_LAYOUTS["q4_1"], 4)
+dot_row_q5_0_1, dot_row_q5_0_4 = _dot_row_block32(BLOCK32_LAYOUTS["q5_0"], 1), _dot_row_block32(BLOCK32_LAYOUTS["q5_0"], 4)
+dot_row_q5_1_1, dot_row_q5_1_4 = _dot_row_block32(BLOCK32_LAYOUTS["q5_1"], 1), _dot_row_block32(BLOCK32_LAYOUTS["q5_1"], 4)
+dot_row_q8_0_1, dot_row_q8_0_4 = _dot_row_block32(BLOCK32_LAYOUTS["q8_0"], 1), _dot_row_block32(BLOCK32_LAYOUTS["q8_0"], 4)
