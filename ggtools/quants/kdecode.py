@@ -12,6 +12,8 @@ from numba import njit, prange
 from .floatbits import JIT, fp16_at
 
 F0 = np.float32(0.0)
+U16, U32, U48, U64 = np.uint64(16), np.uint64(32), np.uint64(48), np.uint64(64)
+RUN = np.uint64(32)  # values per Q4_K/Q5_K run, handed to the kernels at run time (see below)
 
 QK_K, Q2_K_BYTES = GGML_QUANT_SIZES[T.Q2_K]
 Q3_K_BYTES = GGML_QUANT_SIZES[T.Q3_K][1]
@@ -81,42 +83,60 @@ def decode_block_q3_k(src, so, out, oo):
                       d * np.float32(q3_scale(sb, 96, j) - 32), ob[16 * j:16 * j + 16])
 
 
-@njit(**JIT)
-def decode_run_q4(q, shift, dl, ml, ob):
-    """ob[l] = dl * ((q[l] >> shift) & 15) - ml."""
-    for l in range(ob.shape[0]):
-        ob[l] = dl * np.float32(np.int32((np.int32(q[l]) >> shift) & 15)) - ml
-
+# Q4_K/Q5_K decode a 64-value chunk (two sub-blocks sharing the bytes of qs) per loop, as the C
+# code. Offsets and the run length (32) are uint64 and the length arrives at run time: LLVM then
+# vectorizes the loops (a known count gets unrolled into scalar code, a signed index gets a
+# negative-index test).
 
 @njit(**JIT)
-def decode_run_q5(q, shift, qh, hbit, dl, ml, ob):
-    """ob[l] = dl * (((q[l] >> shift) & 15) + 16 * bit hbit of qh[l]) - ml."""
-    for l in range(ob.shape[0]):
-        level = ((np.int32(q[l]) >> shift) & 15) | (((np.int32(qh[l]) >> hbit) & 1) << 4)
-        ob[l] = dl * np.float32(np.int32(level)) - ml
+def decode_chunk_q4(src, qo, d1, m1, d2, m2, out, oo, run):
+    """out[oo + l] = d1 * (src[qo + l] & 15) - m1, out[oo + run + l] = d2 * (src[qo + l] >> 4) - m2."""
+    for l in range(run):
+        b = np.int32(src[qo + l])
+        out[oo + l] = d1 * np.float32(np.int32(b & 15)) - m1
+        out[oo + run + l] = d2 * np.float32(np.int32(b >> 4)) - m2
 
 
 @njit(**JIT)
-def decode_block_q4_k(src, so, out, oo):
-    sb, ob = src[so:so + Q4_K_BYTES], out[oo:oo + QK_K]
+def decode_chunk_q5(src, qo, ho, hbit, d1, m1, d2, m2, out, oo, run):
+    """As decode_chunk_q4, the 5th bits being bits hbit and hbit + 1 of src[ho + l]."""
+    for l in range(run):
+        b = np.int32(src[qo + l])
+        h = np.int32(src[ho + l]) >> hbit
+        out[oo + l] = d1 * np.float32(np.int32((b & 15) | ((h & 1) << 4))) - m1
+        out[oo + run + l] = d2 * np.float32(np.int32((b >> 4) | ((h & 2) << 3))) - m2
+
+
+@njit(**JIT)
+def k4_chunk_scales(src, so, c):
+    """(d1, m1, d2, m2) of chunk c: the scaled 6-bit scales and mins of sub-blocks 2c, 2c+1."""
+    sb = src[so:so + 16]
     d = fp16_at(sb, 0)
     dmin = fp16_at(sb, 2)
-    for j in range(8):  # sub-block j: nibble j % 2 of qs[32 (j // 2) + l]
-        sc, m = get_scale_min_k4(j, sb, 4)
-        q = sb[16 + 32 * (j // 2):48 + 32 * (j // 2)]
-        decode_run_q4(q, 4 * (j % 2), d * np.float32(sc), dmin * np.float32(m), ob[32 * j:32 * j + 32])
+    sc1, m1 = get_scale_min_k4(2 * c, sb, 4)
+    sc2, m2 = get_scale_min_k4(2 * c + 1, sb, 4)
+    return d * np.float32(sc1), dmin * np.float32(m1), d * np.float32(sc2), dmin * np.float32(m2)
 
 
 @njit(**JIT)
-def decode_block_q5_k(src, so, out, oo):
-    sb, ob = src[so:so + Q5_K_BYTES], out[oo:oo + QK_K]
-    d = fp16_at(sb, 0)
-    dmin = fp16_at(sb, 2)
-    for j in range(8):  # as Q4_K, plus bit j of qh[l]
-        sc, m = get_scale_min_k4(j, sb, 4)
-        q = sb[48 + 32 * (j // 2):80 + 32 * (j // 2)]
-        decode_run_q5(q, 4 * (j % 2), sb[16:48], j, d * np.float32(sc), dmin * np.float32(m),
-                      ob[32 * j:32 * j + 32])
+def decode_block_q4_k(src, so, out, oo, run=32):
+    """run: 32, best passed as a runtime np.uint64 (see above)."""
+    so, oo, run = np.uint64(so), np.uint64(oo), np.uint64(run)
+    for c in range(4):
+        d1, m1, d2, m2 = k4_chunk_scales(src, so, c)
+        cu = np.uint64(c)
+        decode_chunk_q4(src, so + U16 + U32 * cu, d1, m1, d2, m2, out, oo + U64 * cu, run)
+
+
+@njit(**JIT)
+def decode_block_q5_k(src, so, out, oo, run=32):
+    """run: 32, best passed as a runtime np.uint64 (see above)."""
+    so, oo, run = np.uint64(so), np.uint64(oo), np.uint64(run)
+    for c in range(4):
+        d1, m1, d2, m2 = k4_chunk_scales(src, so, c)
+        cu = np.uint64(c)
+        decode_chunk_q5(src, so + U48 + U32 * cu, so + U16, 2 * c, d1, m1, d2, m2, out,
+                        oo + U64 * cu, run)
 
 
 @njit(**JIT)
@@ -153,15 +173,23 @@ def dequantize_q3_k(src, out):
 
 
 @njit(parallel=True, **JIT)
-def dequantize_q4_k(src, out):
+def _dequantize_q4_k(src, out, run):
     for b in prange(out.size // QK_K):
-        decode_block_q4_k(src, b * Q4_K_BYTES, out, b * QK_K)
+        decode_block_q4_k(src, b * Q4_K_BYTES, out, b * QK_K, run)
 
 
 @njit(parallel=True, **JIT)
-def dequantize_q5_k(src, out):
+def _dequantize_q5_k(src, out, run):
     for b in prange(out.size // QK_K):
-        decode_block_q5_k(src, b * Q5_K_BYTES, out, b * QK_K)
+        decode_block_q5_k(src, b * Q5_K_BYTES, out, b * QK_K, run)
+
+
+def dequantize_q4_k(src, out):
+    _dequantize_q4_k(src, out, RUN)
+
+
+def dequantize_q5_k(src, out):
+    _dequantize_q5_k(src, out, RUN)
 
 
 @njit(parallel=True, **JIT)
