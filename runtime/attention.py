@@ -1,5 +1,6 @@
-"""Causal GQA attention over an f16 KV cache, as llama.cpp's CPU backend computes it without flash
-attention (its default in llama-cpp-python), operation for operation:
+"""Causal GQA attention over the KV cache, as llama.cpp's CPU backend computes it without flash
+attention (its default in llama-cpp-python), operation for operation. With an f16 cache (llama.cpp's
+default; an f32 cache skips the f16 roundings):
 
     scores = K . f16(q)              mul_mat(k, q): q rounded to f16, dots with fma lanes
     w      = scores * scale + mask   soft_max_ext: masked positions -inf
@@ -24,17 +25,17 @@ PARALLEL_WORK = 1 << 16   # below this many multiply-adds a parallel region cost
 
 
 @njit(**EXACT)
-def dot_f16(w, x, t, one_row):
-    """w . x[t] for f16-valued float32 rows, in ggml_vec_dot_f16's layout or tinyBLAS's."""
+def dot_kv(w, x, t, one_row, f16):
+    """w . x[t], in ggml_vec_dot_f16/f32's layout (one_row) or tinyBLAS's."""
     if one_row:
-        return dot_one_row(w, x, t, True)
+        return dot_one_row(w, x, t, f16)
     (s,) = dot_lanes8_1(w, x, t)
     return s
 
 
 @njit(**EXACT)
-def softmax_f16(w, out):
-    """ggml_vec_soft_max_f32 + scale by 1/sum, then the f16 rounding of mul_mat's input."""
+def softmax(w, out, f16):
+    """ggml_vec_soft_max_f32 + scale by 1/sum, then (f16 cache) the f16 rounding of mul_mat's input."""
     m = -np.inf
     for s in range(w.size):
         m = max(m, w[s])
@@ -47,12 +48,12 @@ def softmax_f16(w, out):
         total += np.float64(hsum8(e))
     inv = np.float32(1.0 / total)
     for s in range(w.size):
-        out[s] = to_f16(out[s] * inv)
+        out[s] = to_f16(out[s] * inv) if f16 else out[s] * inv
 
 
-def _attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, out):
-    """q: (T, n_head, d) after RoPE; k_cache: (n_kv, capacity, d), vt_cache: (n_kv, d, capacity),
-    both f16-valued and zero past n_ctx; out: (T, n_head * d)."""
+def _attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, f16, out):
+    """q: (T, n_head, d) after RoPE; k_cache: (n_kv, capacity, d), vt_cache: (n_kv, d, capacity)
+    (f16-valued when f16); out: (T, n_head * d)."""
     n_tokens, n_head, d = q.shape
     group = n_head // k_cache.shape[0]
     n_pad = (n_ctx + KV_PAD - 1) // KV_PAD * KV_PAD
@@ -61,16 +62,16 @@ def _attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, ou
         g = h // group
         q16 = np.empty(d, np.float32)
         for i in range(d):
-            q16[i] = to_f16(q[t, h, i])
+            q16[i] = to_f16(q[t, h, i]) if f16 else q[t, h, i]
         keys, values_t = k_cache[g], vt_cache[g]
         w = np.empty(n_pad, np.float32)
         for s in range(n_pad):
-            score = dot_f16(q16, keys, s, one_row) * scale
+            score = dot_kv(q16, keys, s, one_row, f16) * scale
             w[s] = score if s <= q_positions[t] else -np.inf
         p = np.empty(n_pad, np.float32)
-        softmax_f16(w, p)
+        softmax(w, p, f16)
         for i in range(d):
-            out[t, h * d + i] = dot_f16(p, values_t, i, one_row)
+            out[t, h * d + i] = dot_kv(p, values_t, i, one_row, f16)
 
 
 attention_rows = njit(**EXACT)(_attention_rows)
@@ -78,12 +79,12 @@ attention_rows_parallel = njit(parallel=True, **EXACT)(_attention_rows)
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positions: np.ndarray,
-              n_ctx: int, scale: float, stepwise: bool = False) -> np.ndarray:
+              n_ctx: int, scale: float, f16: bool = True, stepwise: bool = False) -> np.ndarray:
     """(T, n_head, d) queries at q_positions over cache positions 0..n_ctx-1 -> (T, n_head * d)."""
     n_tokens, n_head, d = q.shape
     out = np.empty((n_tokens, n_head * d), np.float32)
     one_row = n_tokens == 1 or stepwise
     kernel = attention_rows_parallel if n_tokens * n_head * n_ctx * d * 2 >= PARALLEL_WORK else attention_rows
     kernel(np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64),
-           n_ctx, np.float32(scale), one_row, out)
+           n_ctx, np.float32(scale), one_row, f16, out)
     return out

@@ -528,7 +528,7 @@ class Layout:
         self.qk, self.block_bytes = U(qk), U(block_bytes)
         self.row_bytes = U(n_cols // qk * block_bytes)
         self.n_rows, self.n_cols = n_rows, n_cols
-        self.activation = ACTIVATION[self.qtype]
+        self.activation = ACTIVATION.get(self.qtype)  # None: decode only (MXFP4)
         self.block32 = self.qtype in BLOCK32_TYPES
         self.float_type = self.qtype in (T.F32, T.F16, T.BF16)
 

@@ -1,7 +1,7 @@
 """KVCache: per attention layer, the keys and values of positions 0..n_tokens-1, croppable.
 
-Values are stored rounded to f16 (llama.cpp's default cache type) but held as float32, so attention
-reads them without conversion. Keys are (n_head_kv, capacity, head_dim); values are kept transposed,
+Values are stored rounded to f16 (llama.cpp's default cache type; or kept exact with type "f32")
+but held as float32, so attention reads them without conversion. Keys are (n_head_kv, capacity, head_dim); values are kept transposed,
 (n_head_kv, head_dim, capacity), as llama.cpp keeps them without flash attention, so each output
 dimension is a contiguous dot over positions. Capacity is a multiple of 32 and grows by doubling.
 """
@@ -16,8 +16,11 @@ def to_f16(x: np.ndarray) -> np.ndarray:
 
 
 class KVCache:
-    def __init__(self, n_layers: int, n_head_kv: int, head_dim: int, capacity: int = 256):
+    def __init__(self, n_layers: int, n_head_kv: int, head_dim: int, capacity: int = 256, type: str = "f16"):
+        if type not in ("f16", "f32"):
+            raise ValueError(f"KV cache type must be 'f16' or 'f32', not {type!r}")
         self.n_layers, self.n_head_kv, self.head_dim = n_layers, n_head_kv, head_dim
+        self.f16 = type == "f16"
         self.n_tokens = 0
         self.capacity = 0
         self.k: list[np.ndarray] = []
@@ -39,8 +42,10 @@ class KVCache:
     def store(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
         """Write (T, n_head_kv, head_dim) keys/values for positions start..start+T-1."""
         end = start + k.shape[0]
-        self.k[layer][:, start:end] = to_f16(k).transpose(1, 0, 2)
-        self.v[layer][:, :, start:end] = to_f16(v).transpose(1, 2, 0)
+        if self.f16:
+            k, v = to_f16(k), to_f16(v)
+        self.k[layer][:, start:end] = k.transpose(1, 0, 2)
+        self.v[layer][:, :, start:end] = v.transpose(1, 2, 0)
 
     def crop(self, n_tokens: int) -> None:
         """Forget every position >= n_tokens (rollback after a rejected draft)."""

@@ -50,7 +50,7 @@ class Attention:
         k = ops.apply_rope(k, cos, sin, hp.rope_neox)
         kv.store(slot, int(positions[0]), k, v)
         n_ctx = int(positions[-1]) + 1
-        out = attention(q, kv.k[slot], kv.v[slot], positions, n_ctx, hp.attn_scale, stepwise)
+        out = attention(q, kv.k[slot], kv.v[slot], positions, n_ctx, hp.attn_scale, kv.f16, stepwise)
         return self.wo(out, stepwise)
 
 
@@ -76,9 +76,12 @@ class Layer:
 class TargetModel:
     """A target model with its own KV cache (`kv`). Not thread-safe; one sequence at a time."""
 
-    def __init__(self, path, threads: int | None = None):
+    def __init__(self, path, threads: int | None = None, kv_type: str = "f16"):
+        """path: a target GGUF (the first shard of a split model); threads: numba threads (process-wide);
+        kv_type: "f16" (llama.cpp's default cache type) or "f32"."""
         if threads:
             numba.set_num_threads(threads)
+        self.threads = numba.get_num_threads()
         self.weights = w = WeightFile(path)
         self.path = str(path)
         self.token_embd = w.matrix("token_embd.weight")
@@ -89,7 +92,7 @@ class TargetModel:
         freq_factors = w.optional_vector("rope_freqs.weight")
         self.rope_freq_factors = np.zeros(0, np.float32) if freq_factors is None else freq_factors
         self.layers = [self._load_layer(i) for i in range(hp.n_layer)]
-        self.kv = KVCache(hp.n_layer, hp.n_head_kv, hp.head_dim)
+        self.kv = KVCache(hp.n_layer, hp.n_head_kv, hp.head_dim, type=kv_type)
 
     def _load_layer(self, i: int) -> Layer:
         w, hp = self.weights, self.hp

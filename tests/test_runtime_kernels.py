@@ -1,0 +1,129 @@
+"""Runtime kernels: decoders bit-exact with ggtools.quants, matmuls against a float64 reference that
+rounds the input as llama.cpp does, batch invariance, ggml's exp."""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from ggtools import quants
+from ggtools.runtime import kernels
+from ggtools.runtime.ggmlmath import expf, silu
+
+BLOCK32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+KQUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+FLOATS = [T.F32, T.F16, T.BF16]
+ALL = FLOATS + BLOCK32 + KQUANTS
+
+
+def make_weights(qtype, n_rows=12, n_cols=512, seed=0):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n_rows, n_cols)) * rng.uniform(0.01, 2.0, (n_rows, 1))).astype(np.float32)
+    data = quants.quantize(qtype, x).reshape(-1)
+    return data, quants.dequantize(qtype, data, n_cols).reshape(n_rows, n_cols)
+
+
+def reference_input(qtype, x):
+    """The input values llama.cpp's dot products see, computed plainly in numpy."""
+    kind = kernels.ACTIVATION[qtype]
+    if kind == kernels.ACT_F16:
+        return x.astype(np.float16).astype(np.float32)
+    if kind == kernels.ACT_BF16:
+        bits = x.view(np.uint32).astype(np.uint64)
+        return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    if kind in (kernels.ACT_Q8_0, kernels.ACT_Q8_1):
+        b = x.reshape(x.shape[0], -1, 32)
+        amax = np.abs(b).max(-1, keepdims=True)
+        d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+        with np.errstate(divide="ignore"):
+            inv = np.where(amax > 0, np.float32(127) / amax, 0).astype(np.float32)
+        return (np.rint(b * inv) * d).reshape(x.shape)
+    if kind == kernels.ACT_Q8_K:
+        b = x.reshape(x.shape[0], -1, 256)
+        idx = np.abs(b).argmax(-1)[..., None]
+        vmax = np.take_along_axis(b, idx, -1)
+        iscale = np.float32(-127) / vmax
+        q = np.minimum(127, np.rint(b * iscale))
+        return (q * (np.float32(1) / iscale)).astype(np.float32).reshape(x.shape)
+    return x
+
+
+def run_matmul(qtype, data, n_rows, x, stepwise=False):
+    layout = kernels.Layout(qtype, n_rows, x.shape[1])
+    return kernels.matmul(layout, data, kernels.PreparedInput(x, layout.activation), stepwise)
+
+
+@pytest.mark.parametrize("qtype", ALL + [T.MXFP4], ids=lambda t: t.name)
+def test_decoders_are_bit_exact_with_quants(qtype):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((6, 512)) * 3).astype(np.float32)
+    if qtype == T.MXFP4:
+        import gguf
+        data = gguf.quants.quantize(x, qtype).reshape(-1)
+    else:
+        data = quants.quantize(qtype, x).reshape(-1)
+    want = quants.dequantize(qtype, data, 512).reshape(6, 512)
+    got = kernels.dequantize_rows(kernels.Layout(qtype, 6, 512), data, np.array([5, 0, 3, 3]))
+    assert np.array_equal(got.view(np.uint32), want[[5, 0, 3, 3]].view(np.uint32))
+
+
+def q8_1_min_term_correction(qtype, data, n_rows, x, xr):
+    """Q4_1/Q5_1 dots use m * fp16(d * sum(q)) per block rather than m * sum(x'): the difference."""
+    block_bytes = {T.Q4_1: 20, T.Q5_1: 24}[qtype]
+    mins = data.reshape(n_rows, -1, block_bytes)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    b = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(b).max(-1)
+    q = np.rint(b * (np.float32(127) / amax)[..., None])
+    s16 = ((amax / np.float32(127)) * q.sum(-1).astype(np.float32)).astype(np.float16).astype(np.float64)
+    return (s16 - xr.reshape(b.shape).astype(np.float64).sum(-1)) @ mins.T
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_in", [1, 3, 6])
+def test_matmul_matches_float64_reference(qtype, n_in):
+    data, w = make_weights(qtype)
+    x = np.random.default_rng(2).standard_normal((n_in, w.shape[1])).astype(np.float32)
+    got = run_matmul(qtype, data, w.shape[0], x)
+    xr = reference_input(qtype, x)
+    want = xr.astype(np.float64) @ w.T.astype(np.float64)
+    if qtype in (T.Q4_1, T.Q5_1):
+        want += q8_1_min_term_correction(qtype, data, w.shape[0], x, xr)
+    assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max() + 1e-6
+
+
+@pytest.mark.parametrize("qtype", BLOCK32 + KQUANTS, ids=lambda t: t.name)
+def test_quantized_matmul_rows_do_not_depend_on_the_batch(qtype):
+    data, w = make_weights(qtype)
+    x = np.random.default_rng(3).standard_normal((7, w.shape[1])).astype(np.float32)
+    batch = run_matmul(qtype, data, w.shape[0], x)
+    for t in range(7):
+        assert np.array_equal(batch[t], run_matmul(qtype, data, w.shape[0], x[t:t + 1])[0])
+
+
+@pytest.mark.parametrize("qtype", FLOATS, ids=lambda t: t.name)
+def test_stepwise_float_matmul_equals_one_row_steps(qtype):
+    """Batches use tinyBLAS's lane layout (as llama.cpp); stepwise forces the one-row layout."""
+    data, w = make_weights(qtype)
+    x = np.random.default_rng(4).standard_normal((5, w.shape[1])).astype(np.float32)
+    stepwise = run_matmul(qtype, data, w.shape[0], x, stepwise=True)
+    for t in range(5):
+        assert np.array_equal(stepwise[t], run_matmul(qtype, data, w.shape[0], x[t:t + 1])[0])
+
+
+def test_q8_1_block_sums_are_rounded_like_ggml():
+    """Q4_1 dots add m * fp16(d * sum(q)) per block: the sum carries its own f16 rounding."""
+    x = np.random.default_rng(5).standard_normal((1, 64)).astype(np.float32) * 7
+    prepared = kernels.PreparedInput(x, kernels.ACT_Q8_1)
+    b = x.reshape(2, 32)
+    amax = np.abs(b).max(1)
+    q = np.rint(b * (np.float32(127) / amax)[:, None])
+    want = ((amax / np.float32(127)) * q.sum(1).astype(np.float32)).astype(np.float16).astype(np.float32)
+    assert np.array_equal(prepared.xs[0], want)
+
+
+def test_ggml_expf_is_accurate_and_saturates():
+    xs = np.linspace(-87, 88, 4001).astype(np.float32)  # normal float32 results
+    got = np.array([expf(v) for v in xs])
+    want = np.exp(xs.astype(np.float64))
+    assert np.max(np.abs(got / want - 1)) < 2.5e-7
+    assert expf(np.float32(-np.inf)) == 0.0 and np.isinf(expf(np.float32(89.0)))
+    assert silu(np.float32(0.0)) == 0.0 and abs(silu(np.float32(3.0)) - 3 / (1 + np.exp(-3.0))) < 1e-6
