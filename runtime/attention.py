@@ -8,8 +8,9 @@ default; an f32 cache skips the f16 roundings):
     p      = f16(e * (1 / sum))      mul_mat(v, kq) rounds the probabilities to f16
     out    = V^T . p
 
-One-row batches use ggml_vec_dot_f16's layout, longer ones tinyBLAS's (what llama.cpp does); the
-cache length is padded to a multiple of 32 with zero rows, as llama.cpp pads n_kv, which leaves
+One-row batches use ggml_vec_dot's layout, longer ones tinyBLAS's, as llama.cpp picks them: tinyBLAS
+only takes contiguous inputs of a matching type, and the permuted queries qualify only once
+converted to f16, so with an f32 cache the scores always use vec_dot. The cache length is padded to a multiple of 32 with zero rows, as llama.cpp pads n_kv, which leaves
 the values unchanged but fixes which lane each position lands in.
 """
 
@@ -66,7 +67,7 @@ def _attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, f1
         keys, values_t = k_cache[g], vt_cache[g]
         w = np.empty(n_pad, np.float32)
         for s in range(n_pad):
-            score = dot_kv(q16, keys, s, one_row, f16) * scale
+            score = dot_kv(q16, keys, s, one_row or not f16, f16) * scale
             w[s] = score if s <= q_positions[t] else -np.inf
         p = np.empty(n_pad, np.float32)
         softmax(w, p, f16)

@@ -4,8 +4,6 @@ special tokens, BOS handling and decoding on real vocabularies."""
 
 import pytest
 
-from oracle_artifacts import llama_cpp_src  # noqa: F401  (session fixture)
-
 from ggtools.gguf import GGUFFile
 from ggtools.runtime.tokenizer import Tokenizer, TokenizerError
 
@@ -23,7 +21,7 @@ def vocab_cases(src, name):
 
 
 @pytest.mark.parametrize("name", VOCABS)
-def test_vocab_test_vectors(llama_cpp_src, name):  # noqa: F811
+def test_vocab_test_vectors(llama_cpp_src, name):
     path, cases = vocab_cases(llama_cpp_src, name)
     assert len(cases) >= 40
     tokenizer = Tokenizer.from_gguf(GGUFFile(path))
@@ -33,7 +31,7 @@ def test_vocab_test_vectors(llama_cpp_src, name):  # noqa: F811
 
 
 @pytest.mark.parametrize("name", ["qwen2", "llama-spm"])
-def test_decode_inverts_encode(llama_cpp_src, name):  # noqa: F811
+def test_decode_inverts_encode(llama_cpp_src, name):
     path, cases = vocab_cases(llama_cpp_src, name)
     tokenizer = Tokenizer.from_gguf(GGUFFile(path))
     for text, ids in cases:
@@ -43,7 +41,7 @@ def test_decode_inverts_encode(llama_cpp_src, name):  # noqa: F811
         assert decoded == text
 
 
-def test_special_tokens_and_bos(llama_cpp_src):  # noqa: F811
+def test_special_tokens_and_bos(llama_cpp_src):
     tokenizer = Tokenizer.from_gguf(GGUFFile(llama_cpp_src / "models" / "ggml-vocab-llama-bpe.gguf"))
     text = "<|begin_of_text|>Hello"
     plain = tokenizer.encode(text, add_special=False, parse_special=False)
@@ -54,6 +52,6 @@ def test_special_tokens_and_bos(llama_cpp_src):  # noqa: F811
     assert tokenizer.decode(parsed) == "Hello" and tokenizer.decode(parsed, special=True) == text
 
 
-def test_unsupported_tokenizer_model(llama_cpp_src):  # noqa: F811
+def test_unsupported_tokenizer_model(llama_cpp_src):
     with pytest.raises(TokenizerError, match="bert"):
         Tokenizer.from_gguf(GGUFFile(llama_cpp_src / "models" / "ggml-vocab-bert-bge.gguf"))

@@ -1,0 +1,136 @@
+"""The runtime against its oracles: llama.cpp (llama-cpp-python, its default non-flash attention and
+f16 KV cache) token for token and logit for logit, and transformers' hidden states for feature taps.
+
+Logits are compared bit for bit: the runtime reproduces the float operations of llama.cpp's AVX2 CPU
+kernels. That holds for llama.cpp builds whose CPU backend is the AVX2 one (the portable build of the
+llama-cpp-python sdist, GGML_NATIVE=OFF); elsewhere the bit-exact tests skip.
+"""
+
+import numpy as np
+import pytest
+
+from ggtools.runtime import TargetModel, Tokenizer, greedy
+
+pytestmark = pytest.mark.oracle
+
+N_GREEDY = 64
+TEXT_PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. Once upon a time,",
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "def fibonacci(n):",
+    "In 1905, Albert Einstein published",
+    "Here is a list of fruits: apple, banana,",
+]
+
+
+@pytest.fixture(scope="module")
+def llama_cpp():
+    module = pytest.importorskip("llama_cpp")
+    info = module.llama_print_system_info().decode()
+    if "AVX2 = 1" not in info or "AVX512 = 1" in info:
+        pytest.skip(f"llama.cpp's CPU backend is not the AVX2 build the runtime reproduces: {info}")
+    return module
+
+
+class LlamaCpp:
+    """llama-cpp-python with its defaults (flash attention off, f16 KV cache), 2 threads."""
+
+    def __init__(self, llama_cpp, path, **kwargs):
+        self.llm = llama_cpp.Llama(str(path), n_ctx=512, n_threads=2, n_threads_batch=2, logits_all=True,
+                                   verbose=False, **kwargs)
+
+    def prompt_logits(self, ids):
+        self.llm.reset()
+        self.llm.eval(list(ids))
+        return np.array(self.llm.scores[:len(ids)], dtype=np.float32)
+
+    def greedy(self, ids, n):
+        out = []
+        for token in self.llm.generate(list(ids), temp=0.0, reset=True):
+            out.append(int(token))
+            if len(out) == n:
+                return out
+        return out
+
+
+@pytest.fixture(scope="module")
+def smollm2_q8_0(smollm2_path, tmp_path_factory, llama_cpp):
+    """SmolLM2 requantized to Q8_0 by llama.cpp's own quantizer (every matmul a Q8_0 one)."""
+    import llama_oracle
+    out = tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct.Q8_0.gguf"
+    llama_oracle.quantize(smollm2_path, out, 7, allow_requantize=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def targets(smollm2_path, smollm2_q8_0, tiny_target):
+    return {"smollm2-q4_1": smollm2_path, "smollm2-q8_0": smollm2_q8_0,
+            "tiny-qwen3-f32": tiny_target.gguf["f32"], "tiny-qwen3-f16": tiny_target.gguf["f16"]}
+
+
+def prompts_for(name, path, count):
+    if name.startswith("smollm2"):
+        tokenizer = Tokenizer.from_gguf(TargetModel(path).weights.meta)
+        return [tokenizer.encode(text) for text in TEXT_PROMPTS[:count]]
+    rng = np.random.default_rng(7)
+    return [[1] + rng.integers(3, 1024, 4 + 9 * k).tolist() for k in range(count)]
+
+
+@pytest.mark.parametrize("name", ["smollm2-q4_1", "smollm2-q8_0", "tiny-qwen3-f32", "tiny-qwen3-f16"])
+def test_prompt_logits_are_bit_identical(targets, llama_cpp, name):
+    path = targets[name]
+    oracle, model = LlamaCpp(llama_cpp, path), TargetModel(path, threads=2)
+    for ids in prompts_for(name, path, 2):
+        model.kv.clear()
+        ours, _ = model.forward(ids)
+        want = oracle.prompt_logits(ids)
+        print(f"{name}: {len(ids)} prompt tokens, max abs logit difference {np.abs(ours - want).max()}")
+        assert np.array_equal(ours, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-q4_1", "smollm2-q8_0", "tiny-qwen3-f32", "tiny-qwen3-f16"])
+def test_greedy_tokens_are_identical(targets, llama_cpp, name):
+    path = targets[name]
+    oracle, model = LlamaCpp(llama_cpp, path), TargetModel(path, threads=2)
+    for ids in prompts_for(name, path, 4 if name.startswith("smollm2") else 3):
+        model.kv.clear()
+        ours, _ = greedy(model, ids, N_GREEDY)
+        assert ours == oracle.greedy(ids, N_GREEDY)
+
+
+def test_f32_kv_cache_matches_llama_cpp(targets, llama_cpp):
+    path = targets["tiny-qwen3-f32"]
+    f32 = 0  # GGML_TYPE_F32
+    oracle, model = LlamaCpp(llama_cpp, path, type_k=f32, type_v=f32), TargetModel(path, kv_type="f32")
+    ids = prompts_for("tiny-qwen3-f32", path, 1)[0]
+    ours, _ = model.forward(ids)
+    assert np.array_equal(ours, oracle.prompt_logits(ids))
+    assert greedy(model, [ids[-1]], 16)[0] == oracle.greedy(ids + [ids[-1]], 16)
+
+
+@pytest.mark.parametrize("name", ["smollm2-q4_1", "tiny-qwen3-f16"])
+def test_tokenizer_matches_llama_cpp(targets, llama_cpp, name):
+    path = targets[name]
+    oracle = LlamaCpp(llama_cpp, path).llm
+    tokenizer = Tokenizer.from_gguf(TargetModel(path).weights.meta)
+    for text in TEXT_PROMPTS + ["  spaces  and\ttabs\n\nnewlines 12345 ünïcödé 🦙"]:
+        assert tokenizer.encode(text) == oracle.tokenize(text.encode(), add_bos=tokenizer.add_bos, special=True)
+
+
+@pytest.mark.parametrize("kind, kv_type, rtol", [("f32", "f32", 1e-5), ("f16", "f16", 3e-3)])
+def test_feature_taps_equal_transformers_hidden_states(tiny_target, kind, kv_type, rtol):
+    """hidden_states[j] is the residual entering layer j (the last one is the final normed state). An
+    f32 GGUF with an f32 cache agrees to float rounding; llama.cpp's f16 rounding of activations and
+    of the KV cache costs about 1e-3 relative."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_target.hf_dir, dtype=torch.float32).eval()
+    ids = [1] + np.random.default_rng(1).integers(3, 1024, 30).tolist()
+    with torch.no_grad():
+        hidden = [h[0].numpy() for h in hf(torch.tensor([ids]), output_hidden_states=True).hidden_states]
+    model = TargetModel(tiny_target.gguf[kind], kv_type=kv_type)
+    taps = list(range(model.hp.n_layer + 1))
+    _, features = model.forward(ids, taps=taps, logits="none")
+    for j in taps:
+        assert np.abs(features[:, j] - hidden[j]).max() <= rtol * np.abs(hidden[j]).max(), j
