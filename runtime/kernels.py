@@ -32,7 +32,7 @@ from numba import njit, prange
 
 from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, fp32_to_fp16, nearest_int
 from ggtools.runtime.ggmlmath import EXACT, fma, to_f16
-from ggtools.runtime.simd import (dot_4x8_main, dot_lanes8_1, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
+from ggtools.runtime.simd import (HAVE_AVX2, dot_4x8_main, dot_lanes8_1, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
 
@@ -342,8 +342,9 @@ def decode_row(qtype, src, so, dst, qk, block_bytes):
 @njit(**EXACT)
 def quantize_q8_row(x, xq, xd, xs):
     """quantize_row_q8_0 / q8_1, x86 AVX2 path (id = 127/amax, round half to even), for one row:
-    xq the integer values (lane-major per block), xd the fp16 scales, xs (Q8_1 only, may be empty)
-    the fp16 block sums s = d * sum(q) with d before its rounding."""
+    xq the integer values (int8 in value order for the AVX2 kernels, else float32 lane-major per
+    block), xd the fp16 scales, xs (Q8_1 only, may be empty) the fp16 block sums s = d * sum(q)
+    with d before its rounding."""
     for b in range(x.size // 32):
         o = b * 32
         amax = np.float32(0.0)
@@ -355,7 +356,10 @@ def quantize_q8_row(x, xq, xd, xs):
         for e in range(32):
             q = np.rint(x[o + e] * inv)
             q_sum += np.int64(q)
-            xq[o + LANE_POS[e]] = q
+            if HAVE_AVX2:
+                xq[o + e] = np.int8(q)
+            else:
+                xq[o + LANE_POS[e]] = q
         xd[b] = to_f16(d)
         if xs.size:
             xs[b] = to_f16(d * np.float32(q_sum))
@@ -514,7 +518,7 @@ class PreparedInput:
         if kind == ACT_F32:
             self.xq = x
         else:
-            self.xq = np.empty_like(x)
+            self.xq = np.empty(x.shape, np.int8 if quantized and HAVE_AVX2 else np.float32)
             prepare_rows(kind, x, self.xq, self.xd, self.xs)
 
 

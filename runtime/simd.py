@@ -14,6 +14,7 @@ results do not depend on how LLVM schedules them.
 - dot_4x8_1: ggml_vec_dot_f32 / f16: four 8-lane accumulators over steps of 32, reduce4x8.
 """
 
+from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -235,8 +236,86 @@ def _dot_row_block32(layout, n_rows):
     return intrinsic(typer)
 
 
-dot_row_q4_0_1, dot_row_q4_0_4 = _dot_row_block32(BLOCK32_LAYOUTS["q4_0"], 1), _dot_row_block32(BLOCK32_LAYOUTS["q4_0"], 4)
-dot_row_q4_1_1, dot_row_q4_1_4 = _dot_row_block32(BLOCK32_LAYOUTS["q4_1"], 1), _dot_row_block32(BLOCK32_LAYOUTS["q4_1"], 4)
-dot_row_q5_0_1, dot_row_q5_0_4 = _dot_row_block32(BLOCK32_LAYOUTS["q5_0"], 1), _dot_row_block32(BLOCK32_LAYOUTS["q5_0"], 4)
-dot_row_q5_1_1, dot_row_q5_1_4 = _dot_row_block32(BLOCK32_LAYOUTS["q5_1"], 1), _dot_row_block32(BLOCK32_LAYOUTS["q5_1"], 4)
-dot_row_q8_0_1, dot_row_q8_0_4 = _dot_row_block32(BLOCK32_LAYOUTS["q8_0"], 1), _dot_row_block32(BLOCK32_LAYOUTS["q8_0"], 4)
+# ---- the same dot on AVX2's integer instructions ---------------------------------------------------
+
+V16S = ir.VectorType(ir.IntType(16), 16)
+HAVE_AVX2 = bool(llvm_binding.get_host_cpu_features().get("avx2"))
+
+
+def _x86(builder, name, ret, args):
+    module = builder.module
+    fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+def _block_bytes(builder, block_ptr, layout):
+    """The block's 32 values as <32 x i8> in value order, and whether they are signed."""
+    qs_ptr = builder.gep(block_ptr, [ir.Constant(I64, layout.qs)])
+    if not layout.nibbles:
+        return builder.load(builder.bitcast(qs_ptr, V32B.as_pointer()), align=1), True
+    raw = builder.load(builder.bitcast(qs_ptr, V16B.as_pointer()), align=1)
+    low = builder.and_(raw, ir.Constant(V16B, [15] * 16))
+    high = builder.and_(builder.lshr(raw, ir.Constant(V16B, [4] * 16)), ir.Constant(V16B, [15] * 16))
+    values = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+    if layout.qh is not None:
+        qh_ptr = builder.gep(block_ptr, [ir.Constant(I64, layout.qh)])
+        qh = builder.load(builder.bitcast(qh_ptr, I32.as_pointer()), align=1)
+        v32i = ir.VectorType(I32, 32)
+        lanes = builder.shuffle_vector(builder.insert_element(ir.Constant(v32i, ir.Undefined), qh, ir.Constant(I32, 0)),
+                                       ir.Constant(v32i, ir.Undefined), ir.Constant(v32i, [0] * 32))
+        bit = builder.icmp_unsigned("!=", builder.and_(lanes, ir.Constant(v32i, [1 << k for k in range(32)])),
+                                    ir.Constant(v32i, [0] * 32))
+        fifth = builder.select(bit, ir.Constant(V32B, [16] * 32), ir.Constant(V32B, [0] * 32))
+        values = builder.or_(values, fifth)
+    if layout.value_offset:
+        values = builder.sub(values, ir.Constant(V32B, [layout.value_offset] * 32))
+    return values, layout.value_offset != 0
+
+
+def _dot_row_block32_avx2(layout, n_rows):
+    """As _dot_row_block32, with int8 inputs in value order and ggml's own instruction sequence:
+    maddubs (|w| against sign-adjusted x for signed types), madd with ones, convert, fma."""
+    def typer(typingctx, data, row_offset, n_blocks, xq, xd, xs, t):
+        def codegen(context, builder, signature, args):
+            data_a, row_off, nb_v, xq_a, xd_a, xs_a, t_v = args
+            data_t, _, _, xq_t, xd_t, xs_t, _ = signature.args
+            row_ptr = _element_ptr(context, builder, data_t, data_a, row_off)
+            t_v = _i64(builder, t_v)
+            rows = [builder.add(t_v, ir.Constant(I64, j)) for j in range(n_rows)]
+            ones = ir.Constant(V16S, [1] * 16)
+            acc = _Accumulators(builder, n_rows, ir.Constant(V8F, [0.0] * 8))
+            summs = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
+            with cgutils.for_range(builder, _i64(builder, nb_v)) as loop:
+                b = loop.index
+                block_ptr = builder.gep(row_ptr, [builder.mul(b, ir.Constant(I64, layout.block_bytes))])
+                d_w = _load_half(builder, block_ptr)
+                w, signed = _block_bytes(builder, block_ptr, layout)
+                w_abs = _x86(builder, "llvm.x86.avx2.psign.b", V32B, [w, w]) if signed else w
+                o = builder.mul(b, ir.Constant(I64, 32))
+                for j, row in enumerate(rows):
+                    xp = _element_ptr(context, builder, xq_t, xq_a, row, o)
+                    x = builder.load(builder.bitcast(xp, V32B.as_pointer()), align=1)
+                    if signed:
+                        x = _x86(builder, "llvm.x86.avx2.psign.b", V32B, [x, w])
+                    pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, [w_abs, x])
+                    lanes = builder.sitofp(_x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, ones]), V8F)
+                    d_x = builder.load(_element_ptr(context, builder, xd_t, xd_a, row, b))
+                    acc[j] = _fma8(builder, _splat(builder, builder.fmul(d_w, d_x)), lanes, acc[j])
+                if layout.m is not None:
+                    m_w = _load_half(builder, builder.gep(block_ptr, [ir.Constant(I64, layout.m)]))
+                    for j, row in enumerate(rows):
+                        s_x = builder.load(_element_ptr(context, builder, xs_t, xs_a, row, b))
+                        summs[j] = _fma1(builder, m_w, s_x, summs[j])
+            results = [builder.fadd(_hsum8(builder, acc[j]), summs[j]) for j in range(n_rows)]
+            return _tuple(context, builder, results, n_rows)
+
+        return types.UniTuple(types.float32, n_rows)(data, row_offset, n_blocks, xq, xd, xs, t), codegen
+    return intrinsic(typer)
+
+
+_DOT_ROW = _dot_row_block32_avx2 if HAVE_AVX2 else _dot_row_block32
+dot_row_q4_0_1, dot_row_q4_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q4_0"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q4_0"], 4)
+dot_row_q4_1_1, dot_row_q4_1_4 = _DOT_ROW(BLOCK32_LAYOUTS["q4_1"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q4_1"], 4)
+dot_row_q5_0_1, dot_row_q5_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_0"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q5_0"], 4)
+dot_row_q5_1_1, dot_row_q5_1_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 4)
+dot_row_q8_0_1, dot_row_q8_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 4)
