@@ -17,21 +17,24 @@ the values unchanged but fixes which lane each position lands in.
 import numpy as np
 from numba import njit, prange
 
-from ggtools.runtime.ggmlmath import EXACT, expf, hsum8, to_f16
+from ggtools.runtime.ggmlmath import EXACT, to_f16
 from ggtools.runtime.kernels import dot_one_row
-from ggtools.runtime.simd import dot_lanes8_1
+from ggtools.runtime.simd import dot_rows_4x8, dot_rows_lanes8, exp_blocks8
 
 KV_PAD = 32
 PARALLEL_WORK = 1 << 16   # below this many multiply-adds a parallel region costs more than it saves
 
 
 @njit(**EXACT)
-def dot_kv(w, x, t, one_row, f16):
-    """w . x[t], in ggml_vec_dot_f16/f32's layout (one_row) or tinyBLAS's."""
-    if one_row:
-        return dot_one_row(w, x, t, f16)
-    (s,) = dot_lanes8_1(w, x, t)
-    return s
+def dots(w, x, n_rows, one_row, f16, out):
+    """out[r] = w . x[r] for r < n_rows, in ggml_vec_dot_f16/f32's layout (one_row) or tinyBLAS's."""
+    if one_row and w.size % 32:     # rows with a leftover part: ggml's tail loop, row by row
+        for r in range(n_rows):
+            out[r] = dot_one_row(w, x, r, f16)
+    elif one_row:
+        dot_rows_4x8(w, x, n_rows, out)
+    else:
+        dot_rows_lanes8(w, x, n_rows, out)
 
 
 @njit(**EXACT)
@@ -40,14 +43,7 @@ def softmax(w, out, f16):
     m = -np.inf
     for s in range(w.size):
         m = max(m, w[s])
-    e = np.empty(8, np.float32)
-    total = np.float64(0.0)
-    for c in range(w.size // 8):
-        for lane in range(8):
-            e[lane] = expf(w[c * 8 + lane] - np.float32(m))
-            out[c * 8 + lane] = e[lane]
-        total += np.float64(hsum8(e))
-    inv = np.float32(1.0 / total)
+    inv = np.float32(1.0 / exp_blocks8(w, np.float32(m), out))
     for s in range(w.size):
         out[s] = to_f16(out[s] * inv) if f16 else out[s] * inv
 
@@ -64,15 +60,13 @@ def _attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, f1
         q16 = np.empty(d, np.float32)
         for i in range(d):
             q16[i] = to_f16(q[t, h, i]) if f16 else q[t, h, i]
-        keys, values_t = k_cache[g], vt_cache[g]
         w = np.empty(n_pad, np.float32)
+        dots(q16, k_cache[g], n_pad, one_row or not f16, f16, w)
         for s in range(n_pad):
-            score = dot_kv(q16, keys, s, one_row or not f16, f16) * scale
-            w[s] = score if s <= q_positions[t] else -np.inf
+            w[s] = w[s] * scale if s <= q_positions[t] else -np.inf
         p = np.empty(n_pad, np.float32)
         softmax(w, p, f16)
-        for i in range(d):
-            out[t, h * d + i] = dot_kv(p, values_t, i, one_row, f16)
+        dots(p, vt_cache[g], d, one_row, f16, out[t, h * d:(h + 1) * d])
 
 
 attention_rows = njit(**EXACT)(_attention_rows)

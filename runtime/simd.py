@@ -313,6 +313,95 @@ def _dot_row_block32_avx2(layout, n_rows):
     return intrinsic(typer)
 
 
+
+# ---- attention: many dots against one vector, ggml_v_expf ------------------------------------------
+
+def _dot_rows(one_row_structure):
+    """out[r] = w . x[r] for r < n_rows, in ggml_vec_dot's 4x8 layout (len(w) a multiple of 32) or
+    tinyBLAS's 8 lanes (a multiple of 8): all the scores of one query, or all the outputs of one
+    probability row."""
+    def typer(typingctx, w, x, n_rows, out):
+        def codegen(context, builder, signature, args):
+            w_a, x_a, n_v, out_a = args
+            w_t, x_t, _, out_t = signature.args
+            n = _i64(builder, context.make_array(w_t)(context, builder, w_a).nitems)
+            wp = _element_ptr(context, builder, w_t, w_a, ir.Constant(I64, 0))
+            with cgutils.for_range(builder, _i64(builder, n_v)) as rows:
+                xp = _element_ptr(context, builder, x_t, x_a, rows.index, ir.Constant(I64, 0))
+                step = 32 if one_row_structure else 8
+                acc = _Accumulators(builder, 4 if one_row_structure else 1, ir.Constant(V8F, [0.0] * 8))
+                with cgutils.for_range(builder, builder.udiv(n, ir.Constant(I64, step))) as loop:
+                    o = builder.mul(loop.index, ir.Constant(I64, step))
+                    for j in range(step // 8):
+                        ws = _load8(builder, builder.gep(wp, [o]), 8 * j)
+                        xs = _load8(builder, builder.gep(xp, [o]), 8 * j)
+                        acc[j] = _fma8(builder, ws, xs, acc[j])
+                total = _reduce4x8(builder, [acc[j] for j in range(4)]) if one_row_structure else _hsum8(builder, acc[0])
+                builder.store(total, _element_ptr(context, builder, out_t, out_a, rows.index))
+            return context.get_dummy_value()
+
+        return types.void(w, x, n_rows, out), codegen
+    return intrinsic(typer)
+
+
+def _v8(values):
+    return ir.Constant(V8F, [float(v) for v in values])
+
+
+def _v_expf(builder, x):
+    """ggml_v_expf (AVX2 + FMA) on 8 lanes; the slow path is selected per lane, as the blend does."""
+    module = builder.module
+    fabs = module.globals.get("llvm.fabs.v8f32") or ir.Function(module, ir.FunctionType(V8F, [V8F]), "llvm.fabs.v8f32")
+    shift = _v8([2.0 ** 23 * 1.5] * 8)
+    z = _fma8(builder, x, _v8([float.fromhex("0x1.715476p+0")] * 8), shift)
+    n = builder.fsub(z, shift)
+    neg_n = builder.fsub(_v8([-0.0] * 8), n)
+    b = _fma8(builder, neg_n, _v8([float.fromhex("0x1.7f7d1cp-20")] * 8),
+              _fma8(builder, neg_n, _v8([float.fromhex("0x1.62e4p-1")] * 8), x))
+    e = builder.shl(builder.bitcast(z, V8I), ir.Constant(V8I, [23] * 8))
+    k = builder.bitcast(builder.add(e, ir.Constant(V8I, [0x3F800000] * 8)), V8F)
+    abs_n = builder.call(fabs, [n])
+    c = builder.fcmp_ordered(">", abs_n, _v8([126.0] * 8))
+    u = builder.fmul(b, b)
+    p = [_v8([float.fromhex(h)] * 8) for h in ("0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2",
+                                              "0x1.ffffecp-1")]
+    j = _fma8(builder, _fma8(builder, _fma8(builder, p[0], b, p[1]), u, _fma8(builder, p[2], b, p[3])), u,
+              builder.fmul(p[4], b))
+    g = builder.select(builder.fcmp_ordered("<=", n, _v8([0.0] * 8)), ir.Constant(V8I, [0x82000000 - (1 << 32)] * 8),
+                       ir.Constant(V8I, [0] * 8))
+    s1 = builder.bitcast(builder.add(g, ir.Constant(V8I, [0x7F000000] * 8)), V8F)
+    s2 = builder.bitcast(builder.sub(e, g), V8F)
+    d = builder.fcmp_ordered(">", abs_n, _v8([192.0] * 8))
+    near = builder.select(c, builder.fmul(_fma8(builder, s2, j, s2), s1), _fma8(builder, k, j, k))
+    return builder.select(d, builder.fmul(s1, s1), near)
+
+
+@intrinsic
+def exp_blocks8(typingctx, w, w_max, out):
+    """out = ggml_v_expf(w - w_max) in blocks of 8 (len(w) a multiple of 8); returns the float64 sum
+    of each block's hsum8, as ggml_vec_soft_max_f32 accumulates it."""
+    def codegen(context, builder, signature, args):
+        w_a, m_v, out_a = args
+        w_t, _, out_t = signature.args
+        n = _i64(builder, context.make_array(w_t)(context, builder, w_a).nitems)
+        wp = _element_ptr(context, builder, w_t, w_a, ir.Constant(I64, 0))
+        op = _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 0))
+        m = _splat(builder, m_v)
+        total = cgutils.alloca_once_value(builder, ir.Constant(ir.DoubleType(), 0.0))
+        with cgutils.for_range(builder, builder.udiv(n, ir.Constant(I64, 8))) as loop:
+            o = builder.mul(loop.index, ir.Constant(I64, 8))
+            e = _v_expf(builder, builder.fsub(_load8(builder, builder.gep(wp, [o])), m))
+            builder.store(e, builder.bitcast(builder.gep(op, [o]), V8F.as_pointer()), align=4)
+            block = builder.fpext(_hsum8(builder, e), ir.DoubleType())
+            builder.store(builder.fadd(builder.load(total), block), total)
+        return builder.load(total)
+
+    return types.float64(w, w_max, out), codegen
+
+
+dot_rows_4x8 = _dot_rows(True)
+dot_rows_lanes8 = _dot_rows(False)
+
 _DOT_ROW = _dot_row_block32_avx2 if HAVE_AVX2 else _dot_row_block32
 dot_row_q4_0_1, dot_row_q4_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q4_0"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q4_0"], 4)
 dot_row_q4_1_1, dot_row_q4_1_4 = _DOT_ROW(BLOCK32_LAYOUTS["q4_1"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q4_1"], 4)
