@@ -473,25 +473,24 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
 
 
 @njit(parallel=True, **EXACT)
-def matmul_block32(qtype, block_bytes, row_bytes, data, xq, xd, xs, out):
-    n_rows = out.shape[1]
+def matmul_block32(qtype, block_bytes, row_bytes, datas, xq, xd, xs, outs, tasks):
+    """outs[m][t, r] = row r of matrix m . input row t, for the (matrix, first row, end row) tasks."""
     n_blocks = xq.shape[1] // 32
-    n_tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    for task in prange(n_tasks):
-        for r in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
+    for k in prange(tasks.shape[0]):
+        data, out = datas[tasks[k, 0]], outs[tasks[k, 0]]
+        for r in range(tasks[k, 1], tasks[k, 2]):
             t = 0
             while t < xq.shape[0]:
                 t += dot_row_block32(qtype, data, U(r) * row_bytes, n_blocks, xq, xd, xs, t, out, r)
 
 
 @njit(parallel=True, **EXACT)
-def matmul_float(qtype, qk, block_bytes, row_bytes, data, x, out, one_row_structure, f16_tail):
-    """Weights dequantized row by row; dots in the vec_dot (one_row_structure) or tinyBLAS layout."""
-    n_rows = out.shape[1]
-    n_tasks = (n_rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-    for task in prange(n_tasks):
+def matmul_float(qtype, qk, block_bytes, row_bytes, datas, x, outs, tasks, one_row_structure, f16_tail):
+    """As matmul_block32, weights dequantized row by row, dots in vec_dot's or tinyBLAS's layout."""
+    for k in prange(tasks.shape[0]):
+        data, out = datas[tasks[k, 0]], outs[tasks[k, 0]]
         w = np.empty(x.shape[1], np.float32)
-        for r in range(task * ROWS_PER_TASK, min(n_rows, (task + 1) * ROWS_PER_TASK)):
+        for r in range(tasks[k, 1], tasks[k, 2]):
             decode_row(qtype, data, U(r) * row_bytes, w, qk, block_bytes)
             dot_rows_float(w, x, one_row_structure, f16_tail, out, r)
 
@@ -537,20 +536,38 @@ class Layout:
         self.float_type = self.qtype in (T.F32, T.F16, T.BF16)
 
 
-def matmul(layout: Layout, data: np.ndarray, a: PreparedInput, stepwise: bool = False) -> np.ndarray:
-    """(rows, n_cols) input prepared for the layout's activation kind -> (rows, n_rows) float32.
+class MatmulPlan:
+    """One parallel kernel for several matrices of one type and row length that take the same input
+    (Q, K and V; gate and up): a single fork-join instead of one per matrix."""
 
-    stepwise: compute every row as llama.cpp computes a one-row batch (only changes float types)."""
-    n_in = a.xq.shape[0]
-    out = np.empty((n_in, layout.n_rows), np.float32)
-    if layout.block32:
-        matmul_block32(layout.type_id, layout.block_bytes, layout.row_bytes, data, a.xq, a.xd, a.xs, out)
-        return out
-    # llama.cpp takes tinyBLAS for batches of 2+ rows when the row length allows, vec_dot otherwise
-    one_row = layout.float_type and (n_in == 1 or stepwise or layout.n_cols % 8 != 0)
-    matmul_float(layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes, data, a.xq, out, one_row,
-                 layout.qtype != T.F32)
-    return out
+    def __init__(self, layouts: list, datas: list):
+        first = layouts[0]
+        if any(l.qtype != first.qtype or l.n_cols != first.n_cols for l in layouts):
+            raise ValueError("a plan's matrices must share type and row length")
+        self.layout, self.layouts, self.datas = first, layouts, tuple(datas)
+        self.tasks = np.array([(m, r, min(l.n_rows, r + ROWS_PER_TASK)) for m, l in enumerate(layouts)
+                               for r in range(0, l.n_rows, ROWS_PER_TASK)], np.int64)
+
+    def run(self, a: PreparedInput, stepwise: bool = False) -> tuple:
+        """(rows, n_cols) input prepared for the plan's activation kind -> one (rows, n_rows) output
+        per matrix. stepwise: every row computed as llama.cpp computes a one-row batch (only changes
+        float types)."""
+        layout, n_in = self.layout, a.xq.shape[0]
+        outs = tuple(np.empty((n_in, l.n_rows), np.float32) for l in self.layouts)
+        if layout.block32:
+            matmul_block32(layout.type_id, layout.block_bytes, layout.row_bytes, self.datas, a.xq, a.xd, a.xs,
+                           outs, self.tasks)
+            return outs
+        # llama.cpp takes tinyBLAS for batches of 2+ rows when the row length allows, vec_dot otherwise
+        one_row = layout.float_type and (n_in == 1 or stepwise or layout.n_cols % 8 != 0)
+        matmul_float(layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes, self.datas, a.xq, outs,
+                     self.tasks, one_row, layout.qtype != T.F32)
+        return outs
+
+
+def matmul(layout: Layout, data: np.ndarray, a: PreparedInput, stepwise: bool = False) -> np.ndarray:
+    """One matrix: (rows, n_cols) prepared input -> (rows, n_rows) float32."""
+    return MatmulPlan([layout], [data]).run(a, stepwise)[0]
 
 
 def dequantize_rows(layout: Layout, data: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from ggtools.runtime import ops
 from ggtools.runtime.attention import attention
 from ggtools.runtime.hparams import HParams, ModelError, read_hparams
 from ggtools.runtime.kvcache import KVCache
-from ggtools.runtime.weights import Matrix, WeightFile, project
+from ggtools.runtime.weights import Matrix, MatrixGroup, WeightFile
 
 
 @dataclass
@@ -33,9 +33,12 @@ class Attention:
     q_norm: np.ndarray | None = None   # qwen3: per-head RMS norm of q and k before RoPE
     k_norm: np.ndarray | None = None
 
+    def __post_init__(self):
+        self.qkv = MatrixGroup(self.wq, self.wk, self.wv)
+
     def __call__(self, h, positions, rope, kv: KVCache, slot: int, hp: HParams, stepwise: bool) -> np.ndarray:
         n_tokens = h.shape[0]
-        q, k, v = project(h, self.wq, self.wk, self.wv, stepwise=stepwise)
+        q, k, v = self.qkv(h, stepwise)
         for out, bias in ((q, self.bq), (k, self.bk), (v, self.bv)):
             if bias is not None:
                 out += bias
@@ -60,8 +63,11 @@ class DenseFFN:
     up: Matrix
     down: Matrix
 
+    def __post_init__(self):
+        self.gate_up = MatrixGroup(self.gate, self.up)
+
     def __call__(self, h, stepwise: bool) -> np.ndarray:
-        gate, up = project(h, self.gate, self.up, stepwise=stepwise)
+        gate, up = self.gate_up(h, stepwise)
         return self.down(ops.swiglu(gate, up), stepwise)
 
 

@@ -23,10 +23,11 @@ class Matrix:
         self.layout = kernels.Layout(qtype, n_rows, n_cols)
         # how llama.cpp rounds this matrix's input (kernels.ACT_*); equal kinds share one rounding
         self.activation = self.layout.activation
+        self.plan = kernels.MatmulPlan([self.layout], [data]) if self.activation is not None else None
 
     def matmul(self, prepared: kernels.PreparedInput, stepwise: bool = False) -> np.ndarray:
         """prepared: input rows (rows, n_cols) rounded for this matrix's activation kind -> (rows, n_rows)."""
-        return kernels.matmul(self.layout, self.data, prepared, stepwise)
+        return self.plan.run(prepared, stepwise)[0]
 
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> np.ndarray:
         return self.matmul(kernels.PreparedInput(x, self.activation), stepwise)
@@ -84,12 +85,24 @@ class WeightFile:
         self.shards.close()
 
 
-def project(x: np.ndarray, *matrices: Matrix, stepwise: bool = False) -> list[np.ndarray]:
-    """[m(x) for m in matrices], rounding x once per activation kind (e.g. for Q, K and V)."""
-    prepared = {}
-    outs = []
-    for m in matrices:
-        if m.activation not in prepared:
-            prepared[m.activation] = kernels.PreparedInput(x, m.activation)
-        outs.append(m.matmul(prepared[m.activation], stepwise))
-    return outs
+class MatrixGroup:
+    """Matrices applied to one input (Q, K, V; gate, up): the input is rounded once per activation
+    kind and each run of same-type, same-width matrices is one parallel kernel."""
+
+    def __init__(self, *matrices: Matrix):
+        self.matrices = matrices
+        parts = {}
+        for i, m in enumerate(matrices):
+            parts.setdefault((m.qtype, m.n_cols), []).append(i)
+        self.parts = [(idx, kernels.MatmulPlan([matrices[i].layout for i in idx], [matrices[i].data for i in idx]))
+                      for idx in parts.values()]
+
+    def __call__(self, x: np.ndarray, stepwise: bool = False) -> list[np.ndarray]:
+        prepared, outs = {}, [None] * len(self.matrices)
+        for idx, plan in self.parts:
+            kind = plan.layout.activation
+            if kind not in prepared:
+                prepared[kind] = kernels.PreparedInput(x, kind)
+            for i, out in zip(idx, plan.run(prepared[kind], stepwise)):
+                outs[i] = out
+        return outs
