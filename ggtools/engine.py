@@ -7,6 +7,7 @@ the output once: container rules, every copied tensor byte for byte against the 
 tensor's sha256 against the bytes produced (whose scales were checked finite as they were made).
 """
 
+import ctypes
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ import numpy as np
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile, GGUFWriter, ggml_type_name
 from ggtools.gguf.check import check_file
-from ggtools.gguf.hashing import content_digest
+from ggtools.gguf.hashing import HASH_CHUNK, content_digest
 from ggtools.plan import COPY, ShardPlan
 from ggtools.quants import CHUNK_VALUES, check_row_data, dequantize, iter_row_chunks, quantize
 
@@ -96,11 +97,13 @@ def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str]) -> ShardRe
     """Re-read the output once: container rules, planned types and sizes, copies equal to the source byte
     for byte, conversions equal to the bytes produced."""
     actions = {a.name: a for a in plan.tensors}
+    source = bytearray(HASH_CHUNK)
 
     def compare_copy(t, offset, chunk):
         if actions[t.name].action == COPY:
             s = src.tensor[t.name]
-            if os.pread(src.fd, len(chunk), s.data_start + offset) != bytes(chunk):      # memcmp
+            n = os.preadv(src.fd, [memoryview(source)[:len(chunk)]], s.data_start + offset)
+            if n != len(chunk) or not same_bytes(source, chunk, n):
                 raise RewriteError(f"{plan.dst}: copied tensor '{t.name}' differs from the source near byte "
                                    f"{offset} of the tensor")
 
@@ -118,6 +121,18 @@ def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str]) -> ShardRe
             if tensors[name] != sha:
                 raise RewriteError(f"{plan.dst}: converted tensor '{name}' was not written intact")
         return ShardResult(plan.dst, out.file_size, digest, tensors, verified=True)
+
+
+_libc = ctypes.CDLL(None)
+_libc.memcmp.restype = ctypes.c_int
+_libc.memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+
+
+def same_bytes(a, b, n) -> bool:
+    """memcmp of the first n bytes of two writable-or-not buffers, without copying them."""
+    pa = np.frombuffer(a, np.uint8, n).ctypes.data
+    pb = np.frombuffer(b, np.uint8, n).ctypes.data
+    return _libc.memcmp(pa, pb, n) == 0
 
 
 def describe_output(path) -> ShardResult:
