@@ -15,14 +15,15 @@ the values unchanged but fixes which lane each position lands in.
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
+from ggtools.runtime import workers
 from ggtools.runtime.ggmlmath import EXACT, to_f16
 from ggtools.runtime.kernels import dot_one_row
 from ggtools.runtime.simd import dot_rows_4x8, dot_rows_lanes8, exp_blocks8
 
 KV_PAD = 32
-PARALLEL_WORK = 1 << 16   # below this many multiply-adds a parallel region costs more than it saves
+PARALLEL_WORK = 1 << 16   # below this many multiply-adds, splitting over workers costs more than it saves
 
 
 @njit(**EXACT)
@@ -48,13 +49,15 @@ def softmax(w, out, f16):
         out[s] = to_f16(out[s] * inv) if f16 else out[s] * inv
 
 
-def _attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, f16, out):
-    """q: (T, n_head, d) after RoPE; k_cache: (n_kv, capacity, d), vt_cache: (n_kv, d, capacity)
-    (f16-valued when f16); out: (T, n_head * d)."""
+@njit(**EXACT)
+def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, f16, out, first, end):
+    """Jobs first..end-1 of the T * n_head (token, head) pairs. q: (T, n_head, d) after RoPE;
+    k_cache: (n_kv, capacity, d), vt_cache: (n_kv, d, capacity) (f16-valued when f16);
+    out: (T, n_head * d)."""
     n_tokens, n_head, d = q.shape
     group = n_head // k_cache.shape[0]
     n_pad = (n_ctx + KV_PAD - 1) // KV_PAD * KV_PAD
-    for job in prange(n_tokens * n_head):
+    for job in range(first, end):
         t, h = job // n_head, job % n_head
         g = h // group
         q16 = np.empty(d, np.float32)
@@ -69,17 +72,16 @@ def _attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, f1
         dots(p, vt_cache[g], d, one_row, f16, out[t, h * d:(h + 1) * d])
 
 
-attention_rows = njit(**EXACT)(_attention_rows)
-attention_rows_parallel = njit(parallel=True, **EXACT)(_attention_rows)
-
-
 def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positions: np.ndarray,
               n_ctx: int, scale: float, f16: bool = True, stepwise: bool = False) -> np.ndarray:
     """(T, n_head, d) queries at q_positions over cache positions 0..n_ctx-1 -> (T, n_head * d)."""
     n_tokens, n_head, d = q.shape
     out = np.empty((n_tokens, n_head * d), np.float32)
     one_row = n_tokens == 1 or stepwise
-    kernel = attention_rows_parallel if n_tokens * n_head * n_ctx * d * 2 >= PARALLEL_WORK else attention_rows
-    kernel(np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64),
-           n_ctx, np.float32(scale), one_row, f16, out)
+    args = (np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64), n_ctx,
+            np.float32(scale), one_row, f16, out)
+    if n_tokens * n_head * n_ctx * d * 2 >= PARALLEL_WORK:
+        workers.pool().run(attention_rows, n_tokens * n_head, *args)
+    else:
+        attention_rows(*args, 0, n_tokens * n_head)
     return out

@@ -2,7 +2,8 @@
 
 y[t, r] = W[r] . x[t] for weight rows W kept in their ggml block layout (memory-mapped) and 1 to
 many input rows x. Each task decodes ROWS_PER_TASK weight rows, one at a time, and dots each with
-every input row, so a 16-token verify batch reads the weights once.
+every input row, so a 16-token verify batch reads the weights once. Tasks are split over the
+runtime's own workers (workers.py), never numba's prange.
 
 Numerics follow what llama.cpp (x86-64, AVX2 build) does for the weight type, operation for
 operation (see ggmlmath for why):
@@ -28,9 +29,10 @@ check every decoder bit-exact against ggtools.quants.dequantize.
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
-from numba import njit, prange
+from numba import njit
 
 from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, fp32_to_fp16, nearest_int
+from ggtools.runtime import workers
 from ggtools.runtime.ggmlmath import EXACT, fma, to_f16
 from ggtools.runtime.simd import (HAVE_AVX2, dot_4x8_main, dot_lanes8_1, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
@@ -444,7 +446,7 @@ def prepare_rows(kind, x, xq, xd, xs):
 
 # ---- matmul --------------------------------------------------------------------------------------
 
-@njit(**EXACT)
+@njit(inline="always", **EXACT)
 def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
     """out[t:t+4, r] (all four when t + 4 <= rows, else out[t, r]) = the row at data[so] . xq rows."""
     if t + 4 <= xq.shape[0]:
@@ -472,11 +474,12 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
     return 1
 
 
-@njit(parallel=True, **EXACT)
-def matmul_block32(qtype, block_bytes, row_bytes, datas, xq, xd, xs, outs, tasks):
-    """outs[m][t, r] = row r of matrix m . input row t, for the (matrix, first row, end row) tasks."""
+@njit(**EXACT)
+def matmul_block32(qtype, block_bytes, row_bytes, datas, xq, xd, xs, outs, tasks, first, end):
+    """outs[m][t, r] = row r of matrix m . input row t, for the (matrix, first row, end row) tasks
+    tasks[first:end]."""
     n_blocks = xq.shape[1] // 32
-    for k in prange(tasks.shape[0]):
+    for k in range(first, end):
         data, out = datas[tasks[k, 0]], outs[tasks[k, 0]]
         for r in range(tasks[k, 1], tasks[k, 2]):
             t = 0
@@ -484,10 +487,10 @@ def matmul_block32(qtype, block_bytes, row_bytes, datas, xq, xd, xs, outs, tasks
                 t += dot_row_block32(qtype, data, U(r) * row_bytes, n_blocks, xq, xd, xs, t, out, r)
 
 
-@njit(parallel=True, **EXACT)
-def matmul_float(qtype, qk, block_bytes, row_bytes, datas, x, outs, tasks, one_row_structure, f16_tail):
+@njit(**EXACT)
+def matmul_float(qtype, qk, block_bytes, row_bytes, datas, x, outs, tasks, one_row_structure, f16_tail, first, end):
     """As matmul_block32, weights dequantized row by row, dots in vec_dot's or tinyBLAS's layout."""
-    for k in prange(tasks.shape[0]):
+    for k in range(first, end):
         data, out = datas[tasks[k, 0]], outs[tasks[k, 0]]
         w = np.empty(x.shape[1], np.float32)
         for r in range(tasks[k, 1], tasks[k, 2]):
@@ -495,10 +498,10 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, datas, x, outs, tasks, one_r
             dot_rows_float(w, x, one_row_structure, f16_tail, out, r)
 
 
-@njit(parallel=True, **EXACT)
+@njit(**EXACT)
 def decode_rows(qtype, qk, block_bytes, row_bytes, data, rows, out):
     """out[i] = dequantized row rows[i] (embedding lookups)."""
-    for i in prange(rows.size):
+    for i in range(rows.size):
         decode_row(qtype, data, U(rows[i]) * row_bytes, out[i], qk, block_bytes)
 
 
@@ -554,14 +557,15 @@ class MatmulPlan:
         float types)."""
         layout, n_in = self.layout, a.xq.shape[0]
         outs = tuple(np.empty((n_in, l.n_rows), np.float32) for l in self.layouts)
+        run = workers.pool().run
         if layout.block32:
-            matmul_block32(layout.type_id, layout.block_bytes, layout.row_bytes, self.datas, a.xq, a.xd, a.xs,
-                           outs, self.tasks)
+            run(matmul_block32, len(self.tasks), layout.type_id, layout.block_bytes, layout.row_bytes, self.datas,
+                a.xq, a.xd, a.xs, outs, self.tasks)
             return outs
         # llama.cpp takes tinyBLAS for batches of 2+ rows when the row length allows, vec_dot otherwise
         one_row = layout.float_type and (n_in == 1 or stepwise or layout.n_cols % 8 != 0)
-        matmul_float(layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes, self.datas, a.xq, outs,
-                     self.tasks, one_row, layout.qtype != T.F32)
+        run(matmul_float, len(self.tasks), layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes,
+            self.datas, a.xq, outs, self.tasks, one_row, layout.qtype != T.F32)
         return outs
 
 

@@ -11,10 +11,9 @@ slot in beside it.
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
-from ggtools.runtime import ops
+from ggtools.runtime import ops, workers
 from ggtools.runtime.attention import attention
 from ggtools.runtime.hparams import HParams, ModelError, read_hparams
 from ggtools.runtime.kvcache import KVCache
@@ -83,11 +82,10 @@ class TargetModel:
     """A target model with its own KV cache (`kv`). Not thread-safe; one sequence at a time."""
 
     def __init__(self, path, threads: int | None = None, kv_type: str = "f16"):
-        """path: a target GGUF (the first shard of a split model); threads: numba threads (process-wide);
+        """path: a target GGUF (the first shard of a split model); threads: worker threads (process-wide,
+        default all cores);
         kv_type: "f16" (llama.cpp's default cache type) or "f32"."""
-        if threads:
-            numba.set_num_threads(threads)
-        self.threads = numba.get_num_threads()
+        self.threads = (workers.set_threads(threads) if threads else workers.pool()).n_threads
         self.weights = w = WeightFile(path)
         self.path = str(path)
         self.token_embd = w.matrix("token_embd.weight")
