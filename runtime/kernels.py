@@ -475,27 +475,27 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
 
 
 @njit(**EXACT)
-def matmul_block32(qtype, block_bytes, row_bytes, datas, xq, xd, xs, outs, tasks, first, end):
-    """outs[m][t, r] = row r of matrix m . input row t, for the (matrix, first row, end row) tasks
-    tasks[first:end]."""
+def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, first, end):
+    """For tasks[first:end] = (byte offset of a weight row in buf, rows, output column):
+    out[t, column + i] = weight row i . input row t."""
     n_blocks = xq.shape[1] // 32
     for k in range(first, end):
-        data, out = datas[tasks[k, 0]], outs[tasks[k, 0]]
-        for r in range(tasks[k, 1], tasks[k, 2]):
+        offset, column = U(tasks[k, 0]), tasks[k, 2]
+        for i in range(tasks[k, 1]):
             t = 0
             while t < xq.shape[0]:
-                t += dot_row_block32(qtype, data, U(r) * row_bytes, n_blocks, xq, xd, xs, t, out, r)
+                t += dot_row_block32(qtype, buf, offset + U(i) * row_bytes, n_blocks, xq, xd, xs, t, out, column + i)
 
 
 @njit(**EXACT)
-def matmul_float(qtype, qk, block_bytes, row_bytes, datas, x, outs, tasks, one_row_structure, f16_tail, first, end):
+def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x, out, tasks, one_row_structure, f16_tail, first, end):
     """As matmul_block32, weights dequantized row by row, dots in vec_dot's or tinyBLAS's layout."""
+    w = np.empty(x.shape[1], np.float32)
     for k in range(first, end):
-        data, out = datas[tasks[k, 0]], outs[tasks[k, 0]]
-        w = np.empty(x.shape[1], np.float32)
-        for r in range(tasks[k, 1], tasks[k, 2]):
-            decode_row(qtype, data, U(r) * row_bytes, w, qk, block_bytes)
-            dot_rows_float(w, x, one_row_structure, f16_tail, out, r)
+        offset, column = U(tasks[k, 0]), tasks[k, 2]
+        for i in range(tasks[k, 1]):
+            decode_row(qtype, buf, offset + U(i) * row_bytes, w, qk, block_bytes)
+            dot_rows_float(w, x, one_row_structure, f16_tail, out, column + i)
 
 
 @njit(**EXACT)
@@ -540,38 +540,46 @@ class Layout:
 
 
 class MatmulPlan:
-    """One parallel kernel for several matrices of one type and row length that take the same input
-    (Q, K and V; gate and up): a single fork-join instead of one per matrix."""
+    """One kernel call for several matrices of one type and row length that take the same input
+    (Q, K and V; gate and up) and lie in one buffer (a whole mapped GGUF file): one fork-join, one
+    output array whose column ranges are the matrices' outputs."""
 
-    def __init__(self, layouts: list, datas: list):
+    def __init__(self, layouts: list, buf: np.ndarray, offsets: list):
         first = layouts[0]
         if any(l.qtype != first.qtype or l.n_cols != first.n_cols for l in layouts):
             raise ValueError("a plan's matrices must share type and row length")
-        self.layout, self.layouts, self.datas = first, layouts, tuple(datas)
-        self.tasks = np.array([(m, r, min(l.n_rows, r + ROWS_PER_TASK)) for m, l in enumerate(layouts)
-                               for r in range(0, l.n_rows, ROWS_PER_TASK)], np.int64)
+        self.layout, self.buf = first, buf
+        self.columns, tasks, column = [], [], 0
+        for layout, offset in zip(layouts, offsets):
+            if offset + layout.n_rows * int(layout.row_bytes) > buf.size:
+                raise ValueError("matrix data lies outside the buffer")
+            for r in range(0, layout.n_rows, ROWS_PER_TASK):
+                tasks.append((offset + r * int(layout.row_bytes), min(ROWS_PER_TASK, layout.n_rows - r), column + r))
+            self.columns.append((column, column + layout.n_rows))
+            column += layout.n_rows
+        self.n_rows, self.tasks = column, np.array(tasks, np.int64)
 
-    def run(self, a: PreparedInput, stepwise: bool = False) -> tuple:
+    def run(self, a: PreparedInput, stepwise: bool = False) -> list:
         """(rows, n_cols) input prepared for the plan's activation kind -> one (rows, n_rows) output
-        per matrix. stepwise: every row computed as llama.cpp computes a one-row batch (only changes
-        float types)."""
+        per matrix (column views of one array). stepwise: every row computed as llama.cpp computes a
+        one-row batch (only changes float types)."""
         layout, n_in = self.layout, a.xq.shape[0]
-        outs = tuple(np.empty((n_in, l.n_rows), np.float32) for l in self.layouts)
+        out = np.empty((n_in, self.n_rows), np.float32)
         run = workers.pool().run
         if layout.block32:
-            run(matmul_block32, len(self.tasks), layout.type_id, layout.block_bytes, layout.row_bytes, self.datas,
-                a.xq, a.xd, a.xs, outs, self.tasks)
-            return outs
-        # llama.cpp takes tinyBLAS for batches of 2+ rows when the row length allows, vec_dot otherwise
-        one_row = layout.float_type and (n_in == 1 or stepwise or layout.n_cols % 8 != 0)
-        run(matmul_float, len(self.tasks), layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes,
-            self.datas, a.xq, outs, self.tasks, one_row, layout.qtype != T.F32)
-        return outs
+            run(matmul_block32, len(self.tasks), layout.type_id, layout.block_bytes, layout.row_bytes, self.buf,
+                a.xq, a.xd, a.xs, out, self.tasks)
+        else:
+            # llama.cpp takes tinyBLAS for batches of 2+ rows when the row length allows, vec_dot otherwise
+            one_row = layout.float_type and (n_in == 1 or stepwise or layout.n_cols % 8 != 0)
+            run(matmul_float, len(self.tasks), layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes,
+                self.buf, a.xq, out, self.tasks, one_row, layout.qtype != T.F32)
+        return [out[:, lo:hi] for lo, hi in self.columns]
 
 
 def matmul(layout: Layout, data: np.ndarray, a: PreparedInput, stepwise: bool = False) -> np.ndarray:
-    """One matrix: (rows, n_cols) prepared input -> (rows, n_rows) float32."""
-    return MatmulPlan([layout], [data]).run(a, stepwise)[0]
+    """One matrix stored in data: (rows, n_cols) prepared input -> (rows, n_rows) float32."""
+    return MatmulPlan([layout], data, [0]).run(a, stepwise)[0]
 
 
 def dequantize_rows(layout: Layout, data: np.ndarray, rows: np.ndarray) -> np.ndarray:

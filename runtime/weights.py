@@ -15,15 +15,17 @@ from ggtools.runtime.hparams import ModelError
 
 
 class Matrix:
-    def __init__(self, name: str, qtype: GGMLQuantizationType, n_rows: int, n_cols: int, data: np.ndarray):
+    def __init__(self, name: str, qtype: GGMLQuantizationType, n_rows: int, n_cols: int, buf: np.ndarray,
+                 offset: int = 0):
         self.name, self.qtype = name, qtype
         self.n_rows = n_rows    # outputs (ne[1])
         self.n_cols = n_cols    # inputs (ne[0], the row length)
-        self.data = data        # uint8, n_rows whole rows
         self.layout = kernels.Layout(qtype, n_rows, n_cols)
+        self.buf, self.offset = buf, offset   # uint8 array holding the matrix (a whole mapped file) and where
+        self.data = buf[offset:offset + n_rows * int(self.layout.row_bytes)]
         # how llama.cpp rounds this matrix's input (kernels.ACT_*); equal kinds share one rounding
         self.activation = self.layout.activation
-        self.plan = kernels.MatmulPlan([self.layout], [data]) if self.activation is not None else None
+        self.plan = kernels.MatmulPlan([self.layout], buf, [offset]) if self.activation is not None else None
 
     def matmul(self, prepared: kernels.PreparedInput, stepwise: bool = False) -> np.ndarray:
         """prepared: input rows (rows, n_cols) rounded for this matrix's activation kind -> (rows, n_rows)."""
@@ -46,6 +48,7 @@ class WeightFile:
         self.shards = ShardSet(path)
         files = self.shards.files
         self.meta = files[0]
+        self._buffers = {}
         self._where = {}
         for f in files:
             for t in f.tensors:
@@ -70,7 +73,14 @@ class WeightFile:
             qtype = None
         if qtype not in kernels.SUPPORTED_TYPES:
             raise ModelError(f"{f.path}: tensor '{name}' has type {t.type_name}, which the runtime cannot run")
-        return Matrix(name, qtype, int(t.ne[1]), int(t.ne[0]), f.tensor_data(t))
+        f.tensor_data(t)   # checks the size and that the data lies inside the file
+        return Matrix(name, qtype, int(t.ne[1]), int(t.ne[0]), self._buffer(f), t.data_start)
+
+    def _buffer(self, f) -> np.ndarray:
+        """The whole mapped file as one uint8 array (matrices are addressed by offset into it)."""
+        if f.path not in self._buffers:
+            self._buffers[f.path] = np.frombuffer(f.buf, np.uint8)
+        return self._buffers[f.path]
 
     def vector(self, name: str, n: int | None = None) -> np.ndarray:
         f, t = self._lookup(name)
@@ -93,9 +103,9 @@ class MatrixGroup:
         self.matrices = matrices
         parts = {}
         for i, m in enumerate(matrices):
-            parts.setdefault((m.qtype, m.n_cols), []).append(i)
-        self.parts = [(idx, kernels.MatmulPlan([matrices[i].layout for i in idx], [matrices[i].data for i in idx]))
-                      for idx in parts.values()]
+            parts.setdefault((m.qtype, m.n_cols, id(m.buf)), []).append(i)
+        self.parts = [(idx, kernels.MatmulPlan([matrices[i].layout for i in idx], matrices[idx[0]].buf,
+                                               [matrices[i].offset for i in idx])) for idx in parts.values()]
 
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> list[np.ndarray]:
         prepared, outs = {}, [None] * len(self.matrices)
