@@ -20,6 +20,7 @@ from numba import njit
 from ggtools.runtime import workers
 from ggtools.runtime.ggmlmath import EXACT, to_f16
 from ggtools.runtime.kernels import dot_one_row
+from ggtools.runtime.ops import rms_norm_row, rope_head
 from ggtools.runtime.simd import dot_rows_4x8, dot_rows_lanes8, exp_blocks8
 
 KV_PAD = 32
@@ -70,6 +71,34 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, f16
         p = np.empty(n_pad, np.float32)
         softmax(w, p, f16)
         dots(p, vt_cache[g], d, one_row, f16, out[t, h * d:(h + 1) * d])
+
+
+@njit(**EXACT)
+def prepare_attention(q, k, v, q_norm, k_norm, eps, cos, sin, neox, k_cache, vt_cache, start, f16, q_out):
+    """One layer's new tokens: per-head RMS norm of q and k (qwen3; skipped when the norms are empty),
+    RoPE, and the cache write of k and v (rounded to f16 for an f16 cache) at positions start...
+    q, k, v: (T, heads * d) projections; q_out: (T, n_head, d)."""
+    n_tokens, n_head, d = q_out.shape
+    n_kv = k_cache.shape[0]
+    head = np.empty(d, np.float32)
+    for t in range(n_tokens):
+        for h in range(n_head + n_kv):
+            src = q[t, h * d:(h + 1) * d] if h < n_head else k[t, (h - n_head) * d:(h - n_head + 1) * d]
+            norm = q_norm if h < n_head else k_norm
+            if norm.size:
+                rms_norm_row(src, norm, eps, head)
+            else:
+                head[:] = src
+            rope_head(head, cos[t], sin[t], neox)
+            if h < n_head:
+                q_out[t, h] = head
+            else:
+                for i in range(d):
+                    k_cache[h - n_head, start + t, i] = to_f16(head[i]) if f16 else head[i]
+        for g in range(n_kv):
+            for i in range(d):
+                value = v[t, g * d + i]
+                vt_cache[g, i, start + t] = to_f16(value) if f16 else value
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positions: np.ndarray,

@@ -1,18 +1,15 @@
 """KVCache: per attention layer, the keys and values of positions 0..n_tokens-1, croppable.
 
 Values are stored rounded to f16 (llama.cpp's default cache type; or kept exact with type "f32")
-but held as float32, so attention reads them without conversion. Keys are (n_head_kv, capacity, head_dim); values are kept transposed,
-(n_head_kv, head_dim, capacity), as llama.cpp keeps them without flash attention, so each output
-dimension is a contiguous dot over positions. Capacity is a multiple of 32 and grows by doubling.
+but held as float32, so attention reads them without conversion. Keys are (n_head_kv, capacity,
+head_dim); values are kept transposed, (n_head_kv, head_dim, capacity), as llama.cpp keeps them
+without flash attention, so each output dimension is a contiguous dot over positions. Capacity is a multiple of 32 and grows by doubling.
+The attention layer writes the rows of new positions (attention.prepare_attention).
 """
 
 import numpy as np
 
 from ggtools.runtime.attention import KV_PAD
-
-
-def to_f16(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16).astype(np.float32)
 
 
 class KVCache:
@@ -38,14 +35,6 @@ class KVCache:
             k[layer][:, :self.n_tokens] = self.k[layer][:, :self.n_tokens]
             v[layer][:, :, :self.n_tokens] = self.v[layer][:, :, :self.n_tokens]
         self.k, self.v, self.capacity = k, v, capacity
-
-    def store(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Write (T, n_head_kv, head_dim) keys/values for positions start..start+T-1."""
-        end = start + k.shape[0]
-        if self.f16:
-            k, v = to_f16(k), to_f16(v)
-        self.k[layer][:, start:end] = k.transpose(1, 0, 2)
-        self.v[layer][:, :, start:end] = v.transpose(1, 2, 0)
 
     def crop(self, n_tokens: int) -> None:
         """Forget every position >= n_tokens (rollback after a rejected draft)."""

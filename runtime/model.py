@@ -9,15 +9,18 @@ slot in beside it.
     model.kv.crop(n)                                             # roll back to n tokens
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ggtools.runtime import ops, workers
-from ggtools.runtime.attention import attention
+from ggtools.runtime.attention import attention, prepare_attention
 from ggtools.runtime.hparams import HParams, ModelError, read_hparams
 from ggtools.runtime.kvcache import KVCache
 from ggtools.runtime.weights import Matrix, MatrixGroup, WeightFile
+
+
+NO_NORM = np.zeros(0, np.float32)
 
 
 @dataclass
@@ -29,8 +32,8 @@ class Attention:
     bq: np.ndarray | None = None
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
-    q_norm: np.ndarray | None = None   # qwen3: per-head RMS norm of q and k before RoPE
-    k_norm: np.ndarray | None = None
+    q_norm: np.ndarray = field(default_factory=lambda: NO_NORM)   # qwen3: per-head RMS norm of q, k
+    k_norm: np.ndarray = field(default_factory=lambda: NO_NORM)      # before RoPE (empty: none)
 
     def __post_init__(self):
         self.qkv = MatrixGroup(self.wq, self.wk, self.wv)
@@ -41,18 +44,12 @@ class Attention:
         for out, bias in ((q, self.bq), (k, self.bk), (v, self.bv)):
             if bias is not None:
                 out += bias
-        q = q.reshape(n_tokens, hp.n_head, hp.head_dim)
-        k = k.reshape(n_tokens, hp.n_head_kv, hp.head_dim)
-        v = v.reshape(n_tokens, hp.n_head_kv, hp.head_dim)
-        if self.q_norm is not None:
-            q = ops.rms_norm(q, self.q_norm, hp.rms_eps)
-            k = ops.rms_norm(k, self.k_norm, hp.rms_eps)
-        cos, sin = rope
-        q = ops.apply_rope(q, cos, sin, hp.rope_neox)
-        k = ops.apply_rope(k, cos, sin, hp.rope_neox)
-        kv.store(slot, int(positions[0]), k, v)
-        n_ctx = int(positions[-1]) + 1
-        out = attention(q, kv.k[slot], kv.v[slot], positions, n_ctx, hp.attn_scale, kv.f16, stepwise)
+        start = int(positions[0])
+        roped = np.empty((n_tokens, hp.n_head, hp.head_dim), np.float32)
+        prepare_attention(q, k, v, self.q_norm, self.k_norm, np.float32(hp.rms_eps), *rope, hp.rope_neox,
+                          kv.k[slot], kv.v[slot], start, kv.f16, roped)
+        n_ctx = start + n_tokens
+        out = attention(roped, kv.k[slot], kv.v[slot], positions, n_ctx, hp.attn_scale, kv.f16, stepwise)
         return self.wo(out, stepwise)
 
 
@@ -110,11 +107,13 @@ class TargetModel:
             bq=w.optional_vector(p + "attn_q.bias", q_dim),
             bk=w.optional_vector(p + "attn_k.bias", kv_dim),
             bv=w.optional_vector(p + "attn_v.bias", kv_dim),
-            q_norm=w.optional_vector(p + "attn_q_norm.weight", hp.head_dim),
-            k_norm=w.optional_vector(p + "attn_k_norm.weight", hp.head_dim),
         )
-        if (attn.q_norm is None) != (attn.k_norm is None):
+        q_norm = w.optional_vector(p + "attn_q_norm.weight", hp.head_dim)
+        k_norm = w.optional_vector(p + "attn_k_norm.weight", hp.head_dim)
+        if (q_norm is None) != (k_norm is None):
             raise ModelError(f"{self.path}: layer {i} has only one of attn_q_norm / attn_k_norm")
+        if q_norm is not None:
+            attn.q_norm, attn.k_norm = q_norm, k_norm
         ffn = DenseFFN(
             gate=w.matrix(p + "ffn_gate.weight", hp.n_embd, hp.n_ff),
             up=w.matrix(p + "ffn_up.weight", hp.n_embd, hp.n_ff),

@@ -15,16 +15,21 @@ F32 = np.float32
 
 
 @njit(**EXACT)
+def rms_norm_row(x, weight, eps, out):
+    n = x.size
+    total = np.float64(0.0)
+    for i in range(n):
+        total += np.float64(x[i] * x[i])
+    mean = np.float32(total / n)
+    scale = np.float32(1.0) / np.sqrt(mean + eps)
+    for i in range(n):
+        out[i] = (x[i] * scale) * weight[i]
+
+
+@njit(**EXACT)
 def rms_norm_rows(x, weight, eps, out):
-    n = x.shape[-1]
     for r in range(x.shape[0]):
-        total = np.float64(0.0)
-        for i in range(n):
-            total += np.float64(x[r, i] * x[r, i])
-        mean = np.float32(total / n)
-        scale = np.float32(1.0) / np.sqrt(mean + eps)
-        for i in range(n):
-            out[r, i] = (x[r, i] * scale) * weight[i]
+        rms_norm_row(x[r], weight, eps, out[r])
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -53,24 +58,14 @@ def rope_angles(positions, n_dims, base, freq_scale, freq_factors):
 
 
 @njit(**EXACT)
-def rope_rows(x, cos, sin, neox, out):
-    """x, out: (T, heads, head_dim); rotates the first 2 * cos.shape[1] dims of every head."""
-    half = cos.shape[1]
-    for job in range(x.shape[0] * x.shape[1]):
-        t, h = job // x.shape[1], job % x.shape[1]
-        out[t, h] = x[t, h]
-        for i in range(half):
-            a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
-            x0, x1 = x[t, h, a], x[t, h, b]
-            c, s = cos[t, i], sin[t, i]
-            out[t, h, a] = fma(x0, c, -(x1 * s))
-            out[t, h, b] = fma(x0, s, x1 * c)
-
-
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> np.ndarray:
-    out = np.empty_like(x)
-    rope_rows(np.ascontiguousarray(x, F32), cos, sin, neox, out)
-    return out
+def rope_head(x, cos, sin, neox):
+    """Rotate the first 2 * len(cos) dims of one head in place."""
+    half = cos.size
+    for i in range(half):
+        a, b = (i, i + half) if neox else (2 * i, 2 * i + 1)
+        x0, x1 = x[a], x[b]
+        x[a] = fma(x0, cos[i], -(x1 * sin[i]))
+        x[b] = fma(x0, sin[i], x1 * cos[i])
 
 
 @njit(**EXACT)

@@ -108,7 +108,7 @@ def reference_forward(model: TargetModel, tokens):
         q = (h @ deq(a.wq).T).reshape(n, hp.n_head, hp.head_dim)
         k = (h @ deq(a.wk).T).reshape(n, hp.n_head_kv, hp.head_dim)
         v = (h @ deq(a.wv).T).reshape(n, hp.n_head_kv, hp.head_dim)
-        if a.q_norm is not None:
+        if a.q_norm.size:
             q, k = rms(q, a.q_norm), rms(k, a.k_norm)
         q, k = rope(q), rope(k)
         k, v = np.repeat(k, hp.n_gqa, axis=1), np.repeat(v, hp.n_gqa, axis=1)
