@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ggtools.runtime.hparams import ModelError
 from ggtools.runtime.model import TargetModel
 from ggtools.runtime.tokenizer import Tokenizer
 
@@ -70,7 +71,7 @@ def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads
         tokenizer = _tokenizer(model, required=prompt is not None)
         ids = tokenizer.encode(prompt) if prompt is not None else [int(i) for i in prompt_ids]
         if not ids:
-            raise ValueError("the prompt has no tokens")
+            raise ModelError("the prompt has no tokens")
         stop_ids = tokenizer.eog if (tokenizer and stop_at_eog) else set()
         warm_up(model)
 
