@@ -5,16 +5,15 @@ difference in the last bit of an activation can flip one rounding and move a log
 amount; on a real model (SmolLM2) llama.cpp itself gives different greedy tokens after ~20 steps
 when only its batch size changes. Agreeing token for token therefore needs the same float
 operations in the same order: the 8-lane accumulators, their horizontal sums, fused multiply-adds,
-and ggml's own exp. The functions here are those building blocks; the kernels compose them.
+and ggml's own exp. The scalar building blocks are here; the vector kernels are in simd.py.
 
-Lane conventions (one __m256 = 8 float32 lanes):
+Lane conventions used there (one __m256 = 8 float32 lanes):
 - hsum8: ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7))   (hsum_float_8, tinyBLAS hsum)
 - reduce4x8: four accumulators folded (0+2, 1+3, 0+1), then ((t0+t1) + (t2+t3)) with
   t = low half + high half                             (GGML_F32x8_REDUCE, vec_dot_f16/f32)
 """
 
 import numpy as np
-from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
@@ -40,22 +39,6 @@ def fma(typingctx, a, b, c):
 def to_f16(x):
     """Round a float32 to the nearest float16 value (F16C, round to nearest even)."""
     return FP16_TO_F32[fp32_to_fp16(x)]
-
-
-@njit(**EXACT)
-def hsum8(a):
-    t0, t1, t2, t3 = a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]
-    return (t0 + t2) + (t1 + t3)
-
-
-@njit(**EXACT)
-def reduce4x8(acc):
-    """acc: (4, 8) accumulators of ggml_vec_dot_f16 / f32."""
-    t = np.empty(8, F32)
-    for lane in range(8):
-        t[lane] = (acc[0, lane] + acc[2, lane]) + (acc[1, lane] + acc[3, lane])
-    u0, u1, u2, u3 = t[0] + t[4], t[1] + t[5], t[2] + t[6], t[3] + t[7]
-    return (u0 + u1) + (u2 + u3)
 
 
 # ggml_v_expf constants (hex floats as written in ggml-cpu/vec.h)

@@ -31,7 +31,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import njit
 
-from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, fp32_to_fp16, nearest_int
+from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, nearest_int
 from ggtools.runtime import workers
 from ggtools.runtime.ggmlmath import EXACT, fma, to_f16
 from ggtools.runtime.simd import (HAVE_AVX2, dot_4x8_main, dot_lanes8_1, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
