@@ -127,3 +127,34 @@ def test_ggml_expf_is_accurate_and_saturates():
     assert np.max(np.abs(got / want - 1)) < 2.5e-7
     assert expf(np.float32(-np.inf)) == 0.0 and np.isinf(expf(np.float32(89.0)))
     assert silu(np.float32(0.0)) == 0.0 and abs(silu(np.float32(3.0)) - 3 / (1 + np.exp(-3.0))) < 1e-6
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
+def test_portable_block_dot_equals_the_avx2_one(name):
+    """Without AVX2 the block dots run on float planes (lane-major inputs); same bits."""
+    from numba import njit
+    from ggtools.runtime import simd
+
+    if not simd.HAVE_AVX2:
+        pytest.skip("the AVX2 kernels need an AVX2 CPU")
+    qtype = T[name.upper()]
+    data, w = make_weights(qtype, n_rows=3, n_cols=256)
+    x = np.random.default_rng(6).standard_normal((5, 256)).astype(np.float32)
+    prepared = kernels.PreparedInput(x, kernels.ACTIVATION[qtype])          # int8, value order
+    lanes = np.empty(prepared.xq.shape, np.float32)                           # float, lane-major
+    for b in range(0, 256, 32):
+        lanes[:, b + kernels.LANE_POS] = prepared.xq[:, b:b + 32]
+    layout = simd.BLOCK32_LAYOUTS[name]
+    portable, avx2 = simd._dot_row_block32(layout, 1), simd._dot_row_block32_avx2(layout, 1)
+
+    @njit
+    def both(data, row_bytes, xq8, xq, xd, xs, out):
+        for r in range(out.shape[1]):
+            for t in range(out.shape[2]):
+                (out[0, r, t],) = portable(data, np.uint64(r * row_bytes), 8, xq, xd, xs, t)
+                (out[1, r, t],) = avx2(data, np.uint64(r * row_bytes), 8, xq8, xd, xs, t)
+
+    out = np.empty((2, 3, 5), np.float32)
+    both(data, data.size // 3, prepared.xq, lanes, prepared.xd, prepared.xs, out)
+    assert np.array_equal(out[0], out[1])
+    assert np.abs(out[1] - run_matmul(qtype, data, 3, x).T).max() == 0
