@@ -19,7 +19,6 @@ from ggtools.runtime.hparams import HParams, ModelError, read_hparams
 from ggtools.runtime.kvcache import KVCache
 from ggtools.runtime.weights import Matrix, MatrixGroup, WeightFile
 
-
 NO_NORM = np.zeros(0, np.float32)
 
 
@@ -32,8 +31,9 @@ class Attention:
     bq: np.ndarray | None = None
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
-    q_norm: np.ndarray = field(default_factory=lambda: NO_NORM)   # qwen3: per-head RMS norm of q, k
-    k_norm: np.ndarray = field(default_factory=lambda: NO_NORM)      # before RoPE (empty: none)
+    # qwen3: per-head RMS norms of q and k before RoPE (empty: none)
+    q_norm: np.ndarray = field(default_factory=lambda: NO_NORM)
+    k_norm: np.ndarray = field(default_factory=lambda: NO_NORM)
 
     def __post_init__(self):
         self.qkv = MatrixGroup(self.wq, self.wk, self.wv)
@@ -80,8 +80,7 @@ class TargetModel:
 
     def __init__(self, path, threads: int | None = None, kv_type: str = "f16"):
         """path: a target GGUF (the first shard of a split model); threads: worker threads (process-wide,
-        default all cores);
-        kv_type: "f16" (llama.cpp's default cache type) or "f32"."""
+        default all cores); kv_type: "f16" (llama.cpp's default cache type) or "f32"."""
         self.threads = (workers.set_threads(threads) if threads else workers.pool()).n_threads
         self.weights = w = WeightFile(path)
         self.path = str(path)
