@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from ggtools.runtime import workers
+from ggtools.runtime.workers import claim, enter, leave
 from ggtools.runtime.ggmlmath import EXACT, to_f16
 from ggtools.runtime.kernels import dot_one_row
 from ggtools.runtime.ops import rms_norm_row, rope_head
@@ -51,14 +52,18 @@ def softmax(w, out, f16):
 
 
 @njit(**EXACT)
-def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, f16, out, first, end):
-    """Jobs first..end-1 of the T * n_head (token, head) pairs. q: (T, n_head, d) after RoPE;
-    k_cache: (n_kv, capacity, d), vt_cache: (n_kv, d, capacity) (f16-valued when f16);
+def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, f16, out, counter):
+    """The T * n_head (token, head) pairs, claimed through counter (workers.py). q: (T, n_head, d)
+    after RoPE; k_cache: (n_kv, capacity, d), vt_cache: (n_kv, d, capacity) (f16-valued when f16);
     out: (T, n_head * d)."""
     n_tokens, n_head, d = q.shape
     group = n_head // k_cache.shape[0]
     n_pad = (n_ctx + KV_PAD - 1) // KV_PAD * KV_PAD
-    for job in range(first, end):
+    enter(counter)
+    while True:
+        job = claim(counter)
+        if job >= n_tokens * n_head:
+            break
         t, h = job // n_head, job % n_head
         g = h // group
         q16 = np.empty(d, np.float32)
@@ -71,6 +76,7 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, f16
         p = np.empty(n_pad, np.float32)
         softmax(w, p, f16)
         dots(p, vt_cache[g], d, one_row, f16, out[t, h * d:(h + 1) * d])
+    leave(counter)
 
 
 @njit(**EXACT)
@@ -112,5 +118,5 @@ def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positi
     if n_tokens * n_head * n_ctx * d * 2 >= PARALLEL_WORK:
         workers.pool().run(attention_rows, n_tokens * n_head, *args)
     else:
-        attention_rows(*args, 0, n_tokens * n_head)
+        attention_rows(*args, np.zeros(2, np.int64))
     return out

@@ -33,6 +33,7 @@ from numba import njit
 
 from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, nearest_int
 from ggtools.runtime import workers
+from ggtools.runtime.workers import claim, enter, leave
 from ggtools.runtime.ggmlmath import EXACT, fma, to_f16
 from ggtools.runtime.simd import (HAVE_AVX2, dot_4x8_main, dot_lanes8_1, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
@@ -475,27 +476,37 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
 
 
 @njit(**EXACT)
-def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, first, end):
-    """For tasks[first:end] = (byte offset of a weight row in buf, rows, output column):
-    out[t, column + i] = weight row i . input row t."""
+def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, counter):
+    """Tasks (byte offset of a weight row in buf, rows, output column), claimed through counter
+    (workers.py): out[t, column + i] = weight row i . input row t."""
     n_blocks = xq.shape[1] // 32
-    for k in range(first, end):
+    enter(counter)
+    while True:
+        k = claim(counter)
+        if k >= tasks.shape[0]:
+            break
         offset, column = U(tasks[k, 0]), tasks[k, 2]
         for i in range(tasks[k, 1]):
             t = 0
             while t < xq.shape[0]:
                 t += dot_row_block32(qtype, buf, offset + U(i) * row_bytes, n_blocks, xq, xd, xs, t, out, column + i)
+    leave(counter)
 
 
 @njit(**EXACT)
-def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x, out, tasks, one_row_structure, f16_tail, first, end):
+def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x, out, tasks, one_row_structure, f16_tail, counter):
     """As matmul_block32, weights dequantized row by row, dots in vec_dot's or tinyBLAS's layout."""
     w = np.empty(x.shape[1], np.float32)
-    for k in range(first, end):
+    enter(counter)
+    while True:
+        k = claim(counter)
+        if k >= tasks.shape[0]:
+            break
         offset, column = U(tasks[k, 0]), tasks[k, 2]
         for i in range(tasks[k, 1]):
             decode_row(qtype, buf, offset + U(i) * row_bytes, w, qk, block_bytes)
             dot_rows_float(w, x, one_row_structure, f16_tail, out, column + i)
+    leave(counter)
 
 
 @njit(**EXACT)
