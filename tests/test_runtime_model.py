@@ -12,10 +12,11 @@ from ggtools.runtime import ModelError, TargetModel, greedy
 VOCAB, EMBD, FF, HEADS, KV_HEADS, HEAD_DIM, LAYERS = 96, 64, 128, 4, 2, 16, 2
 
 
-def write_model(path, arch="llama", qtype=T.F32, tied=True, seed=0):
-    """A 2-layer model with random weights; qwen3 adds per-head q/k norms."""
+def write_model(path, arch="llama", qtype=T.F32, tied=True, seed=0, split_max_tensors=0):
+    """A 2-layer model with random weights; qwen3 adds per-head q/k norms. With split_max_tensors the
+    model is written as shards <stem>-0000i-of-0000n.gguf."""
     rng = np.random.default_rng(seed)
-    w = GGUFWriter(str(path), arch)
+    w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_block_count(LAYERS)
     w.add_context_length(512)
     w.add_embedding_length(EMBD)
@@ -182,6 +183,15 @@ def test_stepwise_batch_is_bit_identical_to_single_steps(models, name):
         logits, features = model.forward([token], taps=[1])
         assert np.array_equal(logits[0], batch_logits[i])
         assert np.array_equal(features[0], batch_features[i])
+
+
+def test_split_model_loads_from_its_first_shard(models, tmp_path):
+    write_model(tmp_path / "split.gguf", qtype=T.Q8_0, seed=2, split_max_tensors=8)
+    shards = sorted(tmp_path.glob("split-*-of-*.gguf"))
+    assert len(shards) > 1
+    want, _ = TargetModel(models["llama-q8_0"]).forward(PROMPT)
+    got, _ = TargetModel(shards[0]).forward(PROMPT)
+    assert np.array_equal(got, want)
 
 
 def test_forward_rejects_bad_input(models):
