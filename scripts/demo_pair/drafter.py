@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, Qwen3Config
 
-from dflash import DFlashDraftModel
 from dflash.model import extract_context_feature
 
 
