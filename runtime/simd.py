@@ -1,17 +1,20 @@
-"""8-lane float32 vector kernels emitted as LLVM IR, for the loops numba will not vectorize itself.
+"""Vector kernels emitted as LLVM IR (llvmlite), for the loops numba will not vectorize itself.
 
-numba leaves LLVM's SLP vectorizer off and cannot express the AVX2 lane structure that llama.cpp's
-dot products have, so the few hot inner loops are written here as IR on <8 x float> values (llvmlite),
-callable from numba code. Everything is plain IEEE float32 arithmetic with explicit llvm.fma, so the
-results do not depend on how LLVM schedules them.
+numba leaves LLVM's SLP vectorizer off and cannot express the AVX2 lane structure of llama.cpp's dot
+products, so the hot inner loops are IR on <8 x float> / <32 x i8> values, callable from numba code
+as intrinsics. The float arithmetic is explicit (llvm.fma where ggml fuses), so results do not depend
+on how LLVM schedules them.
 
 - dot_row_<type>_1 / _4 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): ggml_vec_dot_q*_q8_* of one weight row,
-  decoded in registers, with 1 or 4 input rows sharing the decode: each block becomes four "planes"
-  of 8 lanes, lane l of plane i holding value 4l + i, so a lane sums values 4l..4l+3, the group one
-  AVX2 lane of ggml's maddubs/madd sums; acc = fma(d_w * d_x, lane sums, acc), then hsum8, plus
-  the m_w * s_x sum for types with a min. Inputs come lane-major (kernels.quantize_q8_row).
-- dot_lanes8_1 / dot_lanes8_4: tinyBLAS: lane l accumulates w[k] * x[k], k = l mod 8, with fma.
-- dot_4x8_1: ggml_vec_dot_f32 / f16: four 8-lane accumulators over steps of 32, reduce4x8.
+  decoded in registers, with 1 or 4 input rows sharing the decode. Per 32-value block, 8 lanes each
+  sum the exact integer products of 4 consecutive values; acc = fma(d_w * d_x, lanes, acc); hsum8;
+  plus the m_w * s_x sum for types with a min. On AVX2 CPUs this is ggml's own instruction sequence
+  (maddubs, madd, convert; int8 inputs in value order); elsewhere a portable float version ("planes":
+  lane l of plane i holds value 4l + i; inputs lane-major) gives the same bits.
+- dot_lanes8_1 / _4: tinyBLAS: lane l accumulates w[k] * x[k], k = l mod 8, with fma; hsum8.
+- dot_4x8_main: ggml_vec_dot_f32 / f16: four 8-lane accumulators over steps of 32, reduce4x8.
+- dot_rows_4x8 / dot_rows_lanes8, exp_blocks8: attention's many dots against one vector and
+  ggml_v_expf over a row (softmax).
 """
 
 from llvmlite import binding as llvm_binding
