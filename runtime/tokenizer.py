@@ -8,18 +8,13 @@
   tokens (`tokenizer.ggml.add_space_prefix`), characters are merged by token score (highest first),
   and pieces that are not tokens fall back to <0xXX> byte tokens.
 
-Pre-tokenizer regexes need the `regex` package (Unicode classes); without it BPE encoding raises
-TokenizerError, decoding and token ids still work.
+Pre-tokenizer regexes use Unicode property classes, expanded for Python's `re` (unicode_classes.py).
 """
 
 import heapq
 
 from ggtools.runtime.hparams import ModelError
-
-try:
-    import regex
-except ImportError:  # pragma: no cover - exercised only where regex is missing
-    regex = None
+from ggtools.runtime.unicode_classes import compile_pattern
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
@@ -181,9 +176,7 @@ class BPETokenizer(Tokenizer):
         if self._compiled is None:
             if self.regexes is None:
                 raise TokenizerError(f"pre-tokenizer {self.pre!r} is not supported; pass token ids")
-            if regex is None:
-                raise TokenizerError("encoding text needs the 'regex' package (pip install regex)")
-            self._compiled = [regex.compile(r) for r in self.regexes]
+            self._compiled = [compile_pattern(r) for r in self.regexes]
         return self._compiled
 
     def split(self, text: str) -> list[str]:

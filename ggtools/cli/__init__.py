@@ -12,7 +12,7 @@ import click
 from ggtools import __version__
 from ggtools.errors import GGToolsError
 
-COMMANDS = ["inspect", "validate", "convert", "pair", "patch", "quantize", "requant_trunk", "demo"]     # modules under ggtools.cli, each defining `command`
+COMMANDS = ["inspect", "validate", "convert", "pair", "patch", "quantize", "requant_trunk", "run", "demo"]     # modules under ggtools.cli, each defining `command`
 
 
 class Group(click.Group):
