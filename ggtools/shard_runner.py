@@ -103,13 +103,13 @@ def _execute(todo, jobs, force, verify, bars, errors):
             except GGToolsError as e:
                 errors.append((shard, e))
         return
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Manager().Queue()
+    ctx = multiprocessing.get_context("spawn")      # numba's OpenMP threads do not survive fork()
+    queue = ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // jobs)
     drain = threading.Thread(target=bars.drain, args=(queue,), daemon=True)
     drain.start()
-    with cf.ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as pool:
-        futures = {pool.submit(_worker, shard, i, force, verify, queue): shard for i, shard in enumerate(todo)}
+    with cf.ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads, queue)) as pool:
+        futures = {pool.submit(_worker, shard, i, force, verify): shard for i, shard in enumerate(todo)}
         for fut in cf.as_completed(futures):
             shard = futures[fut]
             try:
@@ -120,13 +120,18 @@ def _execute(todo, jobs, force, verify, bars, errors):
     drain.join()
 
 
-def _init_worker(threads):
+_progress_queue = None
+
+
+def _init_worker(threads, queue):
+    global _progress_queue
     import numba
     numba.set_num_threads(threads)
+    _progress_queue = queue
 
 
-def _worker(shard, index, force, verify, queue):
-    result = rewrite_shard(shard, force=force, verify=verify, on_bytes=lambda n: queue.put((index, n)))
+def _worker(shard, index, force, verify):
+    result = rewrite_shard(shard, force=force, verify=verify, on_bytes=lambda n: _progress_queue.put((index, n)))
     return asdict(result)
 
 
