@@ -1,3 +1,5 @@
+import os
+
 import click
 
 from ggtools.cli.plan_view import show_plan
@@ -41,7 +43,6 @@ def command(path, out_dir, src_type, dst_type, copy_patterns, only, jobs, dry_ru
             preflight_disk(plan.shards)
             click.echo("disk check: the output fits")
         return
-    import os
     report = run_plan(plan, jobs=jobs or min(len(plan.shards), os.cpu_count() or 1), resume=resume, force=force,
                       verify=not no_verify, progress=False if quiet or as_json else None)
     if as_json:

@@ -181,13 +181,3 @@ def _fsync_dir(directory):
     finally:
         os.close(fd)
 
-
-def copy_file(src, path, *, force=False):
-    """Parse → write with no change: the identity rewrite (used to prove the writer byte-exact)."""
-    with open(src.path, "rb") as fh, GGUFWriter(path, force=force, version=src.version) as w:
-        for kv in src.kvs:
-            w.add_kv_record(kv)
-        for t in src.tensors:
-            w.add_tensor_info(t.name, t.ne, t.type_id, t.nbytes)
-        for t in src.tensors:
-            w.copy_from(fh.fileno(), t.data_start, t.nbytes)
