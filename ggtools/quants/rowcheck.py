@@ -109,6 +109,28 @@ FLOAT_MASKS = {
 }
 
 
+def _small_check_supported(t) -> bool:
+    return t in FLOAT_MASKS or (t in FIELDS and all(kind in (HALF, E8M0) for kind, _ in FIELDS[t]))
+
+
+def _check_small(t, raw, tsize) -> RowCheck:
+    """The same rules in numpy: a parallel kernel launch costs more than it saves on a few blocks."""
+    if t in FLOAT_MASKS:
+        dtype, mask = FLOAT_MASKS[t]
+        bad = (raw.view(dtype) & dtype(mask)) == mask
+    else:
+        blocks = raw.reshape(-1, tsize)
+        bad = np.zeros(len(blocks), bool)
+        for kind, offset in FIELDS[t]:
+            if kind == E8M0:
+                bad |= blocks[:, offset] == 0xFF
+            else:
+                half = blocks[:, offset].astype(np.uint16) | (blocks[:, offset + 1].astype(np.uint16) << 8)
+                bad |= (half & 0x7C00) == 0x7C00
+    hit = np.flatnonzero(bad)
+    return RowCheck(int(hit.size), int(hit[0]) if hit.size else -1)
+
+
 def check_row_data(qtype, data) -> RowCheck:
     """Count the blocks (values, for float types) of data that ggml_validate_row_data would
     reject. data: any buffer of whole blocks."""
@@ -123,6 +145,8 @@ def check_row_data(qtype, data) -> RowCheck:
     if t in NOTHING_TO_CHECK:
         return RowCheck(0, -1)
     nitems = raw.size // tsize
+    if nitems <= CHUNK and _small_check_supported(t):
+        return _check_small(t, raw, tsize)
     counts = np.zeros((nitems + CHUNK - 1) // CHUNK, np.int64)
     firsts = np.full(counts.size, -1, np.int64)
     if t == T.F64:
