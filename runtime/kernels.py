@@ -35,7 +35,7 @@ from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, n
 from ggtools.runtime import workers
 from ggtools.runtime.workers import claim, enter, leave
 from ggtools.runtime.ggmlmath import EXACT, fma, to_f16
-from ggtools.runtime.simd import (HAVE_AVX2, dot_4x8_main, dot_lanes8_1, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
+from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_main, dot_lanes8_1, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
 
@@ -284,6 +284,14 @@ def decode_f16(src, so, dst, do, n):
 
 
 @njit(**EXACT)
+def decode_f16_row(src, so, dst, n):
+    """A whole row from offset 0 of dst: 8 values per vector conversion, the tail through the table."""
+    n8 = n >> U3
+    decode_f16_8(src, so, dst, n8)
+    decode_f16(src, so + (n8 << U4), dst, n8 << U3, n - (n8 << U3))
+
+
+@njit(**EXACT)
 def decode_bf16(src, so, dst, do, n):
     for j in range(n):
         o = so + j * U2
@@ -306,7 +314,7 @@ def decode_row(qtype, src, so, dst, qk, block_bytes):
         decode_f32(src, so, dst, U0, n)
         return
     if qtype == F16:
-        decode_f16(src, so, dst, U0, n)
+        decode_f16_row(src, so, dst, n)
         return
     if qtype == BF16:
         decode_bf16(src, so, dst, U0, n)

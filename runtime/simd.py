@@ -150,6 +150,27 @@ dot_lanes8_4 = _dot_lanes8(4)
 dot_4x8_main = _dot_4x8()
 
 
+@intrinsic
+def decode_f16_8(typingctx, src, so, dst, n8):
+    """dst[:8 * n8] = the f16 values at src[so:] widened to float32, 8 at a time (vcvtph2ps on F16C CPUs;
+    widening is exact, so any lowering gives the same bits)."""
+    def codegen(context, builder, signature, args):
+        src_a, so_v, dst_a, n_v = args
+        src_t, _, dst_t, _ = signature.args
+        sp = _element_ptr(context, builder, src_t, src_a, so_v)
+        dp = _element_ptr(context, builder, dst_t, dst_a, ir.Constant(I64, 0))
+        v8h, v8s = ir.VectorType(ir.HalfType(), 8), ir.VectorType(ir.IntType(16), 8)
+        with cgutils.for_range(builder, _i64(builder, n_v)) as loop:
+            o = builder.mul(loop.index, ir.Constant(I64, 8))
+            raw = builder.load(builder.bitcast(builder.gep(sp, [builder.mul(o, ir.Constant(I64, 2))]),
+                                               v8s.as_pointer()), align=1)
+            wide = builder.fpext(builder.bitcast(raw, v8h), V8F)
+            builder.store(wide, builder.bitcast(builder.gep(dp, [o]), V8F.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(src, so, dst, n8), codegen
+
+
 # ---- fused decode + dot for 32-value block types --------------------------------------------------
 
 class Block32Layout:

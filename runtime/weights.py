@@ -57,6 +57,10 @@ class WeightFile:
     def has(self, name: str) -> bool:
         return name in self._where
 
+    @property
+    def names(self) -> set[str]:
+        return set(self._where)
+
     def _lookup(self, name):
         try:
             return self._where[name]
