@@ -1,0 +1,94 @@
+"""From a drafter's block output to a draft chain, with the confidence signals the early cuts use.
+
+- DFlash v1: draft j = argmax of row j's logits. Confidence: `p` = softmax probability of the argmax over
+  the top 10 logits (llama.cpp's top-k 10 sampler), `margin` = top1 - top2 logit.
+- DFlash2: the candidate-selector lattice (reference §5). Row e's candidates are its top-k tokens by
+  scaled/softcapped logit, sorted by logit then lower id (z-lab's tie order); score[j] = logit[cand_j] +
+  sum_r pred[prev, r] * gate_e[r] * succ[cand_j, r], with prev the anchor for e = 1, else the token chosen at
+  e - 1; the walk takes the first maximum. Confidence over the scores of the row walked: `p` = softmax at
+  the chosen slot, `margin` = top1 - top2 score.
+
+Cuts (`cut_length`): "prob" stops before the first draft with p < p_min (llama.cpp); "margin" before the
+first with margin < 3 * p_min (the seeds' margin cut). Fewer than n_min surviving drafts: none are offered
+(llama.cpp's rule).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+P_TOP_K = 10          # llama.cpp's DFlash draft sampler: top-k 10, then softmax
+MARGIN_SCALE = 3.0    # margin cut threshold = MARGIN_SCALE * p_min
+CUTS = ("none", "prob", "margin")
+
+
+@dataclass
+class DraftChain:
+    tokens: list[int]
+    p: list[float]          # probability of each chosen draft (see module docstring)
+    margin: list[float]     # top1 - top2 logit (v1) or lattice score (DFlash2)
+
+
+def _confidence(values: np.ndarray, chosen: float, top_k: int | None = None) -> tuple[float, float]:
+    top = np.sort(values if top_k is None or top_k >= values.size else np.partition(values, -top_k)[-top_k:])
+    p = 1.0 / float(np.sum(np.exp((top - chosen).astype(np.float64))))
+    margin = float(top[-1] - top[-2]) if top.size > 1 else float("inf")
+    return p, margin
+
+
+def chain_v1(logits: np.ndarray) -> DraftChain:
+    tokens, ps, margins = [], [], []
+    for row in logits:
+        j = int(np.argmax(row))
+        p, margin = _confidence(row, row[j], P_TOP_K)
+        tokens.append(j)
+        ps.append(p)
+        margins.append(margin)
+    return DraftChain(tokens, ps, margins)
+
+
+def top_candidates(row: np.ndarray, k: int) -> np.ndarray:
+    """The k largest entries' ids, by value descending, ties to the lower id."""
+    k = min(k, row.size)
+    threshold = row[np.argpartition(-row, k - 1)[:k]].min()
+    above = np.flatnonzero(row > threshold)
+    ids = np.concatenate([above, np.flatnonzero(row == threshold)[:k - above.size]])
+    return ids[np.lexsort((ids, -row[ids]))]
+
+
+class Selector:
+    """DFlash2's candidate selector: hidden projection [R, H] and the two codebooks [V, R]."""
+
+    def __init__(self, w, hp):
+        R, V = hp.v2.selector_rank, None
+        self.top_k = hp.v2.selector_top_k
+        self.hidden_projection = w.matrix("selector_hidden.weight", hp.n_embd, R)
+        self.predecessor = w.matrix("selector_predecessor.weight", R, V)
+        self.successor = w.matrix("selector_successor.weight", R, V)
+
+    def walk(self, logits: np.ndarray, hidden: np.ndarray, anchor: int) -> DraftChain:
+        gates = self.hidden_projection(hidden)
+        prev = anchor
+        tokens, ps, margins = [], [], []
+        for row, gate in zip(logits, gates):
+            cand = top_candidates(row, self.top_k)
+            scores = row[cand] + (self.predecessor.rows([prev])[0] * gate) @ self.successor.rows(cand).T
+            j = int(np.argmax(scores))
+            prev = int(cand[j])
+            p, margin = _confidence(scores, scores[j])
+            tokens.append(prev)
+            ps.append(p)
+            margins.append(margin)
+        return DraftChain(tokens, ps, margins)
+
+
+def cut_length(chain: DraftChain, cut: str = "none", p_min: float = 0.0, n_min: int = 0) -> int:
+    """How many of the chain's drafts to offer for verification."""
+    if cut not in CUTS:
+        raise ValueError(f"cut must be one of {', '.join(CUTS)}, not {cut!r}")
+    n = len(chain.tokens)
+    if cut == "prob" and p_min > 0:
+        n = next((i for i, p in enumerate(chain.p) if p < p_min), n)
+    elif cut == "margin" and p_min > 0:
+        n = next((i for i, m in enumerate(chain.margin) if m < MARGIN_SCALE * p_min), n)
+    return n if n >= n_min else 0

@@ -1,0 +1,210 @@
+"""Drafter: a DFlash v1 / DFlash2 drafter GGUF (llama.cpp or lucebox profile) run on the CPU beside its target.
+
+    ctx   = rms(fc . concat(target features)) * hidden_norm          once per committed position
+    K, V  = k_norm(W_k ctx) rotated at the absolute position, W_v ctx  per layer, kept in a draft KV
+    h     = embed([anchor, MASK, ...]) (* embedding_scale)            the noise block, target embedding
+    layer: n = rms(h) * attn_norm; q, k, v from n (noise k/v join the context keys);
+           h += W_o attention(q, context + block keys, non-causal); h += SwiGLU(rms(h) * ffn_norm)
+    out   = rms(h) * output_norm; row j >= 1 predicts the token at position start + j (target head)
+
+DFlash2 wraps both sublayers in a grouped dynamic convolution over the block (reference §5) and scales and
+softcaps its logits; draft_chain.py turns logits (and DFlash2's candidate lattice) into drafts.
+
+Context rows use `stepwise` matmuls, so a row's K/V are the same bits whatever batch it is projected in
+(the ring's window equals recomputing it, and appends of any size agree).
+"""
+
+import numpy as np
+
+from ggtools.runtime import ops
+from ggtools.runtime.draft_attention import attention, norm_rope
+from ggtools.runtime.draft_chain import DraftChain, Selector, chain_v1
+from ggtools.runtime.draft_hparams import DraftHParams, read_draft_hparams
+from ggtools.runtime.draft_kv import DraftKV, FullKV, RingKV
+from ggtools.runtime.hparams import ModelError
+from ggtools.runtime.weights import MatrixGroup, WeightFile
+
+NO_NORM = np.zeros(0, np.float32)
+
+
+class DynamicConv:
+    """DFlash2's grouped dynamic convolution around one sublayer: the kernel is base[side, tap, channel]
+    plus a per-token, per-group part projected from the sublayer's normed input; zero left padding at the
+    block start. Side 0 filters the sublayer's input, side 1 its output (with the same dynamic part)."""
+
+    def __init__(self, base: np.ndarray, proj, kernel: int, group: int):
+        self.base, self.proj, self.kernel, self.group = base, proj, kernel, group
+
+    def prepare(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Normed input (T, H) -> (convolved input, dynamic kernels (T, 2, K, H / group))."""
+        dyn = self.proj(x).reshape(len(x), 2, self.kernel, -1)
+        return self.apply(x, dyn, 0), dyn
+
+    def apply(self, x: np.ndarray, dyn: np.ndarray, side: int) -> np.ndarray:
+        out = np.zeros_like(x)
+        for tap in range(min(self.kernel, len(x))):
+            shifted = x[:len(x) - tap]
+            out[tap:] += self.base[side, tap] * shifted
+            out[tap:] += np.repeat(dyn[tap:, side, tap], self.group, axis=1) * shifted
+        return out
+
+
+class DraftLayer:
+    def __init__(self, w: WeightFile, i: int, hp: DraftHParams):
+        p, H = f"blk.{i}.", hp.n_embd
+        q_dim, kv_dim = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        self.attn_norm = w.vector(p + "attn_norm.weight", H)
+        self.wq = w.matrix(p + "attn_q.weight", H, q_dim)
+        self.wk = w.matrix(p + "attn_k.weight", H, kv_dim)
+        self.wv = w.matrix(p + "attn_v.weight", H, kv_dim)
+        self.wo = w.matrix(p + "attn_output.weight", q_dim, H)
+        self.q_norm = w.vector(p + "attn_q_norm.weight", hp.head_dim)
+        self.k_norm = w.vector(p + "attn_k_norm.weight", hp.head_dim)
+        self.ffn_norm = w.vector(p + hp.names["ffn_norm"] + ".weight", H)
+        self.gate = w.matrix(p + "ffn_gate.weight", H, hp.n_ff)
+        self.up = w.matrix(p + "ffn_up.weight", H, hp.n_ff)
+        self.down = w.matrix(p + "ffn_down.weight", hp.n_ff, H)
+        self.qkv, self.kv, self.gate_up = (MatrixGroup(self.wq, self.wk, self.wv), MatrixGroup(self.wk, self.wv),
+                                           MatrixGroup(self.gate, self.up))
+        self.window = hp.sliding_window if hp.sliding_layers[i] else 0
+        self.attn_conv = self.ffn_conv = None
+        if hp.v2:
+            K, gs = hp.v2.conv_kernel, hp.v2.conv_group
+            if H % gs:
+                raise ModelError(f"DFlash2 hidden size {H} is not divisible by conv_group_size {gs}")
+            self.attn_conv, self.ffn_conv = (
+                DynamicConv(w.vector(p + f"{side}_conv_base", 2 * K * H).reshape(2, K, H),
+                            w.matrix(p + f"{side}_conv_proj.weight", H, 2 * K * (H // gs)), K, gs)
+                for side in ("attn", "ffn"))
+
+
+class Drafter:
+    """A drafter bound to its target (whose embedding and output head it uses unless it has its own)."""
+
+    def __init__(self, path, target, mask_id: int | None = None):
+        """path: drafter GGUF; target: the TargetModel it drafts for; mask_id overrides the stored one."""
+        self.path = str(path)
+        self.weights = w = WeightFile(path)
+        self.hp = hp = read_draft_hparams(w.meta, w.names, mask_id)
+        self.target = target
+        self._check_target(target)
+        H = hp.n_embd
+        self.fc = w.matrix(hp.names["fc"] + ".weight", hp.fc_in, H)
+        self.hidden_norm = w.vector(hp.names["hidden_norm"] + ".weight", H)
+        self.output_norm = w.vector("output_norm.weight", H)
+        self.layers = [DraftLayer(w, i, hp) for i in range(hp.n_layer)]
+        self.embedding = w.matrix("token_embd.weight", H) if w.has("token_embd.weight") else target.token_embd
+        self.head = (w.matrix("output.weight", H) if w.has("output.weight")
+                     else w.matrix("token_embd.weight", H) if w.has("token_embd.weight") else target.output)
+        if not 0 <= hp.mask_id < self.embedding.n_rows:
+            raise ModelError(f"{self.path}: mask token id {hp.mask_id} is outside the {self.embedding.n_rows}-token "
+                             "embedding")
+        self.selector = Selector(w, hp) if hp.v2 else None
+        self.scale = float(np.float32(1.0) / np.sqrt(np.float32(hp.head_dim)))
+        self.freq_factors = np.zeros(0, np.float32)
+
+    def _check_target(self, target):
+        hp, th = self.hp, target.hp
+        if hp.n_embd != th.n_embd:
+            raise ModelError(f"{self.path}: drafter hidden size {hp.n_embd} != target's {th.n_embd}")
+        bad = [t for t in hp.taps if not 1 <= t <= th.n_layer]
+        if bad:
+            raise ModelError(f"{self.path}: target layer taps {list(hp.taps)} (HF ids + 1): {bad} outside "
+                             f"1..{th.n_layer} for the {th.n_layer}-layer target")
+
+    @property
+    def taps(self) -> list[int]:
+        return list(self.hp.taps)
+
+    @property
+    def block_size(self) -> int:
+        return self.hp.block_size
+
+    def new_kv(self, ring_cap: int | None = None, kv_type: str = "f16") -> DraftKV:
+        """A FullKV, or a RingKV of ring_cap context slots."""
+        hp = self.hp
+        args = (self.context_kv, hp.n_layer, hp.n_head_kv, hp.head_dim, hp.block_size)
+        if ring_cap is None:
+            return FullKV(*args, kv_type=kv_type)
+        return RingKV(*args, cap=ring_cap, kv_type=kv_type)
+
+    def _rope(self, positions):
+        hp = self.hp
+        return ops.rope_angles(np.asarray(positions, np.int64), hp.rope_dims, hp.rope_base,
+                               np.float32(hp.rope_freq_scale), self.freq_factors)
+
+    def context(self, features: np.ndarray) -> np.ndarray:
+        """Target features (T, n_taps * H) -> fused context rows (T, H)."""
+        return ops.rms_norm(self.fc(features, stepwise=True), self.hidden_norm, self.hp.rms_eps)
+
+    def context_kv(self, features: np.ndarray, positions) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per layer (K (T, n_kv, d) normed and rotated at `positions`, V (T, n_kv, d)) of context rows."""
+        hp = self.hp
+        ctx = self.context(np.asarray(features, np.float32).reshape(len(positions), -1))
+        rope = self._rope(positions)
+        out = []
+        for layer in self.layers:
+            k, v = layer.kv(ctx, stepwise=True)
+            out.append((norm_rope(k, hp.n_head_kv, layer.k_norm, hp.rms_eps, rope),
+                        v.reshape(len(ctx), hp.n_head_kv, hp.head_dim)))
+        return out
+
+    def forward_block(self, kv: DraftKV, block_ids) -> np.ndarray:
+        """The noise block at positions kv.committed, ... over the cached context -> normed hidden (T, H)."""
+        hp = self.hp
+        block_ids = np.asarray(block_ids, np.int64)
+        positions = kv.committed + np.arange(len(block_ids))
+        rope = self._rope(positions)
+        h = self.embedding.rows(block_ids)
+        if hp.embedding_scale != 1.0:
+            h *= np.float32(hp.embedding_scale)
+        for i, layer in enumerate(self.layers):
+            h = h + self._attention(layer, i, kv, ops.rms_norm(h, layer.attn_norm, hp.rms_eps), positions, rope)
+            h = h + self._ffn(layer, ops.rms_norm(h, layer.ffn_norm, hp.rms_eps))
+        return ops.rms_norm(h, self.output_norm, hp.rms_eps)
+
+    def _attention(self, layer, i, kv, n, positions, rope):
+        hp = self.hp
+        if layer.attn_conv:
+            n, dyn = layer.attn_conv.prepare(n)
+        q, k, v = layer.qkv(n)
+        kv.write_noise(i, norm_rope(k, hp.n_head_kv, layer.k_norm, hp.rms_eps, rope),
+                       v.reshape(len(n), hp.n_head_kv, hp.head_dim))
+        keys, values, key_pos = kv.keys(i)
+        attn = attention(norm_rope(q, hp.n_head, layer.q_norm, hp.rms_eps, rope), keys, values, positions,
+                         key_pos, self.scale, layer.window, hp.causal)
+        out = layer.wo(attn)
+        return layer.attn_conv.apply(out, dyn, 1) if layer.attn_conv else out
+
+    def _ffn(self, layer, m):
+        if layer.ffn_conv:
+            m, dyn = layer.ffn_conv.prepare(m)
+        gate, up = layer.gate_up(m)
+        out = layer.down(ops.swiglu(gate, up))
+        return layer.ffn_conv.apply(out, dyn, 1) if layer.ffn_conv else out
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        """Draft rows' hidden states -> logits (DFlash2: scaled, then softcapped)."""
+        logits = self.head(hidden)
+        v2 = self.hp.v2
+        if v2:
+            if v2.logit_scale != 1.0:
+                logits *= np.float32(v2.logit_scale)
+            if v2.softcap > 0:
+                c = np.float32(v2.softcap)
+                logits = np.tanh(logits / c) * c
+        return logits
+
+    def draft(self, kv: DraftKV, anchor: int, n_block: int) -> DraftChain:
+        """Drafts for positions kv.committed + 1 ... + n_block - 1 from the block [anchor, MASK, ...]."""
+        hidden = self.forward_block(kv, [anchor] + [self.hp.mask_id] * (n_block - 1))[1:]
+        return self.propose(hidden, anchor)
+
+    def propose(self, hidden: np.ndarray, anchor: int) -> DraftChain:
+        logits = self.logits(hidden)
+        if self.selector:
+            return self.selector.walk(logits, hidden, anchor)
+        return chain_v1(logits)
+
+    def close(self):
+        self.weights.close()

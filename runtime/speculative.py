@@ -1,0 +1,96 @@
+"""Speculative decoding at temperature 0 (reference §10): the drafter proposes, the target verifies.
+
+    prefill the target on the prompt with the drafter's feature taps; anchor = its argmax
+    each step:  draft KV takes the newly committed positions' features (begin_step)
+                drafter drafts up to n_max tokens from [anchor, MASK ...]; an early cut may offer fewer
+                the target verifies [anchor, drafts] in one batch (stepwise: each row as a one-token step)
+                acc = leading drafts equal to the target's argmax one row earlier; bonus = argmax at row acc
+                commit anchor + acc drafts; crop the target cache; the bonus is the next anchor
+    stop at a stop token (kept) or after n tokens; the last blocks shrink to fit n (z-lab)
+
+Verification rows are bit-identical to one-token steps and prefill is the same call as plain greedy
+decoding's, so the output equals `greedy(target, prompt, n)` exactly, whatever the drafter proposes.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ggtools.runtime.draft_chain import cut_length
+from ggtools.runtime.draft_kv import DraftKV
+
+
+@dataclass
+class DraftSettings:
+    n_max: int | None = None     # drafts per step (default: block size - 1)
+    cut: str = "none"            # "none" | "prob" | "margin"
+    p_min: float = 0.0
+    n_min: int = 0
+
+
+@dataclass
+class Step:
+    drafted: int                 # drafts offered for verification
+    accepted: int                # of them accepted (excluding the bonus; capped at a stop)
+    produced: int                # tokens committed this step (accepted + bonus, capped at a stop)
+
+
+@dataclass
+class SpecOutput:
+    tokens: list[int]
+    stop: str                    # "length" | "end-of-generation"
+    steps: list[Step] = field(default_factory=list)
+    draft_kv_bytes: int = 0      # the draft KV's memory at the end
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0  # everything after the target's prefill
+    draft_seconds: float = 0.0   # of which drafting (draft KV appends + drafter forward)
+
+
+def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_ids=(),
+                         settings: DraftSettings | None = None) -> SpecOutput:
+    """Greedy continuation of prompt_ids by up to n tokens, drafted by `drafter` with the draft KV `kv`."""
+    s = settings or DraftSettings()
+    n_max = drafter.block_size - 1 if s.n_max is None else s.n_max
+    if not 0 <= n_max <= drafter.block_size - 1:
+        raise ValueError(f"n_max must lie in 0..{drafter.block_size - 1} (the block size is {drafter.block_size})")
+    target.kv.clear()
+    kv.reset()
+    out = SpecOutput(tokens=[], stop="length")
+    if n <= 0:
+        return out
+    t0 = time.perf_counter()
+    logits, features = target.forward(prompt_ids, taps=drafter.taps, logits="last")
+    t1 = time.perf_counter()
+    out.prompt_seconds = t1 - t0
+    committed, pending = len(prompt_ids), features     # pending: features not yet in the draft KV
+    out.tokens.append(int(np.argmax(logits[-1])))
+    while len(out.tokens) < n and out.tokens[-1] not in stop_ids:
+        anchor = out.tokens[-1]
+        n_block = min(n_max + 1, n - len(out.tokens) + 1)
+        drafts = []
+        if n_block > 1:
+            td = time.perf_counter()
+            kv.begin_step(committed, pending.reshape(len(pending), -1))
+            chain = drafter.draft(kv, anchor, n_block)
+            drafts = chain.tokens[:cut_length(chain, s.cut, s.p_min, s.n_min)]
+            out.draft_seconds += time.perf_counter() - td
+        logits, features = target.forward([anchor] + drafts, taps=drafter.taps, logits="all", stepwise=True)
+        posterior = np.argmax(logits, axis=1)
+        acc = 0
+        while acc < len(drafts) and drafts[acc] == posterior[acc]:
+            acc += 1
+        new = drafts[:acc] + [int(posterior[acc])]
+        new = new[:n - len(out.tokens)]
+        stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
+        if stop_at is not None:
+            new = new[:stop_at + 1]
+        out.tokens += new
+        out.steps.append(Step(drafted=len(drafts), accepted=len(new) - 1, produced=len(new)))
+        committed += len(new)
+        target.kv.crop(committed)
+        pending = features[:len(new)]
+    out.stop = "end-of-generation" if out.tokens[-1] in stop_ids else "length"
+    out.decode_seconds = time.perf_counter() - t1
+    out.draft_kv_bytes = kv.nbytes
+    return out

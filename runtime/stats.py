@@ -1,0 +1,52 @@
+"""Acceptance statistics of speculative runs, with the names and definitions of reference §11.
+
+`acceptance_stats(runs, block)` takes each sequence's steps (speculative.Step: drafted, accepted, produced)
+and the verified block length (n_max + 1); `DEFINITIONS` says what every number means, so reports can
+print the definition beside the value.
+"""
+
+DEFINITIONS = {
+    "sequences": "prompts decoded",
+    "steps": "verify passes (llama.cpp n_call_accept)",
+    "generated_tokens": "tokens produced after the prompts",
+    "drafted_tokens": "sum of drafts offered per step (llama.cpp #gen tokens)",
+    "accepted_tokens": "sum of accepted drafts, excluding the bonus (llama.cpp #acc tokens)",
+    "acceptance_rate": "accepted_tokens / drafted_tokens (llama-server draft acceptance)",
+    "mean_accepted_length_incl_bonus": "1 + accepted_tokens / steps (llama.cpp mean acc len)",
+    "tau_zlab": "mean over sequences of (mean over steps of accepted + 1) (z-lab tau)",
+    "per_position_accept_rate": "[i] = steps with more than i accepted / steps (llama.cpp acc rate/pos)",
+    "steps_with_any_accept": "steps with at least one accepted draft (llama.cpp #acc drafts)",
+    "accept_length_histogram": "[k-1] = fraction of steps with accepted + 1 = k (z-lab histogram)",
+    "lucebox_accept_rate": "sum(min(1 + accepted, produced)) / (steps * block), block = n_max + 1 (lucebox "
+                           "accept_rate, about tau / block)",
+    "verified_per_step": "tokens in the verify batch per step: 1 + drafted",
+    "accepted_per_step": "accepted_tokens / steps",
+    "avg_commit_per_step": "generated tokens / steps (lucebox avg_commit)",
+}
+
+
+def acceptance_stats(runs: list, block: int) -> dict:
+    """runs: one list of Steps per sequence; block: n_max + 1."""
+    steps = [s for run in runs for s in run]
+    n = len(steps)
+    drafted = sum(s.drafted for s in steps)
+    accepted = sum(s.accepted for s in steps)
+    per_run = [1 + sum(s.accepted for s in run) / len(run) for run in runs if run]
+    return {
+        "sequences": len(runs),
+        "steps": n,
+        "generated_tokens": sum(s.produced for s in steps),
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "mean_accepted_length_incl_bonus": 1 + accepted / n if n else 0.0,
+        "tau_zlab": sum(per_run) / len(per_run) if per_run else 0.0,
+        "per_position_accept_rate": [sum(s.accepted > i for s in steps) / n if n else 0.0 for i in range(block - 1)],
+        "steps_with_any_accept": sum(s.accepted > 0 for s in steps),
+        "accept_length_histogram": [sum(s.accepted + 1 == k for s in steps) / n if n else 0.0
+                                    for k in range(1, block + 1)],
+        "lucebox_accept_rate": sum(min(1 + s.accepted, s.produced) for s in steps) / (n * block) if n else 0.0,
+        "verified_per_step": sum(1 + s.drafted for s in steps) / n if n else 0.0,
+        "accepted_per_step": accepted / n if n else 0.0,
+        "avg_commit_per_step": sum(s.produced for s in steps) / n if n else 0.0,
+    }
