@@ -1,9 +1,10 @@
 """The drafter's attention: every noise-block query sees the cached context keys and all block keys.
 
-Keys arrive gathered in absolute-position order (the draft KV's window, then the noise block), and every
-sum runs over them in that order. The result therefore depends only on which positions are visible and
-their K/V values, never on where a cache keeps them (ring slot or full row): a ring with cap >= context is
-bit-identical to a full cache, and a smaller ring to recomputing its window from scratch.
+Keys are read from the draft KV's stores through a list of rows in absolute-position order (the visible
+context window, then the noise block), and every sum runs over them in that order. The result therefore
+depends only on which positions are visible and their K/V values, never on where a cache keeps them (ring
+slot or full row): a ring with cap >= context is bit-identical to a full cache, and a smaller ring to
+recomputing its window from scratch.
 
 Visibility: non-causal by default (DFlash); `causal` limits keys to positions <= the query's; a sliding
 window keeps |q_pos - k_pos| < window, as z-lab's reference masks it.
@@ -12,66 +13,104 @@ window keeps |q_pos - k_pos| < window, as z-lab's reference masks it.
 import numpy as np
 from numba import njit
 
-from ggtools.runtime import workers
+from ggtools.runtime import kernels, workers
 from ggtools.runtime.ggmlmath import EXACT
+from ggtools.runtime.simd import dot_4x8_main
 from ggtools.runtime.ops import rms_norm_row, rope_head
 from ggtools.runtime.workers import claim, enter, leave
 
+U = np.uint64
+
 PARALLEL_WORK = 1 << 16   # below this many multiply-adds, splitting over workers costs more than it saves
+STORE_TYPE_IDS = {np.dtype(np.float16): kernels.F16, np.dtype(np.float32): kernels.F32}
 
 
 @njit(**EXACT)
-def attention_pairs(q, k, v, q_pos, k_pos, scale, window, causal, out, counter):
-    """The (query row, head) pairs, claimed through counter (workers.py). q: (T, n_head, d);
-    k, v: (n_keys, n_kv, d) in key order; out: (T, n_head * d)."""
+def dot(row, q, r, d):
+    """row . q[r]: 8-lane accumulators over steps of 32 (reduce4x8), then the leftover dims in order."""
+    n32 = d // 32 * 32
+    s = dot_4x8_main(row, q, r, n32) if n32 else np.float32(0.0)
+    for j in range(n32, d):
+        s += row[j] * q[r, j]
+    return s
+
+
+@njit(**EXACT)
+def attention_groups(q, k_store, v_store, store_type, n_kv, slots, k_pos, q_pos, scale, window, causal, out,
+                     counter):
+    """One task per KV head g (claimed through counter, workers.py): its query heads' rows attend over the
+    keys stored at rows `slots` (in that order) of k_store / v_store, raw bytes of (rows, n_kv, d) values of
+    ggml type store_type (F16 or F32). Each key row is decoded once per task. q: (T, n_head, d);
+    out: (T, n_head * d)."""
     n_rows, n_head, d = q.shape
-    n_keys = k.shape[0]
-    group = n_head // k.shape[1]
+    group = n_head // n_kv
+    n_keys = slots.size
+    itemsize = U(2) if store_type == kernels.F16 else U(4)
+    row_bytes = U(d) * itemsize
     enter(counter)
     while True:
-        job = claim(counter)
-        if job >= n_rows * n_head:
+        g = claim(counter)
+        if g >= n_kv:
             break
-        t, h = job // n_head, job % n_head
-        g = h // group
-        w = np.empty(n_keys, np.float32)
-        m = -np.inf
+        n_q = n_rows * group
+        qg = np.empty((n_q, d), np.float32)
+        for r in range(n_q):
+            qg[r] = q[r // group, g * group + r % group]
+        w = np.empty((n_q, n_keys), np.float32)
+        row = np.empty(d, np.float32)
         for i in range(n_keys):
-            if (causal and k_pos[i] > q_pos[t]) or (window > 0 and abs(q_pos[t] - k_pos[i]) >= window):
-                w[i] = -np.inf
-                continue
-            s = np.float32(0.0)
+            kernels.decode_row(store_type, k_store, (U(slots[i]) * U(n_kv) + U(g)) * row_bytes, row, U(1), U(1))
+            for r in range(n_q):
+                qp = q_pos[r // group]
+                if (causal and k_pos[i] > qp) or (window > 0 and abs(qp - k_pos[i]) >= window):
+                    w[r, i] = -np.inf
+                else:
+                    w[r, i] = dot(row, qg, r, d) * scale
+        total = np.empty(n_q, np.float32)
+        for r in range(n_q):
+            m = -np.inf
+            for i in range(n_keys):
+                m = max(m, w[r, i])
+            t = np.float32(0.0)
+            for i in range(n_keys):
+                w[r, i] = np.exp(w[r, i] - m) if w[r, i] != -np.inf else np.float32(0.0)
+                t += w[r, i]
+            total[r] = t
+        acc = np.zeros((n_q, d), np.float32)
+        for i in range(n_keys):
+            kernels.decode_row(store_type, v_store, (U(slots[i]) * U(n_kv) + U(g)) * row_bytes, row, U(1), U(1))
+            for r in range(n_q):
+                p = w[r, i]
+                if p != np.float32(0.0):
+                    for j in range(d):
+                        acc[r, j] += p * row[j]
+        for r in range(n_q):
+            inv = np.float32(1.0) / total[r]
+            h = g * group + r % group
             for j in range(d):
-                s += q[t, h, j] * k[i, g, j]
-            w[i] = s * scale
-            m = max(m, w[i])
-        total = np.float32(0.0)
-        for i in range(n_keys):
-            w[i] = np.exp(w[i] - m) if w[i] != -np.inf else np.float32(0.0)
-            total += w[i]
-        acc = np.zeros(d, np.float32)
-        for i in range(n_keys):
-            if w[i] != np.float32(0.0):
-                for j in range(d):
-                    acc[j] += w[i] * v[i, g, j]
-        inv = np.float32(1.0) / total
-        for j in range(d):
-            out[t, h * d + j] = acc[j] * inv
+                out[r // group, h * d + j] = acc[r, j] * inv
     leave(counter)
 
 
-def attention(q, k, v, q_pos, k_pos, scale: float, window: int = 0, causal: bool = False) -> np.ndarray:
-    """(T, n_head, d) queries at q_pos over (n_keys, n_kv, d) keys/values at k_pos -> (T, n_head * d)."""
+def attention(q, k_store, v_store, slots, k_pos, q_pos, scale: float, window: int = 0,
+              causal: bool = False) -> np.ndarray:
+    """(T, n_head, d) queries at q_pos over the keys at rows `slots` of the (rows, n_kv, d) stores
+    (positions k_pos) -> (T, n_head * d)."""
     n_rows, n_head, d = q.shape
+    n_kv = k_store.shape[1]
     out = np.empty((n_rows, n_head * d), np.float32)
-    args = (np.ascontiguousarray(q, np.float32), np.ascontiguousarray(k, np.float32),
-            np.ascontiguousarray(v, np.float32), np.asarray(q_pos, np.int64), np.asarray(k_pos, np.int64),
+    args = (np.ascontiguousarray(q, np.float32), _bytes(k_store), _bytes(v_store), STORE_TYPE_IDS[k_store.dtype],
+            n_kv, np.asarray(slots, np.int64), np.asarray(k_pos, np.int64), np.asarray(q_pos, np.int64),
             np.float32(scale), int(window), bool(causal), out)
-    if n_rows * n_head * k.shape[0] * d * 2 >= PARALLEL_WORK:
-        workers.pool().run(attention_pairs, n_rows * n_head, *args)
+    if n_rows * n_head * len(slots) * d * 2 >= PARALLEL_WORK:
+        workers.pool().run(attention_groups, n_kv, *args)
     else:
-        attention_pairs(*args, np.zeros(2, np.int64))
+        attention_groups(*args, np.zeros(2, np.int64))
     return out
+
+
+def _bytes(store: np.ndarray) -> np.ndarray:
+    return store.reshape(-1).view(np.uint8)
 
 
 @njit(**EXACT)

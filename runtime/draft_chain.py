@@ -37,14 +37,12 @@ def _confidence(values: np.ndarray, chosen: float, top_k: int | None = None) -> 
 
 
 def chain_v1(logits: np.ndarray) -> DraftChain:
-    tokens, ps, margins = [], [], []
-    for row in logits:
-        j = int(np.argmax(row))
-        p, margin = _confidence(row, row[j], P_TOP_K)
-        tokens.append(j)
-        ps.append(p)
-        margins.append(margin)
-    return DraftChain(tokens, ps, margins)
+    tokens = np.argmax(logits, axis=1)
+    k = min(P_TOP_K, logits.shape[1])
+    top = np.sort(np.partition(logits, -k, axis=1)[:, -k:], axis=1).astype(np.float64)
+    p = 1.0 / np.exp(top - top[:, -1:]).sum(axis=1)
+    margin = top[:, -1] - top[:, -2] if k > 1 else np.full(len(top), np.inf)
+    return DraftChain(tokens.tolist(), p.tolist(), margin.tolist())
 
 
 def top_candidates(row: np.ndarray, k: int) -> np.ndarray:

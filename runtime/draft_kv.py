@@ -8,8 +8,8 @@ absolute position). A `committed` below what the cache holds is a rewind: the ca
 rebuilt from the features given. The noise block's K/V of a step are written to scratch rows
 (`write_noise`) and never become context.
 
-`keys(layer)` returns the visible context keys in absolute-position order followed by the noise rows,
-which is what makes the attention independent of slot layout (draft_attention.py). K/V are stored as
+`visible(layer)` gives the stores and the rows to attend: the visible context in absolute-position order,
+then the noise rows, which is what makes the attention independent of slot layout (draft_attention.py). K/V are stored as
 f16 (lucebox's type; "f32" keeps them exact).
 """
 
@@ -82,11 +82,10 @@ class DraftKV:
         self.v[layer][slots] = v
         self._noise = (slots, self.committed + np.arange(n))
 
-    def keys(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(k, v, positions): visible context in position order, then the noise rows, as float32."""
-        slots = np.concatenate([self._order, self._noise[0]])
-        positions = np.concatenate([self._positions, self._noise[1]])
-        return self.k[layer][slots].astype(np.float32), self.v[layer][slots].astype(np.float32), positions
+    def visible(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(k store, v store, rows, positions): the visible context rows in position order, then the noise rows."""
+        return (self.k[layer], self.v[layer], np.concatenate([self._order, self._noise[0]]),
+                np.concatenate([self._positions, self._noise[1]]))
 
     @property
     def nbytes(self) -> int:
@@ -129,6 +128,10 @@ class FullKV(DraftKV):
     def _visible(self, lo, committed):
         positions = np.arange(lo, committed)
         return positions, positions
+
+    def bytes_for(self, context: int) -> int:
+        """What this cache holds once a sequence reaches `context` positions."""
+        return self.bytes_per_row * _align(context + self.block_size, self.GROW)
 
 
 class RingKV(DraftKV):

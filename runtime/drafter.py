@@ -170,9 +170,9 @@ class Drafter:
         q, k, v = layer.qkv(n)
         kv.write_noise(i, norm_rope(k, hp.n_head_kv, layer.k_norm, hp.rms_eps, rope),
                        v.reshape(len(n), hp.n_head_kv, hp.head_dim))
-        keys, values, key_pos = kv.keys(i)
-        attn = attention(norm_rope(q, hp.n_head, layer.q_norm, hp.rms_eps, rope), keys, values, positions,
-                         key_pos, self.scale, layer.window, hp.causal)
+        k_store, v_store, rows, key_pos = kv.visible(i)
+        attn = attention(norm_rope(q, hp.n_head, layer.q_norm, hp.rms_eps, rope), k_store, v_store, rows, key_pos,
+                         positions, self.scale, layer.window, hp.causal)
         out = layer.wo(attn)
         return layer.attn_conv.apply(out, dyn, 1) if layer.attn_conv else out
 

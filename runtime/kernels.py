@@ -35,7 +35,7 @@ from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, n
 from ggtools.runtime import workers
 from ggtools.runtime.workers import claim, enter, leave
 from ggtools.runtime.ggmlmath import EXACT, fma, to_f16
-from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_main, dot_lanes8_1, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
+from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_4, dot_4x8_main, dot_lanes8_1, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
 
@@ -399,7 +399,16 @@ def dot_rows_float(w, x, one_row_structure, f16_tail, out, r):
     """out[t, r] = w . x[t] in the vec_dot layout (one_row_structure) or tinyBLAS's."""
     n_in = x.shape[0]
     if one_row_structure:
-        for t in range(n_in):
+        t = 0
+        if w.size % 32 == 0:     # no tail: rows share the loads of w, each with its own accumulators
+            n = w.size
+            while t + 4 <= n_in:
+                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_4x8_4(w, x, t, n)
+                t += 4
+            if t + 2 <= n_in:
+                out[t, r], out[t + 1, r] = dot_4x8_2(w, x, t, n)
+                t += 2
+        for t in range(t, n_in):
             out[t, r] = dot_one_row(w, x, t, f16_tail)
         return
     t = 0

@@ -125,29 +125,36 @@ def _dot_lanes8(n_rows):
     return intrinsic(typer)
 
 
-def _dot_4x8():
-    """ggml_vec_dot_f32 / f16 main part: w[:n32] . x[t, :n32] for n32 a multiple of 32."""
+def _dot_4x8(n_rows=None):
+    """ggml_vec_dot_f32 / f16 main part: w[:n32] . x[t, :n32] for n32 a multiple of 32. With n_rows, the
+    same for rows t..t+n_rows-1 sharing the loads of w (a tuple; each row keeps its own accumulators)."""
     def typer(typingctx, w, x, t, n32):
         def codegen(context, builder, signature, args):
             w_a, x_a, t_v, n_v = args
             w_t, x_t, _, _ = signature.args
-            row = _i64(builder, t_v)
-            acc = _Accumulators(builder, 4, ir.Constant(V8F, [0.0] * 8))
+            rows = [builder.add(_i64(builder, t_v), ir.Constant(I64, j)) for j in range(n_rows or 1)]
+            acc = _Accumulators(builder, 4 * len(rows), ir.Constant(V8F, [0.0] * 8))
             with cgutils.for_range(builder, builder.udiv(_i64(builder, n_v), ir.Constant(I64, 32))) as loop:
                 o = builder.mul(loop.index, ir.Constant(I64, 32))
                 wp = _element_ptr(context, builder, w_t, w_a, o)
-                xp = _element_ptr(context, builder, x_t, x_a, row, o)
-                for j in range(4):
-                    acc[j] = _fma8(builder, _load8(builder, wp, 8 * j), _load8(builder, xp, 8 * j), acc[j])
-            return _reduce4x8(builder, [acc[j] for j in range(4)])
+                ws = [_load8(builder, wp, 8 * j) for j in range(4)]
+                for r, row in enumerate(rows):
+                    xp = _element_ptr(context, builder, x_t, x_a, row, o)
+                    for j in range(4):
+                        acc[4 * r + j] = _fma8(builder, ws[j], _load8(builder, xp, 8 * j), acc[4 * r + j])
+            sums = [_reduce4x8(builder, [acc[4 * r + j] for j in range(4)]) for r in range(len(rows))]
+            return sums[0] if n_rows is None else _tuple(context, builder, sums, n_rows)
 
-        return types.float32(w, x, t, n32), codegen
+        ret = types.float32 if n_rows is None else types.UniTuple(types.float32, n_rows)
+        return ret(w, x, t, n32), codegen
     return intrinsic(typer)
 
 
 dot_lanes8_1 = _dot_lanes8(1)
 dot_lanes8_4 = _dot_lanes8(4)
 dot_4x8_main = _dot_4x8()
+dot_4x8_2 = _dot_4x8(2)
+dot_4x8_4 = _dot_4x8(4)
 
 
 @intrinsic

@@ -8,7 +8,7 @@ print the definition beside the value.
 DEFINITIONS = {
     "sequences": "prompts decoded",
     "steps": "verify passes (llama.cpp n_call_accept)",
-    "generated_tokens": "tokens produced after the prompts",
+    "generated_tokens": "tokens committed by the verify steps (the first token of each sequence comes from prefill)",
     "drafted_tokens": "sum of drafts offered per step (llama.cpp #gen tokens)",
     "accepted_tokens": "sum of accepted drafts, excluding the bonus (llama.cpp #acc tokens)",
     "acceptance_rate": "accepted_tokens / drafted_tokens (llama-server draft acceptance)",

@@ -1,7 +1,14 @@
+import sys
+
 import click
 
 from ggtools.cli.render import emit_json, human_bytes
 from ggtools.runtime.generate import run
+from ggtools.runtime.spec_run import run_speculative
+from ggtools.runtime.speculative import DraftSettings
+from ggtools.runtime.stats import DEFINITIONS
+
+DEFAULT_RING_CAP = 4096     # lucebox's default draft context (draft_ctx_max)
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -13,24 +20,72 @@ def _parse_ids(text: str) -> list[int]:
 
 @click.command("run")
 @click.option("--target", required=True, type=click.Path(exists=True, dir_okay=False), help="Target GGUF (first shard of a split model).")
+@click.option("--draft", type=click.Path(exists=True, dir_okay=False), help="DFlash drafter GGUF (llama.cpp or lucebox profile): decode speculatively.")
 @click.option("--prompt", help="Prompt text, tokenized with the GGUF's own vocabulary (special tokens parsed).")
 @click.option("--prompt-ids", help="Prompt as token ids, e.g. '1,415,2936' (any vocabulary).")
 @click.option("-n", "--n-predict", "n", default=64, show_default=True, type=click.IntRange(min=0), help="Tokens to generate.")
+@click.option("--ring-cap", type=click.IntRange(min=1), help=f"Draft KV: a ring of N context slots (default {DEFAULT_RING_CAP}).")
+@click.option("--full-kv", is_flag=True, help="Draft KV: keep every committed position.")
+@click.option("--n-max", type=click.IntRange(min=0), help="Drafts per step (default: block size - 1).")
+@click.option("--cut", type=click.Choice(["none", "prob", "margin"]), default="none", show_default=True,
+              help="Early cut: prob = stop at p(top1) < P (llama.cpp); margin = stop at top1 - top2 < 3*P (DFlash2: lattice scores).")
+@click.option("--p-min", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Threshold P of the cut.")
+@click.option("--n-min", type=click.IntRange(min=0), default=0, show_default=True, help="Fewer surviving drafts than this: offer none (llama.cpp).")
+@click.option("--min-acceptance", type=click.FloatRange(0, 1), help="Exit 1 when acceptance (accepted/drafted) is below this.")
+@click.option("--no-baseline", is_flag=True, help="Skip target-only decoding (no speedup, no output check).")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at an end-of-generation token.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def command(target, prompt, prompt_ids, n, threads, ignore_eos, as_json):
-    """Greedily continue a prompt with a target model on the CPU; report speed and memory.
+def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut, p_min, n_min, min_acceptance,
+            no_baseline, threads, ignore_eos, as_json):
+    """Greedily continue a prompt with a target model on the CPU, alone or drafted by a DFlash drafter;
+    report speed, memory and (with --draft) acceptance.
+
+    With --draft the output equals target-only greedy decoding (checked against it, unless --no-baseline),
+    and every acceptance statistic is printed with its definition. Exit 1 when the outputs differ or the
+    acceptance is below --min-acceptance.
 
     \b
     Examples:
       ggtools run --target SmolLM2-135M-Instruct.Q4_1.gguf --prompt 'Once upon a time' -n 32
       ggtools run --target tiny-qwen3-f16.gguf --prompt-ids 1,415,2936 --json
+      ggtools run --target target.gguf --draft drafter-q8_0.gguf --prompt 'def main():' --ring-cap 512
+      ggtools run --target target.gguf --draft drafter.gguf --prompt-ids 1,2,3 --cut margin --p-min 0.35 \\
+          --n-min 1 --min-acceptance 0.2
     """
     if (prompt is None) == (prompt_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-ids")
-    result = run(target, prompt=prompt, prompt_ids=_parse_ids(prompt_ids) if prompt_ids is not None else None,
-                 n=n, threads=threads, stop_at_eog=not ignore_eos)
+    ids = _parse_ids(prompt_ids) if prompt_ids is not None else None
+    if draft is None:
+        if ring_cap or full_kv or n_max is not None or cut != "none" or min_acceptance is not None:
+            raise click.UsageError("--ring-cap, --full-kv, --n-max, --cut and --min-acceptance need --draft")
+        _show_target_only(run(target, prompt=prompt, prompt_ids=ids, n=n, threads=threads,
+                              stop_at_eog=not ignore_eos), as_json)
+        return
+    if ring_cap and full_kv:
+        raise click.UsageError("give at most one of --ring-cap and --full-kv")
+    result = run_speculative(target, draft, [prompt if ids is None else ids], n,
+                             ring_cap=None if full_kv else (ring_cap or DEFAULT_RING_CAP),
+                             settings=DraftSettings(n_max=n_max, cut=cut, p_min=p_min, n_min=n_min),
+                             threads=threads, stop_at_eog=not ignore_eos, compare=not no_baseline)
+    failures = _failures(result, min_acceptance, no_baseline)
+    if as_json:
+        emit_json(result.to_dict() | {"failures": failures})
+    else:
+        _show_speculative(result, failures)
+    sys.exit(1 if failures else 0)
+
+
+def _failures(result, min_acceptance, no_baseline) -> list[str]:
+    out = []
+    if not no_baseline and not result.outputs_match_target:
+        out.append("speculative output differs from target-only greedy decoding")
+    if min_acceptance is not None and result.acceptance_rate < min_acceptance:
+        out.append(f"acceptance {result.acceptance_rate:.3f} is below --min-acceptance {min_acceptance}")
+    return out
+
+
+def _show_target_only(result, as_json):
     if as_json:
         emit_json(result.to_dict())
         return
@@ -40,3 +95,26 @@ def command(target, prompt, prompt_ids, n, threads, ignore_eos, as_json):
                f"{result.generate_tokens_per_second:.1f} tok/s", err=True)
     click.echo(f"memory: RSS {human_bytes(result.rss_bytes)}, peak {human_bytes(result.peak_rss_bytes)}; "
                f"threads {result.threads}", err=True)
+
+
+def _show_speculative(r, failures):
+    click.echo(r.texts[0] if r.texts else " ".join(map(str, r.outputs[0])))
+    err = lambda line: click.echo(line, err=True)  # noqa: E731
+    err(f"drafter: {r.draft} ({r.profile} profile, DFlash{'2' if r.version == 2 else ' v1'}), draft KV {r.draft_kv}, "
+        f"n_max {r.settings['n_max']}, cut {r.settings['cut']} (p_min {r.settings['p_min']}, n_min {r.settings['n_min']})")
+    for name, value in r.stats.items():
+        shown = "[" + ", ".join(f"{v:.3f}" for v in value) + "]" if isinstance(value, list) else (
+            f"{value:.4f}" if isinstance(value, float) else str(value))
+        err(f"  {name} = {shown}    ({DEFINITIONS[name]})")
+    if r.target_only_tokens_per_second:
+        err(f"  speed: speculative {r.speculative_tokens_per_second:.1f} tok/s, target-only "
+            f"{r.target_only_tokens_per_second:.1f} tok/s, speedup {r.speedup:.2f}x (same prompts, same run; "
+            f"drafting {100 * r.draft_seconds_share:.0f}% of the speculative time)")
+    else:
+        err(f"  speed: speculative {r.speculative_tokens_per_second:.1f} tok/s (no target-only baseline)")
+    err(f"  draft KV: {human_bytes(r.draft_kv_bytes)} ({r.draft_kv}); a full draft KV for this sequence: "
+        f"{human_bytes(r.draft_kv_bytes_full)}")
+    if r.target_only_tokens_per_second:
+        err(f"  output {'equals' if r.outputs_match_target else 'DIFFERS from'} target-only greedy decoding")
+    for f in failures:
+        err(f"FAIL: {f}")

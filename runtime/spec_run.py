@@ -1,0 +1,130 @@
+"""run_speculative: decode prompts with a target + drafter pair and measure it against target-only decoding.
+
+For every prompt, in the same process and alternating: plain greedy decoding (the reference output and
+speed) and speculative decoding (must give the same tokens). Both are timed from the end of the target's
+prefill (the same call in both) to the last token; compilation is done beforehand. Reports the acceptance
+statistics (stats.py), tok/s of each, the speedup, and the draft KV's memory next to what a full draft KV
+would hold for the longest sequence.
+"""
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from ggtools.runtime.drafter import Drafter
+from ggtools.runtime.generate import continue_greedy, warm_up
+from ggtools.runtime.hparams import ModelError
+from ggtools.runtime.model import TargetModel
+from ggtools.runtime.speculative import DraftSettings, speculative_generate
+from ggtools.runtime.stats import acceptance_stats
+from ggtools.runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class SpecRun:
+    target: str
+    draft: str
+    profile: str
+    version: int                    # 1 = DFlash v1, 2 = DFlash2
+    draft_kv: str                   # "full" or "ring:<cap>"
+    settings: dict
+    prompts: int
+    outputs: list                   # generated ids per prompt
+    outputs_match_target: bool      # speculative == target-only greedy, every prompt
+    stats: dict                     # acceptance statistics (stats.DEFINITIONS)
+    target_only_tokens_per_second: float
+    speculative_tokens_per_second: float
+    speedup: float                  # speculative / target-only tok/s, same prompts, same run
+    draft_seconds_share: float      # of the speculative decode time, the part spent drafting
+    draft_kv_bytes: int
+    draft_kv_bytes_full: int        # a FullKV's bytes for the longest sequence of this run
+    threads: int
+    mismatches: list = field(default_factory=list)   # prompt indices whose outputs differ (should be none)
+    texts: list | None = None       # decoded outputs, when the vocabulary decodes
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.stats["acceptance_rate"]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int | None = None,
+                    settings: DraftSettings | None = None, kv_type: str = "f16", threads: int | None = None,
+                    stop_at_eog: bool = True, compare: bool = True, mask_id: int | None = None) -> SpecRun:
+    """target, draft: GGUF paths (or a loaded TargetModel for target); prompts: texts (tokenized with the
+    target's vocabulary) or lists of token ids. compare: also run target-only greedy decoding (reference
+    tokens and speed)."""
+    if not prompts:
+        raise ModelError("no prompts")
+    model = target if isinstance(target, TargetModel) else TargetModel(target, threads=threads)
+    drafter = None
+    try:
+        drafter = Drafter(draft, model, mask_id=mask_id)
+        tokenizer = _tokenizer(model, required=any(isinstance(p, str) for p in prompts))
+        ids = [tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+        if not all(ids):
+            raise ModelError("a prompt has no tokens")
+        stop_ids = set(tokenizer.eog) if (tokenizer and stop_at_eog) else set()
+        run = _run(model, drafter, ids, n, ring_cap, settings or DraftSettings(), kv_type, stop_ids, compare)
+        if tokenizer:
+            run.texts = [tokenizer.decode(o) for o in run.outputs]
+        return run
+    finally:
+        if drafter:
+            drafter.close()
+        if model is not target:
+            model.close()
+
+
+def _run(model, drafter, prompts, n, ring_cap, settings, kv_type, stop_ids, compare) -> SpecRun:
+    kv = drafter.new_kv(ring_cap, kv_type)
+    warm_up(model)
+    speculative_generate(model, drafter, kv, prompts[0][:8], min(n, 2 * drafter.block_size), stop_ids, settings)
+    runs, outputs, mismatches = [], [], []
+    t_target = t_spec = t_draft = 0.0
+    longest = 0
+    for i, prompt in enumerate(prompts):
+        if compare:
+            reference, seconds = _target_only(model, prompt, n, stop_ids)
+            t_target += seconds
+        out = speculative_generate(model, drafter, kv, prompt, n, stop_ids, settings)
+        t_spec += out.decode_seconds
+        t_draft += out.draft_seconds
+        runs.append(out.steps)
+        outputs.append(out.tokens)
+        longest = max(longest, len(prompt) + len(out.tokens))
+        if compare and out.tokens != reference:
+            mismatches.append(i)
+    generated = sum(len(o) for o in outputs)
+    n_max = drafter.block_size - 1 if settings.n_max is None else settings.n_max
+    target_tps = generated / t_target if compare and t_target else 0.0
+    spec_tps = generated / t_spec if t_spec else 0.0
+    hp = drafter.hp
+    full = drafter.new_kv(None, kv_type)
+    return SpecRun(
+        target=model.path, draft=drafter.path, profile=hp.profile, version=2 if hp.v2 else 1,
+        draft_kv="full" if ring_cap is None else f"ring:{ring_cap}", settings=asdict(settings) | {"n_max": n_max},
+        prompts=len(prompts), outputs=outputs, outputs_match_target=compare and not mismatches,
+        stats=acceptance_stats(runs, n_max + 1), target_only_tokens_per_second=target_tps,
+        speculative_tokens_per_second=spec_tps, speedup=spec_tps / target_tps if target_tps else 0.0,
+        draft_seconds_share=t_draft / t_spec if t_spec else 0.0, draft_kv_bytes=kv.nbytes,
+        draft_kv_bytes_full=full.bytes_for(longest), threads=model.threads, mismatches=mismatches)
+
+
+def _target_only(model, prompt, n, stop_ids) -> tuple[list, float]:
+    """Plain greedy decoding; seconds from the end of prefill, as speculative_generate times it."""
+    model.kv.clear()
+    logits, _ = model.forward(prompt, logits="last")
+    t = time.perf_counter()
+    tokens, _ = continue_greedy(model, logits, n, stop_ids)
+    return tokens, time.perf_counter() - t
+
+
+def _tokenizer(model, required: bool) -> Tokenizer | None:
+    try:
+        return Tokenizer.from_gguf(model.weights.meta)
+    except Exception:
+        if required:
+            raise
+        return None
