@@ -1,0 +1,133 @@
+"""demo: the embedded demo pair end to end, with no downloads.
+
+The HF drafter shipped in ggtools/data/demo is copied to a work directory, converted (llama.cpp profile, the
+embedded target GGUF for tokenizer and checks), quantized (q8_0, q4-mix, q2_k), validated and pair-checked,
+then every variant decodes a few held-out prompts speculatively with the draft-KV ring (f16 also with a full
+draft KV), each against target-only decoding of the same prompts in the same run. The prompts are windows of
+standard-library modules the pair never trained on (demo_pair.json: corpus.held_out, eval.prompts).
+"""
+
+import json
+import os
+import shutil
+import sysconfig
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from ggtools.errors import GGToolsError
+from ggtools.jobs.convert import convert_dflash
+from ggtools.jobs.pair import pair_check
+from ggtools.jobs.quantize import plan_quantize
+from ggtools.jobs.validate import validate
+from ggtools.runtime.model import TargetModel
+from ggtools.runtime.spec_run import SpecRun, run_speculative
+from ggtools.runtime.tokenizer import Tokenizer
+from ggtools.shard_runner import run_plan
+
+SCHEMES = ("q8_0", "q4-mix", "q2_k")
+PROMPT_TOKENS = 128
+
+
+class DemoError(GGToolsError):
+    exit_code = 1
+
+
+@dataclass
+class Variant:
+    name: str                       # "f16", "q8_0", ... (+ " full KV")
+    path: str
+    bytes: int
+    checks: str                     # "validate ok, pair-check ok" or what failed
+    run: SpecRun | None = None
+
+
+@dataclass
+class DemoReport:
+    work_dir: str
+    prompts: list[str]              # "module.py@token offset"
+    variants: list[Variant] = field(default_factory=list)
+
+    @property
+    def all_match(self) -> bool:
+        return all(v.run.outputs_match_target for v in self.variants if v.run)
+
+
+def demo_data() -> Path:
+    return Path(str(resources.files("ggtools") / "data" / "demo"))
+
+
+def held_out_prompts(tokenizer: Tokenizer, count: int, length: int = PROMPT_TOKENS) -> list[tuple[str, list]]:
+    """`count` windows of held-out stdlib modules, spread over demo_pair.json's evaluation prompts."""
+    names = json.loads((demo_data() / "demo_pair.json").read_text())["eval"]["prompts"]["held_out"]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    step = max(1, len(names) // count)
+    out = []
+    for name in names[::step]:
+        module, _, at = name.partition("@")
+        path = stdlib / module
+        if not path.exists():
+            continue
+        ids = tokenizer.encode(path.read_text(encoding="utf-8", errors="replace"))
+        start = min(int(at), max(0, len(ids) - length))
+        if len(ids) >= length:
+            out.append((f"{module}@{start}", ids[start:start + length]))
+        if len(out) == count:
+            break
+    if not out:
+        raise DemoError(f"no held-out standard-library module found under {stdlib}")
+    return out
+
+
+def run_demo(work_dir, *, prompts: int = 6, n: int = 64, ring_cap: int = 64, threads: int = 1,
+             log=lambda line: None) -> DemoReport:
+    """Convert, quantize, check and decode; log(line) reports progress."""
+    data, work = demo_data(), Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    target = str(data / "target.gguf")
+    variants = _build_drafters(data, work, target, log)
+    model = TargetModel(target, threads=threads)
+    try:
+        chosen = held_out_prompts(Tokenizer.from_gguf(model.weights.meta), prompts)
+        report = DemoReport(str(work), [name for name, _ in chosen])
+        ids = [p for _, p in chosen]
+        log(f"decoding {len(ids)} held-out prompts x {n} tokens per variant, draft KV ring of {ring_cap} slots, "
+            f"{threads} thread(s); every output is checked against target-only greedy decoding")
+        f16 = variants[0]
+        full = Variant("f16, full KV", f16.path, f16.bytes, f16.checks)
+        for v in [full] + variants:
+            v.run = run_speculative(model, v.path, ids, n, ring_cap=None if v is full else ring_cap)
+            report.variants.append(v)
+            log(f"  {v.name}: acceptance {v.run.acceptance_rate:.3f}, tau {v.run.stats['tau_zlab']:.2f}, "
+                f"speedup {v.run.speedup:.2f}x")
+        return report
+    finally:
+        model.close()
+
+
+def _build_drafters(data: Path, work: Path, target: str, log) -> list[Variant]:
+    hf = work / "drafter-hf"
+    shutil.copytree(data / "drafter", hf, dirs_exist_ok=True)
+    f16 = work / "drafter-f16.gguf"
+    convert_dflash(hf, f16, profile="llama.cpp", target=target, outtype="f16", force=True)
+    log(f"converted {hf.name} -> {f16.name} (llama.cpp profile, --target-gguf target.gguf)")
+    paths = [("f16", f16)]
+    for scheme in SCHEMES:
+        out = work / f"drafter-{scheme}.gguf"
+        run_plan(plan_quantize(str(f16), str(out), scheme), jobs=1, force=True, progress=False)
+        paths.append((scheme, out))
+        log(f"quantized {f16.name} -> {out.name} (--scheme {scheme})")
+    variants = []
+    for name, path in paths:
+        checks = _checks(target, str(path))
+        variants.append(Variant(name, str(path), os.path.getsize(path), checks))
+        log(f"  {path.name}: {checks}")
+    return variants
+
+
+def _checks(target: str, draft: str) -> str:
+    v, p = validate([draft], deep=True), pair_check(target, draft)
+    if v.exit_code or p.exit_code:
+        raise DemoError(f"{draft}: validate {'ok' if not v.exit_code else 'FAILED'}, pair-check "
+                        f"{'ok' if not p.exit_code else 'FAILED: ' + '; '.join(f.message for f in p.errors)}")
+    return "validate --deep ok, pair-check ok"
