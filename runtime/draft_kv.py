@@ -65,6 +65,7 @@ class DraftKV:
             self._append(p, self.project(features[p - first:end - first], np.arange(p, end)))
         self.committed = self.next_pos = committed
         self._order, self._positions = self._visible(lo, committed)
+        self._noise = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     def _append(self, first: int, rows) -> None:
         slots = self._slots(np.arange(first, first + len(rows[0][0])))

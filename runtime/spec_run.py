@@ -61,6 +61,10 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
     drafter = None
     try:
         drafter = Drafter(draft, model, mask_id=mask_id)
+        n_max = (settings or DraftSettings()).n_max
+        if n_max is not None and not 0 <= n_max < drafter.block_size:
+            raise ModelError(f"--n-max {n_max}: the drafter's block of {drafter.block_size} drafts at most "
+                             f"{drafter.block_size - 1} tokens per step")
         tokenizer = _tokenizer(model, required=any(isinstance(p, str) for p in prompts))
         ids = [tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         if not all(ids):

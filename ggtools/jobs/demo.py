@@ -82,10 +82,10 @@ def held_out_prompts(tokenizer: Tokenizer, count: int, length: int = PROMPT_TOKE
 def run_demo(work_dir, *, prompts: int = 6, n: int = 64, ring_cap: int = 64, threads: int = 1,
              log=lambda line: None) -> DemoReport:
     """Convert, quantize, check and decode; log(line) reports progress."""
-    data, work = demo_data(), Path(work_dir)
+    work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    target = str(data / "target.gguf")
-    variants = _build_drafters(data, work, target, log)
+    target = str(demo_data() / "target.gguf")
+    variants = build_drafters(work, target, log)
     model = TargetModel(target, threads=threads)
     try:
         chosen = held_out_prompts(Tokenizer.from_gguf(model.weights.meta), prompts)
@@ -105,9 +105,12 @@ def run_demo(work_dir, *, prompts: int = 6, n: int = 64, ring_cap: int = 64, thr
         model.close()
 
 
-def _build_drafters(data: Path, work: Path, target: str, log) -> list[Variant]:
+def build_drafters(work: Path, target: str, log=lambda line: None) -> list[Variant]:
+    """The embedded HF drafter copied into `work`, converted to f16 (llama.cpp profile) and quantized with each
+    scheme; every file validated and pair-checked against `target`."""
+    work = Path(work)
     hf = work / "drafter-hf"
-    shutil.copytree(data / "drafter", hf, dirs_exist_ok=True)
+    shutil.copytree(demo_data() / "drafter", hf, dirs_exist_ok=True)
     f16 = work / "drafter-f16.gguf"
     convert_dflash(hf, f16, profile="llama.cpp", target=target, outtype="f16", force=True)
     log(f"converted {hf.name} -> {f16.name} (llama.cpp profile, --target-gguf target.gguf)")

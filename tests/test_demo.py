@@ -1,0 +1,43 @@
+"""`ggtools demo`: the embedded drafter converted, quantized, checked and decoded speculatively, one table; the
+requant-trunk part; held-out prompts from standard-library modules the demo pair never trained on."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from ggtools.cli import main
+from ggtools.jobs.demo import demo_data, held_out_prompts
+from ggtools.runtime import Tokenizer
+from ggtools.gguf import GGUFFile
+
+
+def test_held_out_prompts_come_from_held_out_modules():
+    meta = json.loads((demo_data() / "demo_pair.json").read_text())
+    with GGUFFile(demo_data() / "target.gguf") as f:
+        prompts = held_out_prompts(Tokenizer.from_gguf(f), 6, 100)
+    assert len(prompts) == 6 and all(len(ids) == 100 for _, ids in prompts)
+    assert {name.split("@")[0] for name, _ in prompts} <= set(meta["corpus"]["held_out"])
+
+
+def test_demo_json(tmp_path):
+    r = CliRunner().invoke(main, ["demo", "--work-dir", str(tmp_path), "--prompts", "2", "-n", "24", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    names = [v["name"] for v in out["variants"]]
+    assert names == ["f16, full KV", "f16", "q8_0", "q4-mix", "q2_k"]
+    for v in out["variants"]:
+        assert v["checks"] == "validate --deep ok, pair-check ok"
+        assert v["run"]["outputs_match_target"] and v["run"]["prompts"] == 2
+    ring, full = out["variants"][1]["run"], out["variants"][0]["run"]
+    assert ring["draft_kv"] == "ring:64" and full["draft_kv"] == "full"
+    assert ring["draft_kv_bytes"] < full["draft_kv_bytes"]
+
+
+@pytest.mark.slow
+def test_demo_default(tmp_path):
+    r = CliRunner().invoke(main, ["demo", "--work-dir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    for text in ("drafter", "acceptance", "tau", "speedup", "draft KV", "f16, full KV", "q4-mix", "q2_k",
+                 "2. requant-trunk", "all good"):
+        assert text in r.output
