@@ -19,7 +19,7 @@ from numba import njit
 
 from ggtools.runtime import workers
 from ggtools.runtime.workers import claim, enter, leave
-from ggtools.runtime.ggmlmath import EXACT, to_f16
+from ggtools.runtime.ggmlmath import EXACT, to_f16, to_f16_row
 from ggtools.runtime.kernels import dot_one_row
 from ggtools.runtime.ops import rms_norm_row, rope_head
 from ggtools.runtime.simd import dot_rows_4x8, dot_rows_lanes8, exp_blocks8
@@ -48,7 +48,9 @@ def softmax(w, out, f16):
         m = max(m, w[s])
     inv = np.float32(1.0 / exp_blocks8(w, np.float32(m), out))
     for s in range(w.size):
-        out[s] = to_f16(out[s] * inv) if f16 else out[s] * inv
+        out[s] = out[s] * inv
+    if f16:
+        to_f16_row(out, out)
 
 
 @njit(**EXACT)
@@ -67,8 +69,10 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, f16
         t, h = job // n_head, job % n_head
         g = h // group
         q16 = np.empty(d, np.float32)
-        for i in range(d):
-            q16[i] = to_f16(q[t, h, i]) if f16 else q[t, h, i]
+        if f16:
+            to_f16_row(q[t, h], q16)
+        else:
+            q16[:] = q[t, h]
         w = np.empty(n_pad, np.float32)
         dots(q16, k_cache[g], n_pad, one_row or not f16, f16, w)
         for s in range(n_pad):

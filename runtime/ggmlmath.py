@@ -18,6 +18,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ggtools.quants.floatbits import FP16_TO_F32, f32_bits, f32_from_bits, fp32_to_fp16
+from ggtools.runtime.simd import round_f16_8
 
 EXACT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 F32 = np.float32
@@ -39,6 +40,15 @@ def fma(typingctx, a, b, c):
 def to_f16(x):
     """Round a float32 to the nearest float16 value (F16C, round to nearest even)."""
     return FP16_TO_F32[fp32_to_fp16(x)]
+
+
+@njit(**EXACT)
+def to_f16_row(src, dst):
+    """dst[i] = to_f16(src[i]) for 1-D arrays, 8 values per vector instruction (same bits)."""
+    n8 = src.size // 8
+    round_f16_8(src, dst, n8)
+    for i in range(8 * n8, src.size):
+        dst[i] = to_f16(src[i])
 
 
 # ggml_v_expf constants (hex floats as written in ggml-cpu/vec.h)

@@ -34,7 +34,7 @@ from numba import njit
 from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, nearest_int
 from ggtools.runtime import workers
 from ggtools.runtime.workers import claim, enter, leave
-from ggtools.runtime.ggmlmath import EXACT, fma, to_f16
+from ggtools.runtime.ggmlmath import EXACT, fma, to_f16, to_f16_row
 from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_4, dot_4x8_main, dot_lanes8_1, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
@@ -453,8 +453,7 @@ def prepare_rows(kind, x, xq, xd, xs):
         elif kind == ACT_Q8_K:
             round_q8_k(src, dst)
         elif kind == ACT_F16:
-            for j in range(src.size):
-                dst[j] = to_f16(src[j])
+            to_f16_row(src, dst)
         elif kind == ACT_BF16:
             for j in range(src.size):
                 dst[j] = f32_from_bits(fp32_to_bf16(src[j]) << 16)

@@ -178,6 +178,25 @@ def decode_f16_8(typingctx, src, so, dst, n8):
     return types.void(src, so, dst, n8), codegen
 
 
+@intrinsic
+def round_f16_8(typingctx, src, dst, n8):
+    """dst[:8 * n8] = src[:8 * n8] rounded to f16 and back (vcvtps2ph/vcvtph2ps on F16C CPUs): LLVM's fptrunc
+    rounds to nearest even, the rounding ggml's FP32_TO_FP16 does, so the bits equal ggmlmath.to_f16's."""
+    def codegen(context, builder, signature, args):
+        src_a, dst_a, n_v = args
+        src_t, dst_t, _ = signature.args
+        sp = _element_ptr(context, builder, src_t, src_a, ir.Constant(I64, 0))
+        dp = _element_ptr(context, builder, dst_t, dst_a, ir.Constant(I64, 0))
+        with cgutils.for_range(builder, _i64(builder, n_v)) as loop:
+            o = builder.mul(loop.index, ir.Constant(I64, 8))
+            x = _load8(builder, builder.gep(sp, [o]))
+            half = builder.fptrunc(x, ir.VectorType(ir.HalfType(), 8))
+            builder.store(builder.fpext(half, V8F), builder.bitcast(builder.gep(dp, [o]), V8F.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.void(src, dst, n8), codegen
+
+
 # ---- fused decode + dot for 32-value block types --------------------------------------------------
 
 class Block32Layout:
