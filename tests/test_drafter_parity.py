@@ -101,3 +101,28 @@ def test_llama_cpp_quantized_drafters_decode_as_the_target(ref_drafter_quant, ti
         assert out.tokens == want
     drafter.close()
     model.close()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_ring_equals_full_and_window_recompute(tiny_drafters, tiny_target, tmp_path, version):
+    """DFlash2 (conv, lattice) and v1 on the tiny pair: ring cap >= context = full KV, small ring = recompute."""
+    from test_ring import Recording, WindowRecompute
+    path = tmp_path / "d.gguf"
+    convert_dflash(tiny_drafters[f"v{version}"], path, profile="llama.cpp", target=tiny_target.gguf["f16"],
+                   outtype="f16")
+    model = TargetModel(tiny_target.gguf["f16"], threads=1)
+    drafter = Drafter(path, model)
+    prompt = np.random.default_rng(2).integers(0, 1000, 120).tolist()
+    runs = {}
+    for name, kv in (("full", drafter.new_kv()), ("ring", drafter.new_kv(4096)), ("ring8", drafter.new_kv(8)),
+                     ("recompute8", WindowRecompute(drafter, 8))):
+        rec = Recording(drafter)
+        runs[name] = rec, speculative_generate(model, rec, kv, prompt, 40)
+    for a, b in (("full", "ring"), ("ring8", "recompute8")):
+        assert len(runs[a][0].hidden) == len(runs[b][0].hidden) > 20
+        assert all(np.array_equal(x, y) for x, y in zip(runs[a][0].hidden, runs[b][0].hidden))
+        assert [c.tokens for c in runs[a][0].chains] == [c.tokens for c in runs[b][0].chains]
+    model.kv.clear()
+    assert runs["full"][1].tokens == greedy(model, prompt, 40)[0]
+    drafter.close()
+    model.close()
