@@ -96,3 +96,25 @@ def test_output_rules(moe_set, tmp_path):
     assert r.exit_code == 2 and "exactly one of -o OUT and --in-place" in r.output
     r = cli("patch", "rm", moe_set[0], "no.such.key", "--in-place")
     assert r.exit_code == 2 and "not in the file" in r.output
+
+
+@pytest.mark.oracle
+def test_mask_patch_makes_a_real_drafter_usable(ref_drafter_gguf, tiny_target, tmp_path):
+    """A llama.cpp-profile drafter whose converter wrote only `dflash.mask_token_id` fails pair-check (llama.cpp
+    would decode -1 mask tokens: LC#26761); `patch mask-token` fixes it, the data section is byte-identical,
+    and libllama loads the result."""
+    from oracle_artifacts import llama_loads
+    src = ref_drafter_gguf(1, "f16")
+    broken, fixed = tmp_path / "broken.gguf", tmp_path / "fixed.gguf"
+    r = cli("patch", "rm", src, "tokenizer.ggml.mask_token_id", "-o", tmp_path / "tmp.gguf")
+    assert r.exit_code == 0, r.output
+    r = cli("patch", "set", tmp_path / "tmp.gguf", "dflash.mask_token_id=u32:1000", "-o", broken)
+    assert r.exit_code == 0, r.output
+    target = tiny_target.gguf["f16"]
+    assert cli("pair-check", target, broken).exit_code == 1
+    r = cli("patch", "mask-token", broken, "--target", target, "-o", fixed)
+    assert r.exit_code == 0 and "1000" in r.output, r.output
+    assert cli("pair-check", target, fixed).exit_code == 0
+    assert gguf.GGUFReader(fixed).fields["tokenizer.ggml.mask_token_id"].contents() == 1000
+    assert data_section(fixed) == data_section(src)
+    assert llama_loads(fixed)

@@ -70,3 +70,22 @@ def test_bytes_equal_llama_quantize_on_smollm2(smollm2_path, tmp_path, scheme, f
     assert got.keys() == want.keys()
     bad = [n for n in got if got[n] != want[n]]
     assert not bad, f"{len(bad)} tensors differ, e.g. {bad[:3]}"
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("scheme,ftype", [("q8_0", 7), ("q4-mix", 2), ("q2_k", 10)])
+def test_drafter_schemes_equal_llama_quantize(ref_drafter_gguf, tmp_path, version, scheme, ftype):
+    """The drafter schemes on llama.cpp's own f16 conversion of tiny DFlash v1/v2 drafters."""
+    src = ref_drafter_gguf(version, "f16")
+    ours = tmp_path / "ours.gguf"
+    r = cli("quantize", src, "-o", ours, "--scheme", scheme, "-q")
+    assert r.exit_code == 0, r.output
+    got = tensors_by_name(ours)
+    assert any(t in (T.Q2_K, T.Q4_0, T.Q8_0) for t, _ in got.values())
+    ref = tmp_path / "ref.gguf"
+    llama_quantize(src, ref, ftype, {n: t for n, (t, _) in got.items()})
+    want = tensors_by_name(ref)
+    assert got == want
+    from oracle_artifacts import llama_loads
+    assert llama_loads(ours)
