@@ -15,7 +15,7 @@ from numba import njit
 
 from ggtools.runtime import kernels, workers
 from ggtools.runtime.ggmlmath import EXACT
-from ggtools.runtime.simd import dot_4x8_main
+from ggtools.runtime.simd import dot_4x8_4, dot_4x8_main, exp_blocks8
 from ggtools.runtime.ops import rms_norm_row, rope_head
 from ggtools.runtime.workers import claim, enter, leave
 
@@ -26,13 +26,22 @@ STORE_TYPE_IDS = {np.dtype(np.float16): kernels.F16, np.dtype(np.float32): kerne
 
 
 @njit(**EXACT)
-def dot(row, q, r, d):
-    """row . q[r]: 8-lane accumulators over steps of 32 (reduce4x8), then the leftover dims in order."""
+def scores_of_key(row, qg, d, w, i):
+    """w[r, i] = row . qg[r] for every query row r: 8-lane accumulators over steps of 32 (reduce4x8), four
+    rows sharing the loads of row; leftover dims (head_dim not a multiple of 32) added in order."""
     n32 = d // 32 * 32
-    s = dot_4x8_main(row, q, r, n32) if n32 else np.float32(0.0)
-    for j in range(n32, d):
-        s += row[j] * q[r, j]
-    return s
+    r = 0
+    if n32:
+        while r + 4 <= qg.shape[0]:
+            w[r, i], w[r + 1, i], w[r + 2, i], w[r + 3, i] = dot_4x8_4(row, qg, r, n32)
+            r += 4
+        for r in range(r, qg.shape[0]):
+            w[r, i] = dot_4x8_main(row, qg, r, n32)
+    else:
+        w[:, i] = 0.0
+    for r in range(qg.shape[0]):
+        for j in range(n32, d):
+            w[r, i] += row[j] * qg[r, j]
 
 
 @njit(**EXACT)
@@ -40,13 +49,13 @@ def attention_groups(q, k_store, v_store, store_type, n_kv, slots, k_pos, q_pos,
                      counter):
     """One task per KV head g (claimed through counter, workers.py): its query heads' rows attend over the
     keys stored at rows `slots` (in that order) of k_store / v_store, raw bytes of (rows, n_kv, d) values of
-    ggml type store_type (F16 or F32). Each key row is decoded once per task. q: (T, n_head, d);
-    out: (T, n_head * d)."""
+    ggml type store_type (F16 or F32). Each key and value row is decoded once per task. Softmax: ggml's
+    vector expf in blocks of 8 keys, block sums added in float64. q: (T, n_head, d); out: (T, n_head * d)."""
     n_rows, n_head, d = q.shape
     group = n_head // n_kv
     n_keys = slots.size
-    itemsize = U(2) if store_type == kernels.F16 else U(4)
-    row_bytes = U(d) * itemsize
+    n_pad = (n_keys + 7) // 8 * 8
+    row_bytes = U(d) * (U(2) if store_type == kernels.F16 else U(4))
     enter(counter)
     while True:
         g = claim(counter)
@@ -56,31 +65,28 @@ def attention_groups(q, k_store, v_store, store_type, n_kv, slots, k_pos, q_pos,
         qg = np.empty((n_q, d), np.float32)
         for r in range(n_q):
             qg[r] = q[r // group, g * group + r % group]
-        w = np.empty((n_q, n_keys), np.float32)
+        w = np.full((n_q, n_pad), -np.inf, np.float32)
         row = np.empty(d, np.float32)
         for i in range(n_keys):
             kernels.decode_row(store_type, k_store, (U(slots[i]) * U(n_kv) + U(g)) * row_bytes, row, U(1), U(1))
-            for r in range(n_q):
-                qp = q_pos[r // group]
+            scores_of_key(row, qg, d, w, i)
+        e = np.empty((n_q, n_pad), np.float32)
+        total = np.empty(n_q, np.float32)
+        for r in range(n_q):
+            qp = q_pos[r // group]
+            m = -np.inf
+            for i in range(n_keys):
                 if (causal and k_pos[i] > qp) or (window > 0 and abs(qp - k_pos[i]) >= window):
                     w[r, i] = -np.inf
                 else:
-                    w[r, i] = dot(row, qg, r, d) * scale
-        total = np.empty(n_q, np.float32)
-        for r in range(n_q):
-            m = -np.inf
-            for i in range(n_keys):
-                m = max(m, w[r, i])
-            t = np.float32(0.0)
-            for i in range(n_keys):
-                w[r, i] = np.exp(w[r, i] - m) if w[r, i] != -np.inf else np.float32(0.0)
-                t += w[r, i]
-            total[r] = t
+                    w[r, i] *= scale
+                    m = max(m, w[r, i])
+            total[r] = np.float32(exp_blocks8(w[r], np.float32(m), e[r]))
         acc = np.zeros((n_q, d), np.float32)
         for i in range(n_keys):
             kernels.decode_row(store_type, v_store, (U(slots[i]) * U(n_kv) + U(g)) * row_bytes, row, U(1), U(1))
             for r in range(n_q):
-                p = w[r, i]
+                p = e[r, i]
                 if p != np.float32(0.0):
                     for j in range(d):
                         acc[r, j] += p * row[j]
