@@ -35,7 +35,8 @@ from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, n
 from ggtools.runtime import workers
 from ggtools.runtime.workers import claim, enter, leave
 from ggtools.runtime.ggmlmath import EXACT, fma, to_f16, to_f16_row
-from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_4, dot_4x8_main, dot_lanes8_1, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
+from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_4, dot_4x8_main, dot_lanes8_1, dot_lanes8_2,
+                                  dot_lanes8_3, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
 
@@ -411,13 +412,17 @@ def dot_rows_float(w, x, one_row_structure, f16_tail, out, r):
         for t in range(t, n_in):
             out[t, r] = dot_one_row(w, x, t, f16_tail)
         return
-    t = 0
+    t = 0     # rows in groups sharing the loads of w (independent accumulators, so no change to any row)
     while t + 4 <= n_in:
         out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_lanes8_4(w, x, t)
         t += 4
-    while t < n_in:
+    left = n_in - t
+    if left == 3:
+        out[t, r], out[t + 1, r], out[t + 2, r] = dot_lanes8_3(w, x, t)
+    elif left == 2:
+        out[t, r], out[t + 1, r] = dot_lanes8_2(w, x, t)
+    elif left == 1:
         (out[t, r],) = dot_lanes8_1(w, x, t)
-        t += 1
 
 
 # ---- activations ---------------------------------------------------------------------------------
