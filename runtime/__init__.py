@@ -1,18 +1,28 @@
 """ggtools.runtime: CPU runtime for target + DFlash drafter pairs (numpy + numba).
 
-Numerics are llama.cpp's CPU backend's, bit for bit for the types its tests cover (see ggmlmath).
+Target numerics are llama.cpp's CPU backend's, bit for bit for the types its tests cover (see ggmlmath).
 
     from ggtools.runtime import TargetModel, Tokenizer, greedy
     model = TargetModel("target.gguf", threads=2)
     logits, features = model.forward(ids, taps=[1, 5])   # appends to model.kv
     model.kv.crop(n)                                     # roll back to n tokens
+
+    drafter = Drafter("drafter.gguf", model)              # DFlash v1 / DFlash2, llama.cpp or lucebox profile
+    out = speculative_generate(model, drafter, drafter.new_kv(ring_cap=4096), ids, 64)   # = greedy output
 """
 
+from ggtools.runtime.draft_kv import FullKV, RingKV
+from ggtools.runtime.drafter import Drafter
 from ggtools.runtime.generate import RunResult, continue_greedy, greedy, run, warm_up
 from ggtools.runtime.hparams import HParams, ModelError
 from ggtools.runtime.kvcache import KVCache
 from ggtools.runtime.model import TargetModel
+from ggtools.runtime.spec_run import SpecRun, run_speculative
+from ggtools.runtime.speculative import DraftSettings, SpecOutput, Step, speculative_generate
+from ggtools.runtime.stats import DEFINITIONS, acceptance_stats
 from ggtools.runtime.tokenizer import Tokenizer, TokenizerError
 
-__all__ = ["HParams", "KVCache", "ModelError", "RunResult", "TargetModel", "Tokenizer", "TokenizerError",
-           "continue_greedy", "greedy", "run", "warm_up"]
+__all__ = ["DEFINITIONS", "DraftSettings", "Drafter", "FullKV", "HParams", "KVCache", "ModelError", "RingKV",
+           "RunResult", "SpecOutput", "SpecRun", "Step", "TargetModel", "Tokenizer", "TokenizerError",
+           "acceptance_stats", "continue_greedy", "greedy", "run", "run_speculative", "speculative_generate",
+           "warm_up"]
