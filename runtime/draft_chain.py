@@ -58,11 +58,11 @@ class Selector:
     """DFlash2's candidate selector: hidden projection [R, H] and the two codebooks [V, R]."""
 
     def __init__(self, w, hp):
-        R, V = hp.v2.selector_rank, None
+        R = hp.v2.selector_rank
         self.top_k = hp.v2.selector_top_k
         self.hidden_projection = w.matrix("selector_hidden.weight", hp.n_embd, R)
-        self.predecessor = w.matrix("selector_predecessor.weight", R, V)
-        self.successor = w.matrix("selector_successor.weight", R, V)
+        self.predecessor = w.matrix("selector_predecessor.weight", R)
+        self.successor = w.matrix("selector_successor.weight", R)
 
     def walk(self, logits: np.ndarray, hidden: np.ndarray, anchor: int) -> DraftChain:
         gates = self.hidden_projection(hidden)

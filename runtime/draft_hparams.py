@@ -89,7 +89,9 @@ def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None) -> DraftH
         raise ModelError(f"{gguf.path}: rope scaling '{scaling}' is not supported yet")
     n_layer = int(key("block_count", required=True))
     window = int(key("attention.sliding_window", 0) or 0)
-    pattern = key("attention.sliding_window_pattern")
+    pattern = key("attention.sliding_window_pattern") if window else None
+    if pattern is not None and len(pattern) != n_layer:
+        raise ModelError(f"{gguf.path}: sliding_window_pattern has {len(pattern)} entries for {n_layer} layers")
     if profile == "llama.cpp":
         taps, block, stored_mask, names = _llamacpp(gguf, key)
     else:
@@ -111,7 +113,7 @@ def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None) -> DraftH
         rope_freq_scale=1.0 / factor, block_size=int(block), mask_id=int(mask), taps=tuple(taps),
         embedding_scale=float(key("embedding_scale", 1.0)), causal=bool(key("attention.causal", False)),
         sliding_window=window,
-        sliding_layers=tuple(bool(p) for p in pattern) if (window and pattern is not None) else (bool(window),) * n_layer,
+        sliding_layers=tuple(bool(p) for p in pattern) if pattern is not None else (bool(window),) * n_layer,
         v2=_dflash2(gguf, key, tensor_names), names=names)
 
 

@@ -89,6 +89,20 @@ def test_parity_with_zlab_dflash2_scaled_softcapped(tiny_drafters, tiny_target, 
     assert (d.hp.v2.logit_scale, d.hp.v2.softcap, d.hp.embedding_scale) == pytest.approx((0.196, 2.0, 1.5))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_parity_with_zlab_sliding_window(tiny_drafters, tiny_target, target, hf_target, tmp_path, causal):
+    """A sliding layer (window 6, smaller than the block) beside a full one, non-causal or causal."""
+    hf = tmp_path / "dflash-swa"
+    shutil.copytree(tiny_drafters["v1"], hf)
+    config = json.loads((hf / "config.json").read_text())
+    config |= {"use_sliding_window": True, "sliding_window": 6, "is_causal": causal,
+               "layer_types": ["sliding_attention", "full_attention"]}
+    (hf / "config.json").write_text(json.dumps(config))
+    _compare(hf, 1, target, hf_target, tiny_target, tmp_path / "d.gguf")
+    d = Drafter(tmp_path / "d.gguf", target)
+    assert (d.hp.sliding_window, d.hp.sliding_layers, d.hp.causal) == (6, (True, False), causal)
+
+
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M", "Q2_K"])
 def test_llama_cpp_quantized_drafters_decode_as_the_target(ref_drafter_quant, tiny_target, version, ftype):
