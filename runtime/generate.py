@@ -68,7 +68,7 @@ def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads
         raise ValueError("give exactly one of prompt and prompt_ids")
     model = TargetModel(target, threads=threads)
     try:
-        tokenizer = _tokenizer(model, required=prompt is not None)
+        tokenizer = load_tokenizer(model, required=prompt is not None)
         ids = tokenizer.encode(prompt) if prompt is not None else [int(i) for i in prompt_ids]
         if not ids:
             raise ModelError("the prompt has no tokens")
@@ -92,10 +92,11 @@ def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads
         model.close()
 
 
-def _tokenizer(model: TargetModel, required: bool) -> Tokenizer | None:
+def load_tokenizer(model: TargetModel, required: bool) -> Tokenizer | None:
+    """The GGUF's tokenizer; None when there is none and only token ids are used."""
     try:
         return Tokenizer.from_gguf(model.weights.meta)
-    except Exception:
+    except ModelError:
         if required:
             raise
         return None

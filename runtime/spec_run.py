@@ -11,12 +11,11 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ggtools.runtime.drafter import Drafter
-from ggtools.runtime.generate import continue_greedy, warm_up
+from ggtools.runtime.generate import continue_greedy, load_tokenizer, warm_up
 from ggtools.runtime.hparams import ModelError
 from ggtools.runtime.model import TargetModel
 from ggtools.runtime.speculative import DraftSettings, speculative_generate
 from ggtools.runtime.stats import acceptance_stats
-from ggtools.runtime.tokenizer import Tokenizer
 
 
 @dataclass
@@ -65,7 +64,7 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
         if n_max is not None and not 0 <= n_max < drafter.block_size:
             raise ModelError(f"--n-max {n_max}: the drafter's block of {drafter.block_size} drafts at most "
                              f"{drafter.block_size - 1} tokens per step")
-        tokenizer = _tokenizer(model, required=any(isinstance(p, str) for p in prompts))
+        tokenizer = load_tokenizer(model, required=any(isinstance(p, str) for p in prompts))
         ids = [tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         if not all(ids):
             raise ModelError("a prompt has no tokens")
@@ -124,11 +123,3 @@ def _target_only(model, prompt, n, stop_ids) -> tuple[list, float]:
     tokens, _ = continue_greedy(model, logits, n, stop_ids)
     return tokens, time.perf_counter() - t
 
-
-def _tokenizer(model, required: bool) -> Tokenizer | None:
-    try:
-        return Tokenizer.from_gguf(model.weights.meta)
-    except Exception:
-        if required:
-            raise
-        return None
