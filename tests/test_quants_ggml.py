@@ -47,6 +47,10 @@ def edge_cases(rng) -> dict[str, np.ndarray]:
     cases["all zero"] = np.zeros((2, N), np.float32)
     cases["signed zeros"] = np.where(rng.random((2, N)) < 0.5, f32(-0.0), f32(0.0))
     cases["negative zero blocks"] = np.full((1, N), -0.0, np.float32)
+    magnitudes = np.abs(normal[:2])  # signed zeros as the min (or, negated, the max) of a block
+    with_zeros = np.where(rng.random((2, N)) < 0.2, np.where(rng.random((2, N)) < 0.5, f32(-0.0), f32(0.0)),
+                          magnitudes)
+    cases["signed zeros at the block min / max"] = np.concatenate([with_zeros, -with_zeros])
     cases["constant blocks"] = blockwise(rng, 4, lambda g, n: np.full(n, g.choice(
         [0.75, -2.5, 1e-3, -1e5, 3.0, -7.0, 1e-20]), np.float32), size=32)
     cases["constant super-blocks"] = blockwise(rng, 2, lambda g, n: np.full(n, g.choice(
