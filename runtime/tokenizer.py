@@ -46,6 +46,36 @@ ADD_BOS_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3"}
 IGNORE_MERGES_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3"}
 
 
+def merge_pairs(symbols: list[str], priority) -> list[str]:
+    """Repeatedly join the adjacent pair with the lowest priority(left, right) (None: never joined),
+    leftmost on ties, as llama.cpp's BPE and SPM tokenizers do; returns the joined symbols."""
+    prev = list(range(-1, len(symbols) - 1))
+    nxt = list(range(1, len(symbols) + 1))
+    if nxt:
+        nxt[-1] = -1
+    heap = []
+
+    def push(left, right):
+        if left >= 0 and right >= 0:
+            rank = priority(symbols[left], symbols[right])
+            if rank is not None:
+                heapq.heappush(heap, (rank, left, right, symbols[left] + symbols[right]))
+
+    for i in range(len(symbols) - 1):
+        push(i, i + 1)
+    while heap:
+        _, left, right, joined = heapq.heappop(heap)
+        if not symbols[left] or not symbols[right] or symbols[left] + symbols[right] != joined:
+            continue
+        symbols[left], symbols[right] = joined, ""
+        nxt[left] = nxt[right]
+        if nxt[right] >= 0:
+            prev[nxt[right]] = left
+        push(prev[left], left)
+        push(left, nxt[left])
+    return [s for s in symbols if s]
+
+
 class TokenizerError(ModelError):
     """A vocabulary the runtime cannot encode with; pass token ids instead."""
 
@@ -222,33 +252,7 @@ class BPETokenizer(Tokenizer):
 
     def _merge(self, word: str) -> list[str]:
         """Merge adjacent symbols by rank (lowest first, leftmost on ties)."""
-        symbols = list(word)
-        if len(symbols) < 2:
-            return symbols
-        prev = list(range(-1, len(symbols) - 1))
-        nxt = list(range(1, len(symbols) + 1))
-        nxt[-1] = -1
-        heap = []
-
-        def push(left, right):
-            if left >= 0 and right >= 0:
-                rank = self.ranks.get((symbols[left], symbols[right]))
-                if rank is not None:
-                    heapq.heappush(heap, (rank, left, right, symbols[left] + symbols[right]))
-
-        for i in range(len(symbols) - 1):
-            push(i, i + 1)
-        while heap:
-            _, left, right, text = heapq.heappop(heap)
-            if not symbols[left] or not symbols[right] or symbols[left] + symbols[right] != text:
-                continue
-            symbols[left], symbols[right] = text, ""
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prev[nxt[right]] = left
-            push(prev[left], left)
-            push(left, nxt[left])
-        return [s for s in symbols if s]
+        return merge_pairs(list(word), lambda a, b: self.ranks.get((a, b)))
 
     def _normal_piece(self, token_id, text):
         return bytes(CHAR_TO_BYTE.get(c, ord("?")) for c in text)
@@ -283,35 +287,11 @@ class SPMTokenizer(Tokenizer):
     def _encode_text(self, text: str, out: list) -> None:
         """Merge characters by token score (highest first, leftmost on ties); every merge result is
         a token, so what is left over are single characters, which fall back to byte tokens."""
-        symbols = list(text)
-        prev = list(range(-1, len(symbols) - 1))
-        nxt = list(range(1, len(symbols) + 1))
-        if nxt:
-            nxt[-1] = -1
-        heap = []
+        def priority(a, b):
+            tid = self.token_to_id.get(a + b)
+            return None if tid is None else -self.scores[tid]
 
-        def push(left, right):
-            if left >= 0 and right >= 0:
-                joined = symbols[left] + symbols[right]
-                tid = self.token_to_id.get(joined)
-                if tid is not None:
-                    heapq.heappush(heap, (-self.scores[tid], left, right, joined))
-
-        for i in range(len(symbols) - 1):
-            push(i, i + 1)
-        while heap:
-            _, left, right, joined = heapq.heappop(heap)
-            if not symbols[left] or not symbols[right] or symbols[left] + symbols[right] != joined:
-                continue
-            symbols[left], symbols[right] = joined, ""
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prev[nxt[right]] = left
-            push(prev[left], left)
-            push(left, nxt[left])
-        for sym in symbols:
-            if not sym:
-                continue
+        for sym in merge_pairs(list(text), priority):
             tid = self.token_to_id.get(sym)
             if tid is not None:
                 out.append(tid)
