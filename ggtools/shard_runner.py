@@ -82,6 +82,8 @@ def run_plan(plan: Plan, *, jobs=1, resume=False, force=False, verify=True, prog
         if os.path.exists(shard.dst) and not (force or (resume and os.path.basename(shard.dst) in manifest.entries)):
             raise GGUFError(shard.dst, "output exists; pass --force to overwrite it (or --resume to continue a run)")
     preflight_disk(todo)
+    for d in {os.path.dirname(os.path.abspath(s.dst)) for s in todo}:
+        os.makedirs(d, exist_ok=True)
     bars = Progress(todo, progress)
     errors = []
     try:      # existing outputs were cleared for overwriting above
@@ -141,6 +143,13 @@ def _remove_stale_partials(dst):
         os.unlink(p)
 
 
+def _existing_ancestor(path):
+    """path, or its nearest existing parent (where a directory still to be made would live)."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
 def preflight_disk(todo: list[ShardPlan]):
     """Refuse to start when the outputs cannot fit (space freed by outputs being replaced counts)."""
     by_dir = {}
@@ -149,7 +158,7 @@ def preflight_disk(todo: list[ShardPlan]):
         replaced = os.path.getsize(s.dst) if os.path.exists(s.dst) else 0
         by_dir[d] = by_dir.get(d, 0) + s.bytes_out + 1_000_000 - replaced     # ~1 MB header allowance
     for d, need in by_dir.items():
-        free = shutil.disk_usage(d).free
+        free = shutil.disk_usage(_existing_ancestor(d)).free
         if need > free:
             raise GGUFError(d, f"not enough disk space: the output needs {need / 1e9:.2f} GB, "
                                f"{free / 1e9:.2f} GB are free")

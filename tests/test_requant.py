@@ -138,6 +138,23 @@ def test_refuses_when_disk_too_small(moe_set, tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_output_directory_is_made_by_the_run_not_by_a_dry_run_or_a_refusal(moe_set, tmp_path, monkeypatch):
+    out = tmp_path / "new" / "dir"
+    result = CliRunner().invoke(main, ["requant-trunk", moe_set[0], "-o", str(out), "--dry-run", "-q"])
+    assert result.exit_code == 0 and "the output fits" in result.output, result.output
+    assert not (tmp_path / "new").exists()
+    with monkeypatch.context() as m:
+        m.setattr(shutil, "disk_usage", lambda d: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+        result = CliRunner().invoke(main, ["requant-trunk", moe_set[0], "-o", str(out), "-q"])
+        assert result.exit_code == 2 and "not enough disk space" in result.output
+    assert not (tmp_path / "new").exists()
+    outs = requant(moe_set, out)
+    assert all(os.path.exists(p) for p in outs)
+    (tmp_path / "a-file").write_text("x")
+    result = CliRunner().invoke(main, ["requant-trunk", moe_set[0], "-o", str(tmp_path / "a-file")])
+    assert result.exit_code == 2, result.output
+
+
 def test_refuses_to_overwrite_and_to_write_over_the_input(moe_set, tmp_path):
     requant(moe_set, tmp_path)
     result = CliRunner().invoke(main, ["requant-trunk", moe_set[0], "-o", str(tmp_path), "-q"])

@@ -10,7 +10,7 @@ from ggtools.shard_runner import preflight_disk, run_plan
 
 @click.command("requant-trunk")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
-@click.option("-o", "--out-dir", required=True, type=click.Path(file_okay=False), help="Where the output shards go (same names).")
+@click.option("-o", "--out-dir", required=True, type=click.Path(file_okay=False), help="Where the output shards go (same names; made if missing).")
 @click.option("--from", "src_type", default="q8_0", show_default=True, help="Type of the tensors to requantize.")
 @click.option("--to", "dst_type", default="q4_k", show_default=True, help="Their new type.")
 @click.option("--copy", "copy_patterns", multiple=True, metavar="REGEX", help="Also byte-copy tensors matching (repeatable).")

@@ -50,10 +50,10 @@ def _regex(pattern):
 
 
 def _check_out_dir(shards, out_dir):
-    if not os.path.isdir(out_dir):
-        raise GGUFError(out_dir, "output directory does not exist")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise GGUFError(out_dir, "output path exists and is not a directory")
     src_dir = os.path.dirname(os.path.abspath(shards.paths[0]))
-    if os.path.samefile(src_dir, out_dir):
+    if os.path.isdir(out_dir) and os.path.samefile(src_dir, out_dir):
         raise GGUFError(out_dir, "output directory is the input's directory; outputs keep the input names, "
                                  "so they would replace the input")
     if shards.missing:
