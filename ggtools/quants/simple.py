@@ -4,14 +4,15 @@ Per-block functions take (x, x_offset, y, y_offset): a flat float32 array and a 
 so a runtime can call them on any block of a tensor. They follow ggml's quantize_row_*_ref and
 dequantize_row_* statement by statement (quant-recipes.md §3). Element loops work on block views
 in 32-bit integers so LLVM vectorizes them (numba widens integer arithmetic to 64 bits, which
-AVX2 cannot vectorize, hence the np.int32 casts).
+AVX2 cannot vectorize, hence the np.int32 casts). Q4_1 and Q5_1 take each block's min and max from
+a first pass over a group of blocks (group_min_max), then encode.
 """
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import njit, prange
 
-from .floatbits import JIT, f32_from_bits, fp16_at, store_fp16
+from .floatbits import JIT, f32_bits, f32_from_bits, fp16_at, store_fp16
 
 QK, Q4_0_BYTES = GGML_QUANT_SIZES[T.Q4_0]
 Q4_1_BYTES = GGML_QUANT_SIZES[T.Q4_1][1]
@@ -25,6 +26,7 @@ F0 = np.float32(0.0)
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 TWO31 = np.float32(2.0**31)
 INT_MIN = np.int32(-(2**31))
+BYTE, SIGN8, FIFTEEN, FOUR = np.int32(0xFF), np.int32(0x80), np.int32(15), np.int32(4)
 KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
 
 
@@ -40,7 +42,7 @@ def c_int(f):
 @njit(**JIT)
 def c_int8(f):
     """(int8_t)f: the low byte of c_int(f), signed."""
-    return np.int32(((c_int(f) & 0xFF) ^ 0x80) - 0x80)
+    return np.int32(np.int32(np.int32(c_int(f) & BYTE) ^ SIGN8) - SIGN8)
 
 
 @njit(**JIT)
@@ -67,8 +69,8 @@ def signed_absmax(xb):
 
 
 @njit(**JIT)
-def min_max(xb):
-    """min and max from +-FLT_MAX with strict compares (NaNs skipped)."""
+def min_max_in_order(xb):
+    """min and max from +-FLT_MAX with strict compares (NaNs skipped, the first of equal values wins)."""
     vmin = FLT_MAX
     vmax = -FLT_MAX
     for j in range(QK):
@@ -78,6 +80,41 @@ def min_max(xb):
         if v > vmax:
             vmax = v
     return vmin, vmax
+
+
+def _order_key(f):
+    b = np.array([f], np.float32).view(np.int32)[0]
+    return np.int32(b ^ ((b >> 31) & 0x7FFFFFFF))
+
+
+I32_MAX, I32_MIN = np.int32(2**31 - 1), np.int32(-(2**31))
+LOW31, INF_BITS, SHIFT31 = np.int32(0x7FFFFFFF), np.int32(0x7F800000), np.int32(31)
+KEY_FLT_MAX, KEY_NEG_FLT_MAX = _order_key(FLT_MAX), _order_key(-FLT_MAX)
+KEY_ZERO, KEY_NEG_ZERO = _order_key(0.0), _order_key(-0.0)
+
+
+@njit(**JIT)
+def order_key(bits):
+    """An int32 whose order is the float order of these float32 bits (-0 just below +0); its own
+    inverse, so it also turns a key back into bits."""
+    return np.int32(bits ^ ((bits >> SHIFT31) & LOW31))
+
+
+@njit(**JIT)
+def min_max(xb):
+    """min_max_in_order as an integer min/max over order keys, which has no serial float compare chain.
+    Equal floats have equal bits except +0 and -0, where the first one wins: a zero result is
+    recomputed in order."""
+    kmin, kmax = KEY_FLT_MAX, KEY_NEG_FLT_MAX
+    for j in range(QK):
+        b = np.int32(f32_bits(xb[j]))
+        nan = np.int32(b & LOW31) > INF_BITS
+        key = order_key(b)
+        kmin = min(kmin, I32_MAX if nan else key)
+        kmax = max(kmax, I32_MIN if nan else key)
+    if kmin == KEY_ZERO or kmin == KEY_NEG_ZERO or kmax == KEY_ZERO or kmax == KEY_NEG_ZERO:
+        return min_max_in_order(xb)
+    return f32_from_bits(order_key(kmin)), f32_from_bits(order_key(kmax))
 
 
 @njit(**JIT)
@@ -113,17 +150,17 @@ def quantize_block_q4_0(x, xo, y, yo):
 
 
 @njit(**JIT)
-def quantize_block_q4_1(x, xo, y, yo):
+def encode_block_q4_1(x, xo, y, yo, vmin, vmax):
+    """quantize_row_q4_1_ref for one block whose min and max (min_max) are known."""
     xb, yb = x[xo:xo + QK], y[yo:yo + Q4_1_BYTES]
-    vmin, vmax = min_max(xb)
     d = (vmax - vmin) / np.float32(15.0)
     idd = inverse(d)
     store_fp16(yb, 0, d)
     store_fp16(yb, 2, vmin)
-    for j in range(HALF):
-        q0 = min(np.int32(15), c_int8((xb[j] - vmin) * idd + np.float32(0.5)))
-        q1 = min(np.int32(15), c_int8((xb[HALF + j] - vmin) * idd + np.float32(0.5)))
-        yb[4 + j] = np.uint8((q0 & 0xFF) | ((q1 << 4) & 0xFF))
+    for j in range(HALF):  # int32 throughout, so the loop vectorizes
+        q0 = min(FIFTEEN, c_int8((xb[j] - vmin) * idd + np.float32(0.5)))
+        q1 = min(FIFTEEN, c_int8((xb[HALF + j] - vmin) * idd + np.float32(0.5)))
+        yb[4 + j] = np.uint8(np.int32(q0 & BYTE) | np.int32(np.int32(q1 << FOUR) & BYTE))
 
 
 @njit(**JIT)
@@ -149,9 +186,9 @@ def quantize_block_q5_0(x, xo, y, yo):
 
 
 @njit(**JIT)
-def quantize_block_q5_1(x, xo, y, yo):
+def encode_block_q5_1(x, xo, y, yo, vmin, vmax):
+    """quantize_row_q5_1_ref for one block whose min and max (min_max) are known."""
     xb, yb = x[xo:xo + QK], y[yo:yo + Q5_1_BYTES]
-    vmin, vmax = min_max(xb)
     d = (vmax - vmin) / np.float32(31.0)
     idd = inverse(d)
     store_fp16(yb, 0, d)
@@ -265,10 +302,27 @@ def quantize_q4_0(x, y):
         quantize_block_q4_0(x, b * QK, y, b * Q4_0_BYTES)
 
 
+GROUP = 64  # blocks per work item of the min/max types
+
+
+@njit(**JIT)
+def group_min_max(x, lo, hi):
+    """Min and max of blocks lo..hi-1, as a first pass: the min/max loops of consecutive blocks then
+    overlap in the CPU instead of each waiting inside one block's quantization."""
+    bounds = np.empty((2, hi - lo), np.float32)
+    for b in range(lo, hi):
+        bounds[0, b - lo], bounds[1, b - lo] = min_max(x[b * QK:(b + 1) * QK])
+    return bounds
+
+
 @njit(parallel=True, **JIT)
 def quantize_q4_1(x, y):
-    for b in prange(x.size // QK):
-        quantize_block_q4_1(x, b * QK, y, b * Q4_1_BYTES)
+    nb = x.size // QK
+    for g in prange((nb + GROUP - 1) // GROUP):
+        lo, hi = g * GROUP, min(nb, (g + 1) * GROUP)
+        bounds = group_min_max(x, lo, hi)
+        for b in range(lo, hi):
+            encode_block_q4_1(x, b * QK, y, b * Q4_1_BYTES, bounds[0, b - lo], bounds[1, b - lo])
 
 
 @njit(parallel=True, **JIT)
@@ -279,8 +333,12 @@ def quantize_q5_0(x, y):
 
 @njit(parallel=True, **JIT)
 def quantize_q5_1(x, y):
-    for b in prange(x.size // QK):
-        quantize_block_q5_1(x, b * QK, y, b * Q5_1_BYTES)
+    nb = x.size // QK
+    for g in prange((nb + GROUP - 1) // GROUP):
+        lo, hi = g * GROUP, min(nb, (g + 1) * GROUP)
+        bounds = group_min_max(x, lo, hi)
+        for b in range(lo, hi):
+            encode_block_q5_1(x, b * QK, y, b * Q5_1_BYTES, bounds[0, b - lo], bounds[1, b - lo])
 
 
 @njit(parallel=True, **JIT)
