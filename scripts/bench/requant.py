@@ -49,9 +49,13 @@ def conversion_rates(mb=16):
 
     def ours(threads):
         numba.set_num_threads(threads)
-        t = time.perf_counter()
-        quants.requantize(T.Q8_0, T.Q4_K, q8)
-        return values.nbytes / (time.perf_counter() - t) / 1e6
+        quants.requantize(T.Q8_0, T.Q4_K, q8[:64])      # the first launch after a thread-count change costs extra
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            quants.requantize(T.Q8_0, T.Q4_K, q8)
+            best = min(best, time.perf_counter() - t)
+        return values.nbytes / best / 1e6
 
     all_threads = numba.config.NUMBA_NUM_THREADS
     one, many = ours(1), ours(all_threads)
@@ -61,9 +65,12 @@ def conversion_rates(mb=16):
     try:
         from ggml_oracle import load_ggml
         ggml = load_ggml()
-        t = time.perf_counter()
-        ggml.quantize(T.Q4_K, quants.dequantize(T.Q8_0, q8))
-        c = values.nbytes / (time.perf_counter() - t) / 1e6
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            ggml.quantize(T.Q4_K, quants.dequantize(T.Q8_0, q8))
+            best = min(best, time.perf_counter() - t)
+        c = values.nbytes / best / 1e6
     except BaseException as e:        # pytest.skip is a BaseException
         print(f"(ggml C reference not available: {e})")
     return one, many, all_threads, c
