@@ -3,8 +3,10 @@
 One rewrite serves quantize, requant-trunk and patch. Per shard: KVs copied verbatim (with the plan's
 edits), tensor infos re-emitted with new types and offsets, copies done by kernel copy, conversions by
 dequantize → quantize in bounded row chunks. Output is atomic (temp file + rename). Verification re-reads
-the output once: container rules, every copied tensor byte for byte against the source, every converted
-tensor's sha256 against the bytes produced (whose scales were checked finite as they were made).
+the finished temporary file once, before it is fsync'ed and renamed (so it overlaps the disk writes, and no
+unverified shard ever has a final name): container rules, every copied tensor byte for byte against the
+source, every converted tensor's sha256 against the bytes produced (whose scales were checked finite as they
+were made).
 """
 
 import ctypes
@@ -55,7 +57,10 @@ def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None,
                     on_bytes(t.nbytes)
                 else:
                     produced[t.name] = _convert(w, src, t, action.dst_type, on_bytes, chunk_values)
-        return _verify(plan, src, produced) if verify else describe_output(plan.dst)
+            w.finish()
+            result = (_verify(plan, src, produced, w.temp_path) if verify
+                      else describe_output(w.temp_path, name=plan.dst))
+        return result
 
 
 def _declare(w: GGUFWriter, src: GGUFFile, plan: ShardPlan):
@@ -93,9 +98,9 @@ def _convert(w, src, t, dst_type, on_bytes, chunk_values) -> str:
     return h.hexdigest()
 
 
-def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str]) -> ShardResult:
-    """Re-read the output once: container rules, planned types and sizes, copies equal to the source byte
-    for byte, conversions equal to the bytes produced."""
+def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str], path) -> ShardResult:
+    """Re-read the output (written to path, to become plan.dst) once: container rules, planned types and
+    sizes, copies equal to the source byte for byte, conversions equal to the bytes produced."""
     actions = {a.name: a for a in plan.tensors}
     source = bytearray(HASH_CHUNK)
 
@@ -107,10 +112,10 @@ def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str]) -> ShardRe
                 raise RewriteError(f"{plan.dst}: copied tensor '{t.name}' differs from the source near byte "
                                    f"{offset} of the tensor")
 
-    with GGUFFile(plan.dst) as out:
+    with GGUFFile(path) as out:
         bad = [p for p in check_file(out) if p.severity == "error"]
         if bad:
-            raise RewriteError(f"output failed validation: {bad[0]}")
+            raise RewriteError(f"{plan.dst}: output failed validation: {bad[0].where}: {bad[0].rule}")
         for a in plan.tensors:
             t = out.tensor.get(a.name)
             if t is None or t.type_id != a.dst_type or t.nbytes != a.bytes_out:
@@ -135,11 +140,12 @@ def same_bytes(a, b, n) -> bool:
     return _libc.memcmp(pa, pb, n) == 0
 
 
-def describe_output(path) -> ShardResult:
-    """Size and content digest of a finished output (what the resume manifest records and re-checks)."""
+def describe_output(path, name=None) -> ShardResult:
+    """Size and content digest of an output (what the resume manifest records and re-checks); name: the
+    path to report, when path is still the temporary file."""
     with GGUFFile(path) as f:
         digest, tensors = content_digest(f)
-        return ShardResult(path, f.file_size, digest, tensors)
+        return ShardResult(name or path, f.file_size, digest, tensors)
 
 
 def source_identity(path) -> dict:

@@ -176,6 +176,7 @@ def test_copied_tensor_mismatch_fails_verification(moe_set, tmp_path, monkeypatc
     monkeypatch.setattr(writer.GGUFWriter, "copy_from", corrupting_copy)
     result = CliRunner().invoke(main, ["requant-trunk", moe_set[0], "-o", str(tmp_path), "-q", "-j", "1"])
     assert result.exit_code == 1 and "differs from the source" in result.output
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".gguf")]    # verified before the rename
 
 
 # ---- against llama-quantize's surgical recipe on a real qwen35moe (tests/oracle_artifacts.py) ----------
