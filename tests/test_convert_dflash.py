@@ -11,7 +11,6 @@ from click.testing import CliRunner
 from gguf import GGMLQuantizationType as T
 
 from ggtools.cli import main
-from ggtools.cli.convert import command as convert_command
 from ggtools.dflash.safetensors import CheckpointError
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile
@@ -19,10 +18,6 @@ from ggtools.jobs.convert import ConvertError, convert_dflash
 from ggtools.quants import quantize
 from test_convert_support import (H, HD, NH, NKV, VOCAB, drafter_config, from_bf16_bits, kv_table, make_checkpoint,
                                   make_target_gguf, random_tensors, to_bf16_bits, write_safetensors)
-
-if "convert" not in main.commands:
-    main.add_command(convert_command)
-
 
 @pytest.fixture
 def target(tmp_path):

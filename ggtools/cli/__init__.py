@@ -12,10 +12,21 @@ import click
 from ggtools import __version__
 from ggtools.errors import GGToolsError
 
-COMMANDS = ["inspect", "validate", "convert", "pair", "patch", "quantize", "requant_trunk", "run", "demo"]     # modules under ggtools.cli, each defining `command`
+# command name -> module under ggtools.cli defining `command`; imported only when that command runs (or for
+# --help), so `ggtools inspect` does not load numba and the runtime
+COMMANDS = {"inspect": "inspect", "validate": "validate", "convert": "convert", "pair-check": "pair",
+            "patch": "patch", "quantize": "quantize", "requant-trunk": "requant_trunk", "run": "run", "demo": "demo"}
 
 
 class Group(click.Group):
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        return importlib.import_module(f"ggtools.cli.{COMMANDS[name]}").command
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -39,7 +50,3 @@ def main(ctx, debug):
       ggtools validate --deep model-00001-of-00032.gguf
     """
     ctx.obj = {"debug": debug}
-
-
-for _name in COMMANDS:
-    main.add_command(importlib.import_module(f"ggtools.cli.{_name}").command)
