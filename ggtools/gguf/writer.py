@@ -176,12 +176,12 @@ class GGUFWriter:
         if self._index != len(self.infos):
             name, _, _, nbytes = self.infos[self._index]
             raise GGUFError(self.path, f"closed with tensor '{name}' at {self._written} of {nbytes} bytes")
+        self._fh.flush()
         self._write_behind(minimum=1)
 
     def commit(self):
         """finish, fsync, and rename into place."""
         self.finish()
-        self._fh.flush()
         os.fsync(self._fh.fileno())
         self._fh.close()
         os.replace(self._tmp, self.path)
