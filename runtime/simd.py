@@ -252,40 +252,51 @@ def _block_planes(builder, block_ptr, layout):
     return planes
 
 
-def _dot_row_block32(layout, n_rows):
-    """ggml_vec_dot_qX_q8_Y of the weight row at data[row_offset] (n_blocks blocks, decoded in
-    registers) with input rows t..t+n_rows-1 of (xq lane-major, xd, xs)."""
-    def typer(typingctx, data, row_offset, n_blocks, xq, xd, xs, t):
-        def codegen(context, builder, signature, args):
-            data_a, row_off, nb_v, xq_a, xd_a, xs_a, t_v = args
-            data_t, _, _, xq_t, xd_t, xs_t, _ = signature.args
-            row_ptr = _element_ptr(context, builder, data_t, data_a, row_off)
-            t_v = _i64(builder, t_v)
-            rows = [builder.add(t_v, ir.Constant(I64, j)) for j in range(n_rows)]
-            acc = _Accumulators(builder, n_rows, ir.Constant(V8F, [0.0] * 8))
-            summs = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
-            with cgutils.for_range(builder, _i64(builder, nb_v)) as loop:
-                b = loop.index
-                block_ptr = builder.gep(row_ptr, [builder.mul(b, ir.Constant(I64, layout.block_bytes))])
-                d_w = _load_half(builder, block_ptr)
-                planes = _block_planes(builder, block_ptr, layout)
-                o = builder.mul(b, ir.Constant(I64, 32))
-                for j, row in enumerate(rows):
-                    xp = _element_ptr(context, builder, xq_t, xq_a, row, o)
-                    prods = [builder.fmul(planes[i], _load8(builder, xp, 8 * i)) for i in range(4)]
-                    p = builder.fadd(builder.fadd(prods[0], prods[1]), builder.fadd(prods[2], prods[3]))
-                    d_x = builder.load(_element_ptr(context, builder, xd_t, xd_a, row, b))
-                    acc[j] = _fma8(builder, _splat(builder, builder.fmul(d_w, d_x)), p, acc[j])
-                if layout.m is not None:
-                    m_w = _load_half(builder, builder.gep(block_ptr, [ir.Constant(I64, layout.m)]))
+def _dot_row_block32_with(decode_block, row_lanes):
+    """ggml_vec_dot_qX_q8_Y of the weight row at data[row_offset] (n_blocks blocks, decoded in registers)
+    with input rows t..t+n_rows-1 of (xq, xd, xs): per block, decode_block(builder, block_ptr) once and
+    row_lanes(builder, decoded, x_ptr) -> <8 x float> per row; acc = fma(d_w * d_x, lanes, acc), hsum8,
+    plus the m_w * s_x sum for types with a min."""
+    def build(layout, n_rows):
+        def typer(typingctx, data, row_offset, n_blocks, xq, xd, xs, t):
+            def codegen(context, builder, signature, args):
+                data_a, row_off, nb_v, xq_a, xd_a, xs_a, t_v = args
+                data_t, _, _, xq_t, xd_t, xs_t, _ = signature.args
+                row_ptr = _element_ptr(context, builder, data_t, data_a, row_off)
+                t_v = _i64(builder, t_v)
+                rows = [builder.add(t_v, ir.Constant(I64, j)) for j in range(n_rows)]
+                acc = _Accumulators(builder, n_rows, ir.Constant(V8F, [0.0] * 8))
+                summs = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
+                with cgutils.for_range(builder, _i64(builder, nb_v)) as loop:
+                    b = loop.index
+                    block_ptr = builder.gep(row_ptr, [builder.mul(b, ir.Constant(I64, layout.block_bytes))])
+                    d_w = _load_half(builder, block_ptr)
+                    decoded = decode_block(builder, block_ptr, layout)
+                    o = builder.mul(b, ir.Constant(I64, 32))
                     for j, row in enumerate(rows):
-                        s_x = builder.load(_element_ptr(context, builder, xs_t, xs_a, row, b))
-                        summs[j] = _fma1(builder, m_w, s_x, summs[j])
-            results = [builder.fadd(_hsum8(builder, acc[j]), summs[j]) for j in range(n_rows)]
-            return _tuple(context, builder, results, n_rows)
+                        lanes = row_lanes(builder, decoded, _element_ptr(context, builder, xq_t, xq_a, row, o))
+                        d_x = builder.load(_element_ptr(context, builder, xd_t, xd_a, row, b))
+                        acc[j] = _fma8(builder, _splat(builder, builder.fmul(d_w, d_x)), lanes, acc[j])
+                    if layout.m is not None:
+                        m_w = _load_half(builder, builder.gep(block_ptr, [ir.Constant(I64, layout.m)]))
+                        for j, row in enumerate(rows):
+                            s_x = builder.load(_element_ptr(context, builder, xs_t, xs_a, row, b))
+                            summs[j] = _fma1(builder, m_w, s_x, summs[j])
+                results = [builder.fadd(_hsum8(builder, acc[j]), summs[j]) for j in range(n_rows)]
+                return _tuple(context, builder, results, n_rows)
 
-        return types.UniTuple(types.float32, n_rows)(data, row_offset, n_blocks, xq, xd, xs, t), codegen
-    return intrinsic(typer)
+            return types.UniTuple(types.float32, n_rows)(data, row_offset, n_blocks, xq, xd, xs, t), codegen
+        return intrinsic(typer)
+    return build
+
+
+def _plane_products(builder, planes, xp):
+    """Portable: the four lane-major planes times the lane-major float input, summed plane by plane."""
+    prods = [builder.fmul(planes[i], _load8(builder, xp, 8 * i)) for i in range(4)]
+    return builder.fadd(builder.fadd(prods[0], prods[1]), builder.fadd(prods[2], prods[3]))
+
+
+_dot_row_block32 = _dot_row_block32_with(_block_planes, _plane_products)
 
 
 # ---- the same dot on AVX2's integer instructions ---------------------------------------------------
@@ -324,46 +335,23 @@ def _block_bytes(builder, block_ptr, layout):
     return values, layout.value_offset != 0
 
 
-def _dot_row_block32_avx2(layout, n_rows):
-    """As _dot_row_block32, with int8 inputs in value order and ggml's own instruction sequence:
-    maddubs (|w| against sign-adjusted x for signed types), madd with ones, convert, fma."""
-    def typer(typingctx, data, row_offset, n_blocks, xq, xd, xs, t):
-        def codegen(context, builder, signature, args):
-            data_a, row_off, nb_v, xq_a, xd_a, xs_a, t_v = args
-            data_t, _, _, xq_t, xd_t, xs_t, _ = signature.args
-            row_ptr = _element_ptr(context, builder, data_t, data_a, row_off)
-            t_v = _i64(builder, t_v)
-            rows = [builder.add(t_v, ir.Constant(I64, j)) for j in range(n_rows)]
-            ones = ir.Constant(V16S, [1] * 16)
-            acc = _Accumulators(builder, n_rows, ir.Constant(V8F, [0.0] * 8))
-            summs = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
-            with cgutils.for_range(builder, _i64(builder, nb_v)) as loop:
-                b = loop.index
-                block_ptr = builder.gep(row_ptr, [builder.mul(b, ir.Constant(I64, layout.block_bytes))])
-                d_w = _load_half(builder, block_ptr)
-                w, signed = _block_bytes(builder, block_ptr, layout)
-                w_abs = _x86(builder, "llvm.x86.avx2.psign.b", V32B, [w, w]) if signed else w
-                o = builder.mul(b, ir.Constant(I64, 32))
-                for j, row in enumerate(rows):
-                    xp = _element_ptr(context, builder, xq_t, xq_a, row, o)
-                    x = builder.load(builder.bitcast(xp, V32B.as_pointer()), align=1)
-                    if signed:
-                        x = _x86(builder, "llvm.x86.avx2.psign.b", V32B, [x, w])
-                    pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, [w_abs, x])
-                    lanes = builder.sitofp(_x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, ones]), V8F)
-                    d_x = builder.load(_element_ptr(context, builder, xd_t, xd_a, row, b))
-                    acc[j] = _fma8(builder, _splat(builder, builder.fmul(d_w, d_x)), lanes, acc[j])
-                if layout.m is not None:
-                    m_w = _load_half(builder, builder.gep(block_ptr, [ir.Constant(I64, layout.m)]))
-                    for j, row in enumerate(rows):
-                        s_x = builder.load(_element_ptr(context, builder, xs_t, xs_a, row, b))
-                        summs[j] = _fma1(builder, m_w, s_x, summs[j])
-            results = [builder.fadd(_hsum8(builder, acc[j]), summs[j]) for j in range(n_rows)]
-            return _tuple(context, builder, results, n_rows)
+def _avx2_weights(builder, block_ptr, layout):
+    w, signed = _block_bytes(builder, block_ptr, layout)
+    return w, (_x86(builder, "llvm.x86.avx2.psign.b", V32B, [w, w]) if signed else w), signed
 
-        return types.UniTuple(types.float32, n_rows)(data, row_offset, n_blocks, xq, xd, xs, t), codegen
-    return intrinsic(typer)
 
+def _avx2_products(builder, decoded, xp):
+    """ggml's own sequence on int8 inputs in value order: maddubs (|w| against sign-adjusted x for
+    signed types), madd with ones, convert."""
+    w, w_abs, signed = decoded
+    x = builder.load(builder.bitcast(xp, V32B.as_pointer()), align=1)
+    if signed:
+        x = _x86(builder, "llvm.x86.avx2.psign.b", V32B, [x, w])
+    pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, [w_abs, x])
+    return builder.sitofp(_x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, ir.Constant(V16S, [1] * 16)]), V8F)
+
+
+_dot_row_block32_avx2 = _dot_row_block32_with(_avx2_weights, _avx2_products)
 
 
 # ---- attention: many dots against one vector, ggml_v_expf ------------------------------------------
