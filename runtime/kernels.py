@@ -32,6 +32,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import njit
 
 from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, nearest_int
+from ggtools.quants.simple import KVALUES_MXFP4
 from ggtools.runtime import workers
 from ggtools.runtime.workers import claim, enter, leave
 from ggtools.runtime.ggmlmath import EXACT, fma, to_f16, to_f16_row
@@ -59,7 +60,6 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
 
 U = np.uint64
 U0, U1, U2, U3, U4, U6, U8, U12, U16, U32 = (U(v) for v in (0, 1, 2, 3, 4, 6, 8, 12, 16, 32))
-KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
 # lane-major position of value e inside a 32-value block
 LANE_POS = np.array([(e % 4) * 8 + e // 4 for e in range(32)], dtype=np.int64)
 
@@ -281,7 +281,7 @@ def decode_q6_k(src, so, dst, do, qk):
 def decode_f16(src, so, dst, do, n):
     for j in range(n):
         o = so + j * U2
-        dst[do + j] = FP16_TO_F32[np.int64(src[o]) | (np.int64(src[o + U1]) << 8)]
+        dst[do + j] = fp16_at(src, o)
 
 
 @njit(**EXACT)
