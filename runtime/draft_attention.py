@@ -15,7 +15,7 @@ from numba import njit
 
 from ggtools.runtime import kernels, workers
 from ggtools.runtime.ggmlmath import EXACT
-from ggtools.runtime.simd import dot_4x8_4, dot_4x8_main, exp_blocks8
+from ggtools.runtime.simd import dot_4x8_2, dot_4x8_main, exp_blocks8
 from ggtools.runtime.ops import rms_norm_row, rope_head
 from ggtools.runtime.workers import claim, enter, leave
 
@@ -27,14 +27,15 @@ STORE_TYPE_IDS = {np.dtype(np.float16): kernels.F16, np.dtype(np.float32): kerne
 
 @njit(**EXACT)
 def scores_of_key(row, qg, d, w, i):
-    """w[r, i] = row . qg[r] for every query row r: 8-lane accumulators over steps of 32 (reduce4x8), four
-    rows sharing the loads of row; leftover dims (head_dim not a multiple of 32) added in order."""
+    """w[r, i] = row . qg[r] for every query row r: 8-lane accumulators over steps of 32 (reduce4x8), rows
+    in pairs sharing the loads of row (four rows' 16 accumulators would not fit the 16 vector registers);
+    leftover dims (head_dim not a multiple of 32) added in order."""
     n32 = d // 32 * 32
     r = 0
     if n32:
-        while r + 4 <= qg.shape[0]:
-            w[r, i], w[r + 1, i], w[r + 2, i], w[r + 3, i] = dot_4x8_4(row, qg, r, n32)
-            r += 4
+        while r + 2 <= qg.shape[0]:
+            w[r, i], w[r + 1, i] = dot_4x8_2(row, qg, r, n32)
+            r += 2
         for r in range(r, qg.shape[0]):
             w[r, i] = dot_4x8_main(row, qg, r, n32)
     else:

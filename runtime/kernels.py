@@ -36,7 +36,7 @@ from ggtools.quants.simple import KVALUES_MXFP4
 from ggtools.runtime import workers
 from ggtools.runtime.workers import claim, enter, leave
 from ggtools.runtime.ggmlmath import EXACT, fma, to_f16, to_f16_row
-from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_4, dot_4x8_main, dot_lanes8_1, dot_lanes8_2,
+from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_lanes8_1, dot_lanes8_2,
                                   dot_lanes8_3, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
@@ -284,7 +284,7 @@ def decode_f16(src, so, dst, do, n):
         dst[do + j] = fp16_at(src, o)
 
 
-@njit(**EXACT)
+@njit(inline="always", **EXACT)
 def decode_f16_row(src, so, dst, n):
     """A whole row from offset 0 of dst: 8 values per vector conversion, the tail through the table."""
     n8 = n >> U3
@@ -307,7 +307,7 @@ def decode_f32(src, so, dst, do, n):
                                     | (np.int64(src[o + U2]) << 16) | (np.int64(src[o + U3]) << 24))
 
 
-@njit(**EXACT)
+@njit(inline="always", **EXACT)
 def decode_row(qtype, src, so, dst, qk, block_bytes):
     """Decode one row (dst.size values) starting at byte so."""
     n = U(dst.size)
@@ -379,7 +379,7 @@ def quantize_q8_row(x, xq, xd, xs):
 
 # ---- float dot structures ------------------------------------------------------------------------
 
-@njit(**EXACT)
+@njit(inline="always", **EXACT)
 def dot_one_row(w, x, t, f16_tail):
     """ggml_vec_dot_f32 / ggml_vec_dot_f16 (AVX2) of w with x[t]: 4 accumulators of 8 lanes over
     steps of 32, reduce4x8, then leftovers (float fma for f32, float64 sum for f16)."""
@@ -395,18 +395,15 @@ def dot_one_row(w, x, t, f16_tail):
     return s
 
 
-@njit(**EXACT)
+@njit(inline="always", **EXACT)
 def dot_rows_float(w, x, one_row_structure, f16_tail, out, r):
     """out[t, r] = w . x[t] in the vec_dot layout (one_row_structure) or tinyBLAS's."""
     n_in = x.shape[0]
     if one_row_structure:
         t = 0
-        if w.size % 32 == 0:     # no tail: rows share the loads of w, each with its own accumulators
+        if w.size % 32 == 0:     # no tail: row pairs share the loads of w (8 accumulators fit the registers)
             n = w.size
-            while t + 4 <= n_in:
-                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_4x8_4(w, x, t, n)
-                t += 4
-            if t + 2 <= n_in:
+            while t + 2 <= n_in:
                 out[t, r], out[t + 1, r] = dot_4x8_2(w, x, t, n)
                 t += 2
         for t in range(t, n_in):

@@ -156,7 +156,6 @@ dot_lanes8_3 = _dot_lanes8(3)
 dot_lanes8_4 = _dot_lanes8(4)
 dot_4x8_main = _dot_4x8()
 dot_4x8_2 = _dot_4x8(2)
-dot_4x8_4 = _dot_4x8(4)
 
 
 @intrinsic
