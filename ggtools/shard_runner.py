@@ -105,13 +105,13 @@ def _execute(todo, jobs, force, verify, bars, errors):
             except GGToolsError as e:
                 errors.append((shard, e))
         return
-    ctx = multiprocessing.get_context("spawn")      # numba's OpenMP threads do not survive fork()
+    ctx = multiprocessing.get_context("fork" if _fork_is_safe() else "spawn")
     queue = ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    drain = threading.Thread(target=bars.drain, args=(queue,), daemon=True)
-    drain.start()
     with cf.ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads, queue)) as pool:
         futures = {pool.submit(_worker, shard, i, force, verify): shard for i, shard in enumerate(todo)}
+        drain = threading.Thread(target=bars.drain, args=(queue,), daemon=True)   # started after the forks
+        drain.start()
         for fut in cf.as_completed(futures):
             shard = futures[fut]
             try:
@@ -120,6 +120,14 @@ def _execute(todo, jobs, force, verify, bars, errors):
                 errors.append((shard, e))
     queue.put(None)
     drain.join()
+
+
+def _fork_is_safe() -> bool:
+    """A forked worker starts at once, with everything imported (a spawned one re-imports numba and reloads
+    every kernel: over a second of CPU each); but OpenMP threads do not survive fork(), so fork only while
+    this process has not started numba's thread pool."""
+    from numba.np.ufunc import parallel
+    return sys.platform.startswith("linux") and not getattr(parallel, "_is_initialized", True)
 
 
 _progress_queue = None

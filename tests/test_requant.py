@@ -3,6 +3,8 @@
 import collections
 import os
 import shutil
+import subprocess
+import sys
 
 import gguf
 import numpy as np
@@ -86,6 +88,41 @@ def test_parallel_equals_serial(moe_set, tmp_path):
     b = requant(moe_set, tmp_path / "b", "-j", "2")
     for x, y in zip(a, b):
         assert open(x, "rb").read() == open(y, "rb").read()
+
+
+WORKER_START = """
+import sys, multiprocessing
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from ggtools import quants, shard_runner
+from ggtools.jobs.requant import plan_requant_trunk
+methods, get_context = [], multiprocessing.get_context
+
+
+def recording_get_context(method=None):
+    if method:
+        methods.append(method)
+    return get_context(method)
+
+
+shard_runner.multiprocessing.get_context = recording_get_context
+if sys.argv[3] == "after-kernels":
+    quants.quantize(T.Q8_0, np.zeros((64, 32), np.float32))   # starts the thread pool
+shard_runner.run_plan(plan_requant_trunk(sys.argv[1], sys.argv[2]), jobs=2, progress=False)
+print(methods[0])
+"""
+
+
+@pytest.mark.parametrize("when, method", [("fresh", "fork"), ("after-kernels", "spawn")])
+def test_parallel_workers_fork_only_before_numba_threads(moe_set, tmp_path, when, method):
+    """Workers are forked (no re-import) unless numba's OpenMP pool already runs in this process."""
+    serial = requant(moe_set, tmp_path / "serial", "-j", "1")
+    run = subprocess.run([sys.executable, "-c", WORKER_START, moe_set[0], str(tmp_path / "par"), when],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[-1] == method
+    for x in serial:
+        assert open(x, "rb").read() == open(tmp_path / "par" / os.path.basename(x), "rb").read()
 
 
 def test_resume_after_a_crash(moe_set, tmp_path, monkeypatch):
