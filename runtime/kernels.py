@@ -36,7 +36,7 @@ from ggtools.quants.simple import KVALUES_MXFP4
 from ggtools.runtime import workers
 from ggtools.runtime.workers import claim, enter, leave
 from ggtools.runtime.ggmlmath import EXACT, fma, to_f16, to_f16_row
-from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_lanes8_1, dot_lanes8_2,
+from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_lanes8_1, dot_lanes8_2, dot_lanes8_8,
                                   dot_lanes8_3, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
@@ -410,6 +410,11 @@ def dot_rows_float(w, x, one_row_structure, f16_tail, out, r):
             out[t, r] = dot_one_row(w, x, t, f16_tail)
         return
     t = 0     # rows in groups sharing the loads of w (independent accumulators, so no change to any row)
+    while t + 8 <= n_in:      # eight chains of fmas hide the fma latency; four leave the core waiting
+        dots = dot_lanes8_8(w, x, t)
+        for j in range(8):
+            out[t + j, r] = dots[j]
+        t += 8
     while t + 4 <= n_in:
         out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_lanes8_4(w, x, t)
         t += 4

@@ -154,6 +154,7 @@ dot_lanes8_1 = _dot_lanes8(1)
 dot_lanes8_2 = _dot_lanes8(2)
 dot_lanes8_3 = _dot_lanes8(3)
 dot_lanes8_4 = _dot_lanes8(4)
+dot_lanes8_8 = _dot_lanes8(8)
 dot_4x8_main = _dot_4x8()
 dot_4x8_2 = _dot_4x8(2)
 

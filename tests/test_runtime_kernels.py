@@ -158,3 +158,14 @@ def test_portable_block_dot_equals_the_avx2_one(name):
     both(data, data.size // 3, prepared.xq, lanes, prepared.xd, prepared.xs, out)
     assert np.array_equal(out[0], out[1])
     assert np.abs(out[1] - run_matmul(qtype, data, 3, x).T).max() == 0
+
+
+@pytest.mark.parametrize("qtype", FLOATS, ids=lambda t: t.name)
+def test_float_batch_rows_do_not_depend_on_their_grouping(qtype):
+    """A 15-row batch is dotted in groups of 8, 4 and 3 rows sharing the weight loads: each row must get the
+    bits of a 2-row batch (the smallest batch in the same tinyBLAS layout)."""
+    data, w = make_weights(qtype)
+    x = np.random.default_rng(5).standard_normal((15, w.shape[1])).astype(np.float32)
+    batch = run_matmul(qtype, data, w.shape[0], x)
+    for t in range(15):
+        assert np.array_equal(batch[t], run_matmul(qtype, data, w.shape[0], x[[t, t]])[0])
