@@ -36,8 +36,9 @@ from ggtools.quants.simple import KVALUES_MXFP4
 from ggtools.runtime import workers
 from ggtools.runtime.workers import claim, enter, leave
 from ggtools.runtime.ggmlmath import EXACT, fma, to_f16, to_f16_row
-from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_lanes8_1, dot_lanes8_2, dot_lanes8_8,
-                                  dot_lanes8_3, dot_lanes8_4, dot_row_q4_0_1, dot_row_q4_0_4,
+from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot2_lanes8_1, dot2_lanes8_2, dot2_lanes8_3, dot2_lanes8_4,
+                                  dot_4x8_2, dot_4x8_main, dot_lanes8_1, dot_lanes8_2, dot_lanes8_3, dot_lanes8_4,
+                                  dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
 
@@ -410,11 +411,6 @@ def dot_rows_float(w, x, one_row_structure, f16_tail, out, r):
             out[t, r] = dot_one_row(w, x, t, f16_tail)
         return
     t = 0     # rows in groups sharing the loads of w (independent accumulators, so no change to any row)
-    while t + 8 <= n_in:      # eight chains of fmas hide the fma latency; four leave the core waiting
-        dots = dot_lanes8_8(w, x, t)
-        for j in range(8):
-            out[t + j, r] = dots[j]
-        t += 8
     while t + 4 <= n_in:
         out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_lanes8_4(w, x, t)
         t += 4
@@ -516,19 +512,50 @@ def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, c
     leave(counter)
 
 
+@njit(inline="always", **EXACT)
+def dot_weight_pair(w, x, out, r):
+    """out[t, r + k] = w[k] . x[t] in tinyBLAS's layout for the two weight rows of w: every load of x
+    serves both (each pair of rows keeps its own accumulator, so no bit changes)."""
+    n_in = x.shape[0]
+    t = 0
+    while t + 4 <= n_in:
+        dots = dot2_lanes8_4(w, x, t)
+        for j in range(4):
+            out[t + j, r], out[t + j, r + 1] = dots[j], dots[4 + j]
+        t += 4
+    left = n_in - t
+    if left == 3:
+        dots3 = dot2_lanes8_3(w, x, t)
+        for j in range(3):
+            out[t + j, r], out[t + j, r + 1] = dots3[j], dots3[3 + j]
+    elif left == 2:
+        dots2 = dot2_lanes8_2(w, x, t)
+        for j in range(2):
+            out[t + j, r], out[t + j, r + 1] = dots2[j], dots2[2 + j]
+    elif left == 1:
+        out[t, r], out[t, r + 1] = dot2_lanes8_1(w, x, t)
+
+
 @njit(**EXACT)
 def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x, out, tasks, one_row_structure, f16_tail, counter):
-    """As matmul_block32, weights dequantized row by row, dots in vec_dot's or tinyBLAS's layout."""
-    w = np.empty(x.shape[1], np.float32)
+    """As matmul_block32, weights dequantized row by row, dots in vec_dot's or tinyBLAS's layout (there, two
+    weight rows at a time)."""
+    w = np.empty((2, x.shape[1]), np.float32)
     enter(counter)
     while True:
         k = claim(counter)
         if k >= tasks.shape[0]:
             break
         offset, column = U(tasks[k, 0]), tasks[k, 2]
-        for i in range(tasks[k, 1]):
-            decode_row(qtype, buf, offset + U(i) * row_bytes, w, qk, block_bytes)
-            dot_rows_float(w, x, one_row_structure, f16_tail, out, column + i)
+        i = 0
+        while not one_row_structure and i + 2 <= tasks[k, 1]:
+            decode_row(qtype, buf, offset + U(i) * row_bytes, w[0], qk, block_bytes)
+            decode_row(qtype, buf, offset + U(i + 1) * row_bytes, w[1], qk, block_bytes)
+            dot_weight_pair(w, x, out, column + i)
+            i += 2
+        for i in range(i, tasks[k, 1]):
+            decode_row(qtype, buf, offset + U(i) * row_bytes, w[0], qk, block_bytes)
+            dot_rows_float(w[0], x, one_row_structure, f16_tail, out, column + i)
     leave(counter)
 
 

@@ -11,7 +11,8 @@ on how LLVM schedules them.
   plus the m_w * s_x sum for types with a min. On AVX2 CPUs this is ggml's own instruction sequence
   (maddubs, madd, convert; int8 inputs in value order); elsewhere a portable float version ("planes":
   lane l of plane i holds value 4l + i; inputs lane-major) gives the same bits.
-- dot_lanes8_1 / _4: tinyBLAS: lane l accumulates w[k] * x[k], k = l mod 8, with fma; hsum8.
+- dot_lanes8_1 .. _4: tinyBLAS: lane l accumulates w[k] * x[k], k = l mod 8, with fma; hsum8.
+  dot2_lanes8_1 .. _4: the same for two weight rows sharing the loads of x.
 - dot_4x8_main: ggml_vec_dot_f32 / f16: four 8-lane accumulators over steps of 32, reduce4x8.
 - dot_rows_4x8 / dot_rows_lanes8, exp_blocks8: attention's many dots against one vector and
   ggml_v_expf over a row (softmax).
@@ -103,25 +104,30 @@ def _tuple(context, builder, values, n):
 
 # ---- dot products --------------------------------------------------------------------------------
 
-def _dot_lanes8(n_rows):
-    """tinyBLAS dot of row w with rows t..t+n_rows-1 of x (length a multiple of 8)."""
+def _dot_lanes8(n_rows, n_weights=1):
+    """tinyBLAS dot of row w with rows t..t+n_rows-1 of x (length a multiple of 8). With n_weights = 2, w is
+    a (2, n) array of two weight rows sharing the loads of x: results w[0] . x[t..], then w[1] . x[t..]."""
     def typer(typingctx, w, x, t):
         def codegen(context, builder, signature, args):
             w_a, x_a, t_v = args
             w_t, x_t, _ = signature.args
             t_v = _i64(builder, t_v)
             rows = [builder.add(t_v, ir.Constant(I64, j)) for j in range(n_rows)]
-            n = _i64(builder, context.make_array(w_t)(context, builder, w_a).nitems)
-            acc = _Accumulators(builder, n_rows, ir.Constant(V8F, [0.0] * 8))
+            n = builder.udiv(_i64(builder, context.make_array(w_t)(context, builder, w_a).nitems),
+                             ir.Constant(I64, n_weights))
+            weight_rows = [[ir.Constant(I64, k)] if w_t.ndim == 2 else [] for k in range(n_weights)]
+            acc = _Accumulators(builder, n_weights * n_rows, ir.Constant(V8F, [0.0] * 8))
             with cgutils.for_range(builder, builder.udiv(n, ir.Constant(I64, 8))) as loop:
                 o = builder.mul(loop.index, ir.Constant(I64, 8))
-                wv = _load8(builder, _element_ptr(context, builder, w_t, w_a, o))
+                ws = [_load8(builder, _element_ptr(context, builder, w_t, w_a, *index, o)) for index in weight_rows]
                 for j, row in enumerate(rows):
                     xv = _load8(builder, _element_ptr(context, builder, x_t, x_a, row, o))
-                    acc[j] = _fma8(builder, wv, xv, acc[j])
-            return _tuple(context, builder, [_hsum8(builder, acc[j]) for j in range(n_rows)], n_rows)
+                    for k, wv in enumerate(ws):
+                        acc[k * n_rows + j] = _fma8(builder, wv, xv, acc[k * n_rows + j])
+            n_out = n_weights * n_rows
+            return _tuple(context, builder, [_hsum8(builder, acc[j]) for j in range(n_out)], n_out)
 
-        return types.UniTuple(types.float32, n_rows)(w, x, t), codegen
+        return types.UniTuple(types.float32, n_weights * n_rows)(w, x, t), codegen
     return intrinsic(typer)
 
 
@@ -154,7 +160,7 @@ dot_lanes8_1 = _dot_lanes8(1)
 dot_lanes8_2 = _dot_lanes8(2)
 dot_lanes8_3 = _dot_lanes8(3)
 dot_lanes8_4 = _dot_lanes8(4)
-dot_lanes8_8 = _dot_lanes8(8)
+dot2_lanes8_1, dot2_lanes8_2, dot2_lanes8_3, dot2_lanes8_4 = (_dot_lanes8(n, n_weights=2) for n in (1, 2, 3, 4))
 dot_4x8_main = _dot_4x8()
 dot_4x8_2 = _dot_4x8(2)
 
