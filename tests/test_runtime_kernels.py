@@ -6,7 +6,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from ggtools import quants
-from ggtools.runtime import kernels
+from ggtools.runtime import kernels, workers
 from ggtools.runtime.ggmlmath import expf, silu
 
 BLOCK32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
@@ -171,3 +171,20 @@ def test_float_batch_rows_do_not_depend_on_their_grouping(qtype, n_in):
     batch = run_matmul(qtype, data, w.shape[0], x)
     for t in range(n_in):
         assert np.array_equal(batch[t], run_matmul(qtype, data, w.shape[0], x[[t, t]])[0])
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.F16, T.Q4_K], ids=lambda t: t.name)
+def test_matmul_bits_do_not_depend_on_the_thread_count(qtype):
+    """Large enough to be split over the workers (kernels.PARALLEL_WORK), and a small one run in place."""
+    data, w = make_weights(qtype, n_rows=4096, n_cols=512)
+    x = np.random.default_rng(6).standard_normal((3, 512)).astype(np.float32)
+    assert 3 * 4096 * 512 >= kernels.PARALLEL_WORK
+    try:
+        results = []
+        for n in (1, 2, 3):
+            workers.set_threads(n)
+            results.append((run_matmul(qtype, data, 4096, x), run_matmul(qtype, data[:len(data) // 64], 64, x[:1])))
+    finally:
+        workers.set_threads(workers.default_threads())
+    for big, small in results[1:]:
+        assert np.array_equal(big, results[0][0]) and np.array_equal(small, results[0][1])
