@@ -25,7 +25,7 @@ from ggtools.runtime.ops import rms_norm_row, rope_head
 from ggtools.runtime.simd import dot_rows_4x8, dot_rows_lanes8, exp_blocks8
 
 KV_PAD = 32
-PARALLEL_WORK = 1 << 16   # below this many multiply-adds, splitting over workers costs more than it saves
+PARALLEL_WORK = 1 << 18   # below this many multiply-adds, splitting over workers costs more than it saves
 
 
 @njit(**EXACT)

@@ -21,7 +21,7 @@ from ggtools.runtime.workers import claim, enter, leave
 
 U = np.uint64
 
-PARALLEL_WORK = 1 << 16   # below this many multiply-adds, splitting over workers costs more than it saves
+PARALLEL_WORK = 1 << 18   # below this many multiply-adds, splitting over workers costs more than it saves
 STORE_TYPE_IDS = {np.dtype(np.float16): kernels.F16, np.dtype(np.float32): kernels.F32}
 
 
