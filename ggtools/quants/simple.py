@@ -82,15 +82,8 @@ def min_max_in_order(xb):
     return vmin, vmax
 
 
-def _order_key(f):
-    b = np.array([f], np.float32).view(np.int32)[0]
-    return np.int32(b ^ ((b >> 31) & 0x7FFFFFFF))
-
-
 I32_MAX, I32_MIN = np.int32(2**31 - 1), np.int32(-(2**31))
 LOW31, INF_BITS, SHIFT31 = np.int32(0x7FFFFFFF), np.int32(0x7F800000), np.int32(31)
-KEY_FLT_MAX, KEY_NEG_FLT_MAX = _order_key(FLT_MAX), _order_key(-FLT_MAX)
-KEY_ZERO, KEY_NEG_ZERO = _order_key(0.0), _order_key(-0.0)
 
 
 @njit(**JIT)
@@ -98,6 +91,10 @@ def order_key(bits):
     """An int32 whose order is the float order of these float32 bits (-0 just below +0); its own
     inverse, so it also turns a key back into bits."""
     return np.int32(bits ^ ((bits >> SHIFT31) & LOW31))
+
+
+KEY_FLT_MAX, KEY_NEG_FLT_MAX, KEY_ZERO, KEY_NEG_ZERO = (
+    order_key.py_func(b) for b in np.array([FLT_MAX, -FLT_MAX, 0.0, -0.0], np.float32).view(np.int32))
 
 
 @njit(**JIT)
@@ -316,13 +313,22 @@ def group_min_max(x, lo, hi):
 
 
 @njit(parallel=True, **JIT)
-def quantize_q4_1(x, y):
+def quantize_with_min_max(x, y, five_bits):
+    """Q4_1 or (five_bits) Q5_1: per group of blocks, the min/max pass, then the encoding."""
     nb = x.size // QK
     for g in prange((nb + GROUP - 1) // GROUP):
         lo, hi = g * GROUP, min(nb, (g + 1) * GROUP)
         bounds = group_min_max(x, lo, hi)
         for b in range(lo, hi):
-            encode_block_q4_1(x, b * QK, y, b * Q4_1_BYTES, bounds[0, b - lo], bounds[1, b - lo])
+            if five_bits:
+                encode_block_q5_1(x, b * QK, y, b * Q5_1_BYTES, bounds[0, b - lo], bounds[1, b - lo])
+            else:
+                encode_block_q4_1(x, b * QK, y, b * Q4_1_BYTES, bounds[0, b - lo], bounds[1, b - lo])
+
+
+@njit(**JIT)
+def quantize_q4_1(x, y):
+    quantize_with_min_max(x, y, False)
 
 
 @njit(parallel=True, **JIT)
@@ -331,14 +337,9 @@ def quantize_q5_0(x, y):
         quantize_block_q5_0(x, b * QK, y, b * Q5_0_BYTES)
 
 
-@njit(parallel=True, **JIT)
+@njit(**JIT)
 def quantize_q5_1(x, y):
-    nb = x.size // QK
-    for g in prange((nb + GROUP - 1) // GROUP):
-        lo, hi = g * GROUP, min(nb, (g + 1) * GROUP)
-        bounds = group_min_max(x, lo, hi)
-        for b in range(lo, hi):
-            encode_block_q5_1(x, b * QK, y, b * Q5_1_BYTES, bounds[0, b - lo], bounds[1, b - lo])
+    quantize_with_min_max(x, y, True)
 
 
 @njit(parallel=True, **JIT)
