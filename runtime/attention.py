@@ -25,7 +25,6 @@ from ggtools.runtime.ops import rms_norm_row, rope_head
 from ggtools.runtime.simd import dot_rows_4x8, dot_rows_lanes8, exp_blocks8
 
 KV_PAD = 32
-PARALLEL_WORK = 1 << 18   # below this many multiply-adds, splitting over workers costs more than it saves
 
 
 @njit(**EXACT)
@@ -119,8 +118,6 @@ def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positi
     one_row = n_tokens == 1 or stepwise
     args = (np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64), n_ctx,
             np.float32(scale), one_row, f16, out)
-    if n_tokens * n_head * n_ctx * d * 2 >= PARALLEL_WORK:
-        workers.pool().run(attention_rows, n_tokens * n_head, *args)
-    else:
-        attention_rows(*args, np.zeros(2, np.int64))
+    workers.run(attention_rows, n_tokens * n_head, n_tokens * n_head * n_ctx * d * 2, workers.ATTENTION_MIN_WORK,
+                *args)
     return out

@@ -21,7 +21,6 @@ from ggtools.runtime.workers import claim, enter, leave
 
 U = np.uint64
 
-PARALLEL_WORK = 1 << 18   # below this many multiply-adds, splitting over workers costs more than it saves
 STORE_TYPE_IDS = {np.dtype(np.float16): kernels.F16, np.dtype(np.float32): kernels.F32}
 
 
@@ -109,10 +108,7 @@ def attention(q, k_store, v_store, slots, k_pos, q_pos, scale: float, window: in
     args = (np.ascontiguousarray(q, np.float32), _bytes(k_store), _bytes(v_store), STORE_TYPE_IDS[k_store.dtype],
             n_kv, np.asarray(slots, np.int64), np.asarray(k_pos, np.int64), np.asarray(q_pos, np.int64),
             np.float32(scale), int(window), bool(causal), out)
-    if n_rows * n_head * len(slots) * d * 2 >= PARALLEL_WORK:
-        workers.pool().run(attention_groups, n_kv, *args)
-    else:
-        attention_groups(*args, np.zeros(2, np.int64))
+    workers.run(attention_groups, n_kv, n_rows * n_head * len(slots) * d * 2, workers.ATTENTION_MIN_WORK, *args)
     return out
 
 

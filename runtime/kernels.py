@@ -43,9 +43,6 @@ from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot2_lanes8_1, dot2_l
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
 
 ROWS_PER_TASK = 16
-# below this many multiply-adds a matmul runs in the calling thread: waking a worker was measured at tens of
-# µs on a VM, so one-row 576 x 3072 (1.8 M) took as long on two threads as on one, 576 x 12288 was 1.45x faster
-PARALLEL_WORK = 1 << 21
 
 # how a weight type's input is rounded (its vec_dot_type in ggml-cpu.c)
 ACT_F32, ACT_F16, ACT_BF16, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K = range(6)
@@ -629,20 +626,16 @@ class MatmulPlan:
         one-row batch (only changes float types)."""
         layout, n_in = self.layout, a.xq.shape[0]
         out = np.empty((n_in, self.n_rows), np.float32)
-        run = workers.pool().run if n_in * self.n_rows * layout.n_cols >= PARALLEL_WORK else _run_here
+        split = (len(self.tasks), n_in * self.n_rows * layout.n_cols, workers.MATMUL_MIN_WORK)
         if layout.block32:
-            run(matmul_block32, len(self.tasks), layout.type_id, layout.block_bytes, layout.row_bytes, self.buf,
-                a.xq, a.xd, a.xs, out, self.tasks)
+            workers.run(matmul_block32, *split, layout.type_id, layout.block_bytes, layout.row_bytes, self.buf,
+                        a.xq, a.xd, a.xs, out, self.tasks)
         else:
             # llama.cpp takes tinyBLAS for batches of 2+ rows when the row length allows, vec_dot otherwise
             one_row = layout.float_type and (n_in == 1 or stepwise or layout.n_cols % 8 != 0)
-            run(matmul_float, len(self.tasks), layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes,
-                self.buf, a.xq, out, self.tasks, one_row, layout.qtype != T.F32)
+            workers.run(matmul_float, *split, layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes,
+                        self.buf, a.xq, out, self.tasks, one_row, layout.qtype != T.F32)
         return [out[:, lo:hi] for lo, hi in self.columns]
-
-
-def _run_here(kernel, n_tasks, *args):
-    kernel(*args, np.zeros(2, np.int64))
 
 
 def matmul(layout: Layout, data: np.ndarray, a: PreparedInput, stepwise: bool = False) -> np.ndarray:

@@ -10,6 +10,9 @@ schedule simply does fewer tasks instead of holding the others up. The caller th
 tasks already claimed (counter[1] counts threads inside the claim loop); a worker that wakes up
 late finds nothing left and does nothing. Idle workers block on a queue.
 
+`run(kernel, n_tasks, work, min_work, *args)` keeps a small job (under min_work multiply-adds) in the
+calling thread: on a VM, waking a worker costs more than such a job.
+
 Kernels follow one shape:
 
     @njit(nogil=True)
@@ -141,6 +144,20 @@ class Workers:
 
 
 _pool: Workers | None = None
+
+# below this many multiply-adds a job runs in the calling thread alone: waking a worker was measured at tens of
+# µs on a VM (a one-row 576 x 3072 matmul took as long on two threads as on one; 576 x 12288 was 1.45x faster)
+MATMUL_MIN_WORK = 1 << 21
+ATTENTION_MIN_WORK = 1 << 18
+
+
+def run(kernel, n_tasks: int, work: int, min_work: int, *args) -> None:
+    """kernel(*args, counter) over n_tasks tasks: on the workers, or in this thread alone when `work`
+    (multiply-adds) is under min_work."""
+    if work >= min_work:
+        pool().run(kernel, n_tasks, *args)
+    else:
+        kernel(*args, np.zeros(2, np.int64))
 
 
 def pool() -> Workers:

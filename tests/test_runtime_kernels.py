@@ -175,10 +175,10 @@ def test_float_batch_rows_do_not_depend_on_their_grouping(qtype, n_in):
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.F16, T.Q4_K], ids=lambda t: t.name)
 def test_matmul_bits_do_not_depend_on_the_thread_count(qtype):
-    """Large enough to be split over the workers (kernels.PARALLEL_WORK), and a small one run in place."""
+    """Large enough to be split over the workers (workers.MATMUL_MIN_WORK), and a small one run in place."""
     data, w = make_weights(qtype, n_rows=4096, n_cols=512)
     x = np.random.default_rng(6).standard_normal((3, 512)).astype(np.float32)
-    assert 3 * 4096 * 512 >= kernels.PARALLEL_WORK
+    assert 3 * 4096 * 512 >= workers.MATMUL_MIN_WORK
     try:
         results = []
         for n in (1, 2, 3):
