@@ -37,6 +37,15 @@ def timed(cmd):
     return time.perf_counter() - t
 
 
+def best_seconds(fn, repeat=3):
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def drop_caches_hint():
     return "source in the page cache for both: the set was just written"
 
@@ -50,12 +59,7 @@ def conversion_rates(mb=16):
     def ours(threads):
         numba.set_num_threads(threads)
         quants.requantize(T.Q8_0, T.Q4_K, q8[:64])      # the first launch after a thread-count change costs extra
-        best = float("inf")
-        for _ in range(3):
-            t = time.perf_counter()
-            quants.requantize(T.Q8_0, T.Q4_K, q8)
-            best = min(best, time.perf_counter() - t)
-        return values.nbytes / best / 1e6
+        return values.nbytes / best_seconds(lambda: quants.requantize(T.Q8_0, T.Q4_K, q8)) / 1e6
 
     all_threads = numba.config.NUMBA_NUM_THREADS
     one, many = ours(1), ours(all_threads)
@@ -65,12 +69,7 @@ def conversion_rates(mb=16):
     try:
         from ggml_oracle import load_ggml
         ggml = load_ggml()
-        best = float("inf")
-        for _ in range(3):
-            t = time.perf_counter()
-            ggml.quantize(T.Q4_K, quants.dequantize(T.Q8_0, q8))
-            best = min(best, time.perf_counter() - t)
-        c = values.nbytes / best / 1e6
+        c = values.nbytes / best_seconds(lambda: ggml.quantize(T.Q4_K, quants.dequantize(T.Q8_0, q8))) / 1e6
     except BaseException as e:        # pytest.skip is a BaseException
         print(f"(ggml C reference not available: {e})")
     return one, many, all_threads, c
