@@ -523,7 +523,7 @@ def dot_weight_pair(w, x, out, r):
         for j in range(4):
             out[t + j, r], out[t + j, r + 1] = dots[j], dots[4 + j]
         t += 4
-    left = n_in - t
+    left = n_in - t      # the rest in one group (3 of a drafter's 7 rows): lone rows would wait on fma latency
     if left == 3:
         dots3 = dot2_lanes8_3(w, x, t)
         for j in range(3):
