@@ -131,7 +131,7 @@ class Drafter:
     def _rope(self, positions):
         hp = self.hp
         return ops.rope_angles(np.asarray(positions, np.int64), hp.rope_dims, hp.rope_base,
-                               np.float32(hp.rope_freq_scale), self.freq_factors)
+                               np.float32(hp.rope_freq_scale), self.freq_factors, *ops.NO_YARN)
 
     def context(self, features: np.ndarray) -> np.ndarray:
         """Target features (T, n_taps * H) -> fused context rows (T, H)."""

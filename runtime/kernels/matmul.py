@@ -589,9 +589,11 @@ def decode_rows(qtype, qk, block_bytes, row_bytes, data, rows, out):
 class PreparedInput:
     """Input rows rounded for one activation kind; shared by the matrices that take the same input."""
 
-    def __init__(self, x: np.ndarray, kind: int):
-        x = np.ascontiguousarray(x, np.float32)
+    def __init__(self, x: np.ndarray | None, kind: int):
         self.kind = kind
+        if x is None:
+            return
+        x = np.ascontiguousarray(x, np.float32)
         n_rows, n = x.shape
         quantized = kind in (ACT_Q8_0, ACT_Q8_1)
         self.xd = np.empty((n_rows, n // 32 if quantized else 0), np.float32)
@@ -601,6 +603,12 @@ class PreparedInput:
         else:
             self.xq = np.empty(x.shape, np.int8 if quantized and HAVE_AVX2 else np.float32)
             prepare_rows(kind, x, self.xq, self.xd, self.xs)
+
+    def take(self, rows: np.ndarray) -> "PreparedInput":
+        """The prepared rows `rows` (repeats allowed), as one contiguous input."""
+        out = PreparedInput(None, self.kind)
+        out.xq, out.xd, out.xs = self.xq[rows], self.xd[rows], self.xs[rows]
+        return out
 
 
 class Layout:

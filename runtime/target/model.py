@@ -39,7 +39,7 @@ class TargetModel:
         self.path = str(path)
         self.arch = arch_of(w.meta)
         self.token_embd = w.matrix("token_embd.weight")
-        self.hp = hp = read_hparams(w.meta, n_vocab=self.token_embd.n_rows, rope_neox=self.arch.rope_neox)
+        self.hp = hp = read_hparams(w.meta, n_vocab=self.token_embd.n_rows, arch_entry=self.arch)
         self.output_norm = w.vector("output_norm.weight", hp.n_embd)
         # tied embeddings: llama.cpp uses token_embd as the head when output.weight is absent
         self.output = w.matrix("output.weight", hp.n_embd) if w.has("output.weight") else self.token_embd
@@ -86,7 +86,8 @@ class TargetModel:
 
         self.kv.reserve(start + len(tokens))
         rope = ops.rope_angles(positions, hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale),
-                               self.rope_freq_factors)
+                               self.rope_freq_factors, np.float32(hp.rope_ext_factor),
+                               np.float32(hp.rope_attn_factor), np.array(hp.rope_corr_dims, np.float32))
         features = np.empty((len(tokens), len(taps), hp.n_embd), np.float32)
         x = self.token_embd.rows(tokens)
         for i, layer in enumerate(self.layers):
