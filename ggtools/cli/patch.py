@@ -68,10 +68,12 @@ def remove_keys(path, keys, out, in_place, force):
     _report(patch(path, edits, out=out, in_place=in_place, force=force), edits)
 
 
-def _report(written, edits):
+def _report(result, edits):
     for key, (vtype, value, elem) in edits.changes.items():
         click.echo(f"set {key} = {value!r} ({vtype.name}{f'[{elem.name}]' if elem is not None else ''})")
     for key in sorted(edits.removed):
         click.echo(f"removed {key}")
-    for p in written:
+    for p in result.written:
         click.echo(f"wrote {p}")
+    for name, n in result.nonfinite.items():
+        click.echo(f"warning: tensor '{name}': {n} NaN/inf values or blocks (copied unchanged)", err=True)

@@ -57,7 +57,7 @@ def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None
     """Check every file and every shard set named by `paths` (any shard of a set names the whole set)."""
     sets = _distinct_sets(paths)
     want_hashes = bool(manifest or write_manifest)
-    files = [p for s in sets for p in s.paths if p not in s.missing]
+    files = [s.paths[i] for s in sets for i in s.present_indices]
     with ThreadPoolExecutor(max_workers=jobs or min(len(files), os.cpu_count() or 1) or 1) as pool:
         reports = list(pool.map(lambda p: _check_one(p, deep, want_hashes), files))
     set_problems = []
@@ -76,8 +76,6 @@ def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None
 def _distinct_sets(paths) -> list[ShardSet]:
     sets, seen = [], set()
     for p in paths:
-        if not os.path.exists(p):
-            raise GGUFError(p, "no such file")
         s = ShardSet(p)
         key = tuple(os.path.abspath(x) for x in s.paths)
         if key not in seen:
