@@ -23,7 +23,7 @@ from ggtools import resume_manifest
 from ggtools.engine import ShardResult, rewrite_shard, source_identity
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFError, parse_shard_name
-from ggtools.gguf.outputs import check_output, os_error
+from ggtools.gguf.outputs import check_output, make_dir
 from ggtools.plan import Plan, ShardPlan
 from ggtools.sizes import human_bytes
 
@@ -113,12 +113,7 @@ def _make_dirs(todo) -> list[str]:
             missing.append(d)
             d = os.path.dirname(d)
         for m in reversed(missing):
-            try:
-                os.mkdir(m)
-            except FileExistsError:
-                raise GGUFError(m, "exists and is not a directory") from None
-            except OSError as e:
-                raise os_error(m, e) from None
+            make_dir(m)
             made.append(m)
     return made
 

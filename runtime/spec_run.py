@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ggtools.runtime.drafter import Drafter
-from ggtools.runtime.generate import continue_greedy, load_tokenizer, warm_up
+from ggtools.runtime.generate import check_context, continue_greedy, load_tokenizer, warm_up
 from ggtools.runtime.hparams import ModelError
 from ggtools.runtime.model import TargetModel
 from ggtools.runtime.speculative import DraftSettings, speculative_generate
@@ -50,10 +50,12 @@ class SpecRun:
 
 def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int | None = None,
                     settings: DraftSettings | None = None, kv_type: str = "f16", threads: int | None = None,
-                    stop_at_eog: bool = True, compare: bool = True, mask_id: int | None = None) -> SpecRun:
+                    stop_at_eog: bool = True, compare: bool = True, mask_id: int | None = None,
+                    n_ctx: int | None = None, progress=None) -> SpecRun:
     """target, draft: GGUF paths (or a loaded TargetModel for target); prompts: texts (tokenized with the
     target's vocabulary) or lists of token ids. compare: also run target-only greedy decoding (reference
-    tokens and speed)."""
+    tokens and speed). n_ctx: the most tokens a sequence may reach (default: the target's context length);
+    progress(k): k new tokens decoded (both decodings count)."""
     if not prompts:
         raise ModelError("no prompts")
     model = target if isinstance(target, TargetModel) else TargetModel(target, threads=threads)
@@ -68,8 +70,10 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
         ids = [tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         if not all(ids):
             raise ModelError("a prompt has no tokens")
+        for p in ids:
+            check_context(model, len(p), n, n_ctx)
         stop_ids = set(tokenizer.eog) if (tokenizer and stop_at_eog) else set()
-        run = _run(model, drafter, ids, n, ring_cap, settings or DraftSettings(), kv_type, stop_ids, compare)
+        run = _run(model, drafter, ids, n, ring_cap, settings or DraftSettings(), kv_type, stop_ids, compare, progress)
         if tokenizer:
             run.texts = [tokenizer.decode(o) for o in run.outputs]
         return run
@@ -80,7 +84,7 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
             model.close()
 
 
-def _run(model, drafter, prompts, n, ring_cap, settings, kv_type, stop_ids, compare) -> SpecRun:
+def _run(model, drafter, prompts, n, ring_cap, settings, kv_type, stop_ids, compare, progress) -> SpecRun:
     kv = drafter.new_kv(ring_cap, kv_type)
     warm_up(model)
     speculative_generate(model, drafter, kv, prompts[0][:8], min(n, 2 * drafter.block_size), stop_ids, settings)
@@ -89,9 +93,9 @@ def _run(model, drafter, prompts, n, ring_cap, settings, kv_type, stop_ids, comp
     longest = 0
     for i, prompt in enumerate(prompts):
         if compare:
-            reference, seconds = _target_only(model, prompt, n, stop_ids)
+            reference, seconds = _target_only(model, prompt, n, stop_ids, progress)
             t_target += seconds
-        out = speculative_generate(model, drafter, kv, prompt, n, stop_ids, settings)
+        out = speculative_generate(model, drafter, kv, prompt, n, stop_ids, settings, progress)
         t_spec += out.decode_seconds
         t_draft += out.draft_seconds
         runs.append(out.steps)
@@ -115,11 +119,11 @@ def _run(model, drafter, prompts, n, ring_cap, settings, kv_type, stop_ids, comp
         draft_kv_bytes_full=full.bytes_for(longest), threads=model.threads, mismatches=mismatches)
 
 
-def _target_only(model, prompt, n, stop_ids) -> tuple[list, float]:
+def _target_only(model, prompt, n, stop_ids, progress=None) -> tuple[list, float]:
     """Plain greedy decoding; seconds from the end of prefill, as speculative_generate times it."""
     model.kv.clear()
     logits, _ = model.forward(prompt, logits="last")
     t = time.perf_counter()
-    tokens, _ = continue_greedy(model, logits, n, stop_ids)
+    tokens, _ = continue_greedy(model, logits, n, stop_ids, progress)
     return tokens, time.perf_counter() - t
 

@@ -9,6 +9,7 @@ from ggtools.cli.render import emit_json, human_bytes, table
 from ggtools.jobs.demo import run_demo
 from ggtools.jobs.requant import plan_requant_trunk
 from ggtools.jobs.validate import validate
+from ggtools.gguf.outputs import make_dir
 from ggtools.samples import write_moe_set
 from ggtools.shard_runner import run_plan
 
@@ -80,8 +81,7 @@ def _show_table(report):
 
 def _requant_demo(root):
     src_dir, out_dir = os.path.join(root, "moe"), os.path.join(root, "moe-q4k")
-    os.makedirs(src_dir, exist_ok=True)
-    os.makedirs(out_dir, exist_ok=True)
+    make_dir(src_dir)
     paths = write_moe_set(os.path.join(src_dir, "kimi-like"), force=True)
     click.echo(f"2. requant-trunk: sample MoE shard set, {len(paths)} shards, "
                f"{human_bytes(sum(os.path.getsize(p) for p in paths))}")

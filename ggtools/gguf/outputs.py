@@ -62,6 +62,16 @@ def os_error(path, e: OSError) -> GGUFError:
     return GGUFError(path, f"cannot write: {reason}")
 
 
+def make_dir(path):
+    """os.makedirs(path, exist_ok=True), with one-line errors."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        raise GGUFError(path, "exists and is not a directory") from None
+    except OSError as e:
+        raise os_error(e.filename or path, e) from None
+
+
 def temp_path(path) -> str:
     directory, base = os.path.split(os.path.abspath(path))
     return os.path.join(directory, f".{base}{TEMP_MARK}{os.getpid()}")

@@ -11,7 +11,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 from ggtools.dflash import llamacpp, lucebox
-from ggtools.dflash.checkpoint import Checkpoint, open_checkpoint
+from ggtools.dflash.checkpoint import Checkpoint, files_of, open_checkpoint
 from ggtools.dflash.config import DraftConfig, draft_config
 from ggtools.dflash.layout import check_layout
 from ggtools.dflash.metadata import KVList, general_kvs
@@ -19,6 +19,7 @@ from ggtools.dflash.target import OpenTarget, TargetInfo
 from ggtools.dflash.tensors import TensorJob, encode_chunks
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFWriter, ggml_type_name
+from ggtools.gguf.outputs import check_output
 from ggtools.plan import Plan, ShardPlan, TensorAction
 
 PROFILES = ("llama.cpp", "lucebox")
@@ -39,6 +40,7 @@ class ConvertPlan:
     kvs: KVList
     jobs: list[TensorJob]
     warnings: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)     # the checkpoint's files and the target's: never outputs
 
     @property
     def bytes_out(self) -> int:
@@ -68,6 +70,7 @@ class ConvertResult:
     bytes_out: int
     overflow: dict[str, int]           # source tensor -> values beyond the F16 range (written as inf)
     warnings: list[str]
+    nonfinite: dict[str, int] = field(default_factory=dict)    # source tensor -> NaN/inf values in it
 
 
 def convert_dflash(hf_dir, out, *, profile="llama.cpp", target=None, outtype="auto", mask_token_id=None,
@@ -89,6 +92,8 @@ def plan_convert(hf_dir, out, *, profile="llama.cpp", target: TargetInfo | None 
     if outtype not in OUTTYPES:
         raise ConvertError(f"unknown outtype '{outtype}' (one of {', '.join(OUTTYPES)})")
     ckpt = open_checkpoint(hf_dir)
+    inputs = files_of(ckpt.path) + (target.paths if target is not None else [])
+    check_output(out, inputs, force=True)
     if profile == "lucebox":
         lucebox.check_supported(ckpt)
         if outtype != "auto":
@@ -104,15 +109,19 @@ def plan_convert(hf_dir, out, *, profile="llama.cpp", target: TargetInfo | None 
     if profile == "lucebox":
         jobs, notes = lucebox.tensor_jobs(ckpt, cfg)
         lucebox.metadata(kvs, ckpt, cfg)
-        return ConvertPlan(ckpt.path, str(out), profile, "auto", cfg, kvs, jobs, warnings + notes)
+        return ConvertPlan(ckpt.path, str(out), profile, "auto", cfg, kvs, jobs, warnings + notes, inputs)
     if target is None:
         raise ConvertError("the llama.cpp profile embeds the target's tokenizer (llama.cpp reads the mask token "
                            "from the drafter's own vocabulary): pass --target-gguf TARGET.gguf")
+    if not target.has_tokenizer:
+        raise ConvertError(f"{target.path}: the target has no tokenizer (tokenizer.ggml.tokens): the llama.cpp "
+                           "profile embeds it, and llama.cpp refuses a drafter without one; pass the target's GGUF "
+                           "that carries its vocabulary (shard 1 of a split set)")
     resolved = llamacpp.auto_outtype(ckpt) if outtype == "auto" else outtype
     jobs = llamacpp.tensor_jobs(ckpt, cfg, resolved)
     general_kvs(kvs, llamacpp.ARCH, ckpt.path, name, sum(j.n_elements for j in jobs))
     llamacpp.metadata(kvs, ckpt, cfg, llamacpp.file_type(resolved), target)
-    return ConvertPlan(ckpt.path, str(out), profile, resolved, cfg, kvs, jobs, warnings)
+    return ConvertPlan(ckpt.path, str(out), profile, resolved, cfg, kvs, jobs, warnings, inputs)
 
 
 def _resolve_missing_mask(ckpt, cfg, profile, warnings):
@@ -166,17 +175,18 @@ def check_against_target(ckpt: Checkpoint, cfg: DraftConfig, target: TargetInfo 
 
 def write(plan: ConvertPlan, *, force=False, allow_overflow=False, on_bytes=None) -> ConvertResult:
     on_bytes = on_bytes or (lambda n: None)
-    overflow = {}
-    with GGUFWriter(plan.out, force=force) as w:
+    overflow, nonfinite = {}, {}
+    with GGUFWriter(plan.out, force=force, inputs=plan.inputs) as w:
         plan.kvs.write_to(w)
         for j in plan.jobs:
             w.add_tensor_info(j.name, j.ne, j.dst_type, j.nbytes)
         for j in plan.jobs:
-            for data, n_over in encode_chunks(j):
-                w.write(data)
-                on_bytes(data.nbytes)
-                if n_over:
-                    overflow[j.src.name] = overflow.get(j.src.name, 0) + n_over
+            for chunk in encode_chunks(j):
+                w.write(chunk.data)
+                on_bytes(chunk.data.nbytes)
+                for counts, n in ((overflow, chunk.overflow), (nonfinite, chunk.nonfinite)):
+                    if n:
+                        counts[j.src.name] = counts.get(j.src.name, 0) + n
         if overflow and not allow_overflow:
             raise ConvertError(overflow_message(plan, overflow) + "; nothing written. Pass --allow-overflow "
                                "to write them as inf" + ("" if plan.profile == "lucebox" else
@@ -184,7 +194,10 @@ def write(plan: ConvertPlan, *, force=False, allow_overflow=False, on_bytes=None
     warnings = list(plan.warnings)
     if overflow:
         warnings.append(overflow_message(plan, overflow) + " (written as inf: --allow-overflow)")
-    return ConvertResult(plan.out, len(plan.jobs), plan.bytes_out, overflow, warnings)
+    if nonfinite:
+        warnings.append(f"{plan.hf_dir}: NaN/inf values in source tensors, written as they are: "
+                        + ", ".join(f"{name} ({n} value{'s' if n != 1 else ''})" for name, n in nonfinite.items()))
+    return ConvertResult(plan.out, len(plan.jobs), plan.bytes_out, overflow, warnings, nonfinite)
 
 
 def overflow_message(plan: ConvertPlan, overflow: dict[str, int]) -> str:

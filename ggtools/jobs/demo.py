@@ -16,6 +16,8 @@ from importlib import resources
 from pathlib import Path
 
 from ggtools.errors import GGToolsError
+from ggtools.gguf import GGUFError
+from ggtools.gguf.outputs import make_dir, os_error
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.pair import pair_check
 from ggtools.jobs.quantize import plan_quantize
@@ -30,7 +32,7 @@ PROMPT_TOKENS = 128
 
 
 class DemoError(GGToolsError):
-    exit_code = 1
+    exit_code = 1       # a check of the demo failed (a write error is a GGUFError, exit 2)
 
 
 @dataclass
@@ -88,7 +90,6 @@ def run_demo(work_dir, *, prompts: int = 6, n: int = 64, ring_cap: int = 64, thr
     decoding; speeds are best rounds, as other processes on a shared machine slow runs at random);
     log(line) reports progress."""
     work = Path(work_dir)
-    work.mkdir(parents=True, exist_ok=True)
     target = str(demo_data() / "target.gguf")
     variants = build_drafters(work, target, log)
     model = TargetModel(target, threads=threads)
@@ -122,7 +123,13 @@ def build_drafters(work: Path, target: str, log=lambda line: None) -> list[Varia
     scheme; every file validated and pair-checked against `target`."""
     work = Path(work)
     hf = work / "drafter-hf"
-    shutil.copytree(demo_data() / "drafter", hf, dirs_exist_ok=True)
+    make_dir(work)
+    try:
+        shutil.copytree(demo_data() / "drafter", hf, dirs_exist_ok=True)
+    except shutil.Error as e:           # one (source, destination, reason) per file that failed
+        raise GGUFError(e.args[0][0][1], f"cannot write: {e.args[0][0][2]}") from None
+    except OSError as e:
+        raise os_error(e.filename or hf, e) from None
     f16 = work / "drafter-f16.gguf"
     convert_dflash(hf, f16, profile="llama.cpp", target=target, outtype="f16", force=True)
     log(f"converted {hf.name} -> {f16.name} (llama.cpp profile, --target-gguf target.gguf)")
