@@ -68,9 +68,10 @@ class ShardJob:
 
 
 def run_plan(plan: Plan, *, jobs=1, resume=False, force=False, verify=True, allow_nonfinite=False,
-             progress=None, resumable=True) -> RunReport:
+             progress=None, resumable=True, make_dirs=False) -> RunReport:
     """Write every shard of the plan (with resume, those not finished yet). resumable: whether the command
-    offers --resume (what the messages suggest)."""
+    offers --resume (what the messages suggest); make_dirs: make missing output directories (removed again
+    if the run fails before writing into them)."""
     job = ShardJob(manifest_path_for(plan), list(plan.inputs), verify, allow_nonfinite)
     entries = resume_manifest.read_entries(job.manifest)
     todo, skipped = [], []
@@ -81,7 +82,7 @@ def run_plan(plan: Plan, *, jobs=1, resume=False, force=False, verify=True, allo
             todo.append(shard)
     _refuse_existing(todo, force or resume, resumable)
     preflight_disk(todo)
-    made = _make_dirs(todo)
+    made = _make_dirs(todo) if make_dirs else []
     report = RunReport([], skipped, job.manifest)
     try:
         for shard in todo:

@@ -89,7 +89,7 @@ def _requant_demo(root):
     plan = plan_requant_trunk(paths[0], out_dir)
     click.echo("   plan (Q8_0 trunk -> Q4_K; MXFP4 experts and F32 norms byte-copied):")
     show_plan(plan, tensors=False)
-    run_plan(plan, jobs=1, force=True, progress=False)
+    run_plan(plan, jobs=1, force=True, progress=False, make_dirs=True)
     click.echo(f"   wrote and verified {len(paths)} shards: {human_bytes(plan.bytes_in)} -> {human_bytes(plan.bytes_out)}")
     _validate(os.path.join(out_dir, os.path.basename(paths[0])))
 

@@ -30,6 +30,8 @@ def command(target, draft, as_json):
 
 def show_pair_report(report, target, draft, as_json=False):
     """Print a pair report and exit with its code (shared with `validate --pair`)."""
+    if report.exit_code:
+        click.echo(f"error: {report.error}", err=True)
     if as_json:
         emit_json(report.as_dict())
         sys.exit(report.exit_code)

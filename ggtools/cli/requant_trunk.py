@@ -49,7 +49,8 @@ def command(path, out_dir, src_type, dst_type, copy_patterns, only, jobs, dry_ru
     # a worker waits on the disk (kernel copies, fsync) about half the time: two per core keep the cores busy
     default_jobs = min(len(plan.shards), 2 * (os.cpu_count() or 1))
     report = run_plan(plan, jobs=jobs or default_jobs, resume=resume, force=force, verify=not no_verify,
-                      allow_nonfinite=allow_nonfinite, progress=False if quiet or as_json else None)
+                      allow_nonfinite=allow_nonfinite, progress=False if quiet or as_json else None,
+                      make_dirs=True)
     if as_json:
         emit_json({"done": report.done, "skipped": report.skipped, "manifest": report.manifest,
                    "bytes_in": plan.bytes_in, "bytes_out": plan.bytes_out, "verified": not no_verify,

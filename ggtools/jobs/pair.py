@@ -29,9 +29,17 @@ class PairReport:
     def exit_code(self) -> int:
         return 1 if self.errors else 0
 
+    @property
+    def error(self) -> str | None:
+        """One line for a failed check: how many, and the first."""
+        if not self.errors:
+            return None
+        first = self.errors[0]
+        return f"{len(self.errors)} check(s) failed; first: {first.check}: {first.message}"
+
     def as_dict(self):
         return {"target": self.target, "draft": self.draft, "profile": self.profile, "ok": not self.errors,
-                "findings": [f.as_dict() for f in self.findings]}
+                "exit_code": self.exit_code, "error": self.error, "findings": [f.as_dict() for f in self.findings]}
 
 
 def pair_check(target_path, draft_path) -> PairReport:

@@ -43,10 +43,18 @@ class Report:
             return 2
         return 1 if self.errors else 0
 
+    @property
+    def error(self) -> str | None:
+        """One line for a failed validation: how many errors, and the first."""
+        if not self.errors:
+            return None
+        return f"{len(self.errors)} error(s) in {len(self.files)} file(s) checked; first: {self.errors[0]}"
+
     def as_dict(self):
         return {
             "ok": self.exit_code == 0,
             "exit_code": self.exit_code,
+            "error": self.error,
             "files": [{"path": f.path, "readable": f.readable, "size": f.size, "tensors": f.n_tensors,
                        "sha256": f.sha256, "deep_scanned_bytes": f.deep_bytes,
                        "problems": [p.as_dict() for p in f.problems]} for f in self.files],
