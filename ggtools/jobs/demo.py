@@ -9,15 +9,13 @@ standard-library modules the pair never trained on (demo_pair.json: corpus.held_
 
 import json
 import os
-import shutil
 import sysconfig
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from ggtools.errors import GGToolsError
-from ggtools.gguf import GGUFError
-from ggtools.gguf.outputs import make_dir, os_error
+from ggtools.gguf.outputs import copy_file, make_dir
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.pair import pair_check
 from ggtools.jobs.quantize import plan_quantize
@@ -123,13 +121,9 @@ def build_drafters(work: Path, target: str, log=lambda line: None) -> list[Varia
     scheme; every file validated and pair-checked against `target`."""
     work = Path(work)
     hf = work / "drafter-hf"
-    make_dir(work)
-    try:
-        shutil.copytree(demo_data() / "drafter", hf, dirs_exist_ok=True)
-    except shutil.Error as e:           # one (source, destination, reason) per file that failed
-        raise GGUFError(e.args[0][0][1], f"cannot write: {e.args[0][0][2]}") from None
-    except OSError as e:
-        raise os_error(e.filename or hf, e) from None
+    make_dir(hf)
+    for src in sorted((demo_data() / "drafter").iterdir()):
+        copy_file(src, hf / src.name, force=True)
     f16 = work / "drafter-f16.gguf"
     convert_dflash(hf, f16, profile="llama.cpp", target=target, outtype="f16", force=True)
     log(f"converted {hf.name} -> {f16.name} (llama.cpp profile, --target-gguf target.gguf)")
