@@ -239,6 +239,7 @@ def _stop(processes):
 
 def _worker(messages, index, shard, fingerprint, job, threads):
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         import numba
         numba.set_num_threads(threads)
@@ -254,8 +255,16 @@ def _worker(messages, index, shard, fingerprint, job, threads):
                                        f":{where.lineno})", 2)))
 
 
+_worker_stopping = False
+
+
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+    """Interrupt a worker once (^C, then the parent's SIGTERM, must not cut short the removal of its
+    temporary file)."""
+    global _worker_stopping
+    if not _worker_stopping:
+        _worker_stopping = True
+        raise KeyboardInterrupt
 
 
 def _fork_is_safe() -> bool:

@@ -50,7 +50,7 @@ def run_cli(args):
 
 def check_run(root, args, code, outputs=(), fragment=None) -> object:
     """Run `ggtools args` and assert the four properties; code: the exit code, or a tuple of allowed ones;
-    outputs: paths the run may create (removed after)."""
+    outputs: paths (files or directories) the run may create, removed after."""
     before = snapshot(root)
     result = run_cli(args)
     after = snapshot(root)
@@ -66,8 +66,9 @@ def check_run(root, args, code, outputs=(), fragment=None) -> object:
                 assert fragment in lines[0], what
         changed = [p for p, h in before.items() if after.get(p) != h]
         assert not changed, f"{what}\ninputs changed: {changed}"
-        allowed = {os.path.abspath(p) for p in outputs}
-        new = [p for p in after if p not in before and os.path.abspath(p) not in allowed]
+        allowed = [os.path.abspath(p) for p in outputs]          # a file, or a directory and what it holds
+        new = [p for p in after if p not in before
+               and not any(os.path.abspath(p) == a or os.path.abspath(p).startswith(a + os.sep) for a in allowed)]
         assert not new, f"{what}\nnew files: {new}"
     finally:
         for p in outputs:
