@@ -21,6 +21,9 @@ COMMANDS = {"inspect": "inspect", "validate": "validate", "convert": "convert", 
 
 
 INTERRUPTED = 130
+# not failures: --help, --version, a group called without a command (click shows its help)
+PASS_THROUGH = tuple(getattr(click.exceptions, name) for name in ("Exit", "Abort", "NoArgsIsHelpError")
+                     if hasattr(click.exceptions, name))
 
 
 class Group(click.Group):
@@ -40,7 +43,7 @@ class Group(click.Group):
         """Run the command; turn every failure into one line (and a JSON object with --json)."""
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.exceptions.Abort):
+        except PASS_THROUGH:
             raise
         except Exception as e:
             if ctx.obj and ctx.obj.get("debug"):
