@@ -137,7 +137,7 @@ def measure(model: TargetModel, candidates: list[Candidate], prompts: list[list[
     drafters = []
     try:
         for c in candidates:
-            drafters.append(Drafter(c.path, model))
+            drafters.append(_load(c, model))
             check_settings(drafters[-1], settings)
         warm_up(model)
         best, target_tps = [None] * len(candidates), 0.0
@@ -158,6 +158,13 @@ def measure(model: TargetModel, candidates: list[Candidate], prompts: list[list[
     finally:
         for d in drafters:
             d.close()
+
+
+def _load(c: Candidate, model: TargetModel) -> Drafter:
+    try:
+        return Drafter(c.path, model)
+    except GGToolsError as e:
+        raise AcceptError(f"{c.name}: {e}") from None
 
 
 def judge(results: list[DrafterResult], base: DrafterResult, max_drop: float | None, min_tau: float | None) -> None:
