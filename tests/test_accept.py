@@ -263,3 +263,22 @@ def test_plot_files_open(work, tmp_path):
 
 def test_sparkline():
     assert sparkline([0.0, 0.3, 0.5, 0.99, 1.0]) == "▁▃▅██"
+
+
+def test_default_set_four_variants_equal_run_draft(work):
+    """The proof on the default prompt set (texts, tokenized with the target's vocabulary), 64 tokens: every
+    variant passes, and each prompt's τ and output equal `ggtools run --draft --prompt TEXT`'s."""
+    _, paths, _, _ = work
+    r = _accept(*_drafts(paths, "f16", "q8_0", "q4-mix", "q2_k"), "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert len(out["prompts"]) == 12 and out["n"] == 64
+    for d in out["drafters"]:
+        assert d["run"]["outputs"] == out["reference_outputs"]
+        for i, p in enumerate(out["prompts"]):
+            single = CliRunner().invoke(main, ["run", "--target", TARGET, "--threads", "1", "--draft", d["given"],
+                                               "--prompt", p["text"], "--json"])
+            assert single.exit_code == 0, single.output
+            single = json.loads(single.stdout)
+            assert d["run"]["tau_per_prompt"][i] == single["stats"]["tau_zlab"], (d["name"], p["id"])
+            assert d["run"]["outputs"][i] == single["outputs"][0]
