@@ -2,12 +2,12 @@ import sys
 
 import click
 
+from ggtools.cli.draft_options import draft_options, draft_setup
 from ggtools.cli.render import emit_json, table
-from ggtools.jobs.accept import DEFAULT_MAX_DROP, DEFAULT_RING_CAP, accept
+from ggtools.jobs.accept import DEFAULT_MAX_DROP, accept
 from ggtools.jobs.accept_plot import check_plot_path, write_plot
 from ggtools.jobs.accept_report import (ALIGN, HEADERS, check_destination, definition_lines, failure_lines,
                                         setting_line, summary_rows, verdict_line, write_markdown)
-from ggtools.runtime import DraftSettings
 
 
 @click.command("accept")
@@ -23,14 +23,7 @@ from ggtools.runtime import DraftSettings
 @click.option("--max-drop", default=DEFAULT_MAX_DROP, show_default=True, type=click.FloatRange(0, 1, max_open=True),
               help="Fail a drafter whose tau falls more than this (relative) below the baseline's.")
 @click.option("--min-tau", type=click.FloatRange(min=0), help="Fail a drafter whose tau is below this.")
-@click.option("--ring-cap", type=click.IntRange(min=1), help=f"Draft KV: a ring of N context slots (default {DEFAULT_RING_CAP}).")
-@click.option("--full-kv", is_flag=True, help="Draft KV: keep every committed position.")
-@click.option("--n-max", type=click.IntRange(min=0), help="Drafts per step (default: block size - 1).")
-@click.option("--cut", type=click.Choice(["none", "prob", "margin"]), default="none", show_default=True,
-              help="Early cut: prob = stop at p(top1) < P (llama.cpp); margin = stop at top1 - top2 < 3*P (DFlash2).")
-@click.option("--p-min", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Threshold P of the cut.")
-@click.option("--n-min", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Fewer surviving drafts than this: offer none (llama.cpp).")
+@draft_options
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at an end-of-generation token.")
 @click.option("--json", "as_json", is_flag=True, help="Every field as JSON on stdout (docs/accept.md).")
@@ -54,15 +47,13 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
           --min-tau 2 --report summary.md --plot acceptance.png
       ggtools accept --target target.gguf --draft a.gguf --draft b.gguf --baseline b.gguf --full-kv --json
     """
-    if ring_cap and full_kv:
-        raise click.UsageError("give at most one of --ring-cap and --full-kv")
+    ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
     if report:
         check_destination(report, "--report")
     if plot:
         check_plot_path(plot)
     result = accept(target, list(drafts), prompts=prompts, n=n, baseline=baseline, max_drop=max_drop, min_tau=min_tau,
-                    ring_cap=None if full_kv else (ring_cap or DEFAULT_RING_CAP),
-                    settings=DraftSettings(n_max=n_max, cut=cut, p_min=p_min, n_min=n_min), threads=threads,
+                    ring_cap=ring_cap, settings=settings, threads=threads,
                     stop_at_eog=not ignore_eos, progress=not quiet)
     if report:
         write_markdown(result, report)
