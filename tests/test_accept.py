@@ -231,10 +231,14 @@ def test_usage_errors_in_one_line(args, said):
     assert r.exit_code == 2 and said in r.stderr and r.stderr.count("\n") == 1, r.output
 
 
-def test_target_is_not_a_drafter(work):
-    _, _, prompts, _ = work
-    r = _accept("--draft", TARGET, "--prompts", prompts)
-    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "target.gguf" in r.stderr, r.output
+@pytest.mark.parametrize("case, said", [("target", "target.gguf: architecture 'qwen3' is not a DFlash drafter"),
+                                        ("n-max", "drafter-f16.gguf: --n-max 8: the drafter's block of 8 drafts "
+                                                  "at most 7 tokens per step")])
+def test_drafters_that_cannot_draft_are_named(work, case, said):
+    _, paths, prompts, _ = work
+    args = ["--draft", TARGET] if case == "target" else [*_drafts(paths, "f16", "q8_0"), "--n-max", "8"]
+    r = _accept(*args, "--prompts", prompts)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and said in r.stderr, r.output
 
 
 def test_plot_needs_matplotlib(monkeypatch, tmp_path):

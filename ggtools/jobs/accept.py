@@ -115,10 +115,7 @@ def accept(target, drafts, *, prompts=None, n: int = 64, baseline=None, max_drop
             sizes = [os.path.getsize(p) for p in paths]
     finally:
         model.close()
-    target_tps = m.target_tokens_per_second
-    results = [DrafterResult(name, d, "hf" if os.path.isdir(d) else "gguf", size, i == base, run,
-                             run.speculative_tokens_per_second / target_tps if target_tps else 0.0)
-               for i, (name, d, size, run) in enumerate(zip(names, drafts, sizes, m.runs))]
+    results = _results(names, drafts, sizes, m, base)
     judge(results, results[base], max_drop, min_tau)
     return AcceptReport(
         target=str(target), prompt_source=str(prompts) if prompts else "default", prompts=prompt_set, n=n,
@@ -137,8 +134,7 @@ def measure(model: TargetModel, candidates: list[Candidate], prompts: list[list[
     drafters = []
     try:
         for c in candidates:
-            drafters.append(_load(c, model))
-            check_settings(drafters[-1], settings)
+            drafters.append(_load(c, model, settings))
         warm_up(model)
         best, target_tps = [None] * len(candidates), 0.0
         with tqdm(total=rounds * len(candidates) * len(prompts), desc="accept", unit="prompt", file=sys.stderr,
@@ -160,11 +156,23 @@ def measure(model: TargetModel, candidates: list[Candidate], prompts: list[list[
             d.close()
 
 
-def _load(c: Candidate, model: TargetModel) -> Drafter:
+def _load(c: Candidate, model: TargetModel, settings: DraftSettings) -> Drafter:
+    drafter = None
     try:
-        return Drafter(c.path, model)
+        drafter = Drafter(c.path, model)
+        check_settings(drafter, settings)
+        return drafter
     except GGToolsError as e:
+        if drafter:
+            drafter.close()
         raise AcceptError(f"{c.name}: {e}") from None
+
+
+def _results(names, drafts, sizes, m: Measurement, base: int) -> list[DrafterResult]:
+    tps = m.target_tokens_per_second
+    return [DrafterResult(name, d, "hf" if os.path.isdir(d) else "gguf", size, i == base, run,
+                          run.speculative_tokens_per_second / tps if tps else 0.0)
+            for i, (name, d, size, run) in enumerate(zip(names, drafts, sizes, m.runs))]
 
 
 def judge(results: list[DrafterResult], base: DrafterResult, max_drop: float | None, min_tau: float | None) -> None:
