@@ -17,8 +17,7 @@ from ggtools.jobs import accept as accept_job
 from ggtools.jobs.accept_report import sparkline
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.demo import build_drafters, demo_data, held_out_prompts
-from ggtools.runtime import TargetModel, Tokenizer, greedy
-from ggtools.runtime import spec_run
+from ggtools.runtime import TargetModel, TargetOnly, Tokenizer, greedy
 
 TARGET = str(demo_data() / "target.gguf")
 EOS = 2046
@@ -143,13 +142,13 @@ def test_baseline_and_min_tau(work):
 def test_output_that_differs_from_greedy_fails(work, monkeypatch):
     """A reference that differs from what the drafters decode (one token changed) fails every drafter."""
     _, paths, prompts, _ = work
-    real = spec_run._target_only
+    real = TargetOnly.output
 
-    def changed(model, prompt, n, stop_ids):
-        tokens, seconds = real(model, prompt, n, stop_ids)
-        return tokens[:-1] + [(tokens[-1] + 1) % 2046], seconds
+    def changed(self, i):
+        tokens = real(self, i)
+        return tokens[:-1] + [(tokens[-1] + 1) % 2046]
 
-    monkeypatch.setattr(spec_run, "_target_only", changed)
+    monkeypatch.setattr(TargetOnly, "output", changed)
     r = _accept(*_drafts(paths, "f16"), "--prompts", prompts, "-n", str(N))
     assert r.exit_code == 1
     assert "FAIL: drafter-f16.gguf: output differs from target-only greedy decoding on 3 of 3 prompts" in r.stderr

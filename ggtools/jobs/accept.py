@@ -21,8 +21,8 @@ from tqdm import tqdm
 from ggtools.errors import GGToolsError
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.prompt_set import Prompt, load_prompts
-from ggtools.runtime import DEFINITIONS, DraftSettings, Drafter, ModelError, TargetModel, Tokenizer, warm_up
-from ggtools.runtime.spec_run import SpecRun, TargetOnly, check_settings, measure_drafter
+from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, SpecRun, TargetModel, TargetOnly,
+                             Tokenizer, check_settings, measure_drafter, warm_up)
 
 DEFAULT_RING_CAP = 4096         # lucebox's default draft context (draft_ctx_max), as `ggtools run --draft`
 DEFAULT_MAX_DROP = 0.05
