@@ -28,11 +28,15 @@ ROPE_PERMUTED = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_att
 def plan(p, ckpt: Checkpoint, cfg: DraftConfig, outtype: str, target, name):
     """(resolved outtype, tensor jobs, metadata, notes) for profile p (the llama.cpp profile's facts)."""
     resolved = auto_outtype(ckpt) if outtype == "auto" else outtype
-    jobs = tensor_jobs(p, ckpt, cfg, resolved)
+    jobs = plan_tensors(p, ckpt, cfg, resolved)
     kvs = KVList()
     general_kvs(kvs, p.arch, ckpt.path, name, sum(j.n_elements for j in jobs))
     metadata(p, kvs, ckpt, cfg, OUTTYPES[resolved][1], target)
     return resolved, jobs, kvs, []
+
+
+def plan_tensors(p, ckpt: Checkpoint, cfg: DraftConfig, outtype: str) -> list[TensorJob]:
+    return tensor_jobs(p, ckpt, cfg, auto_outtype(ckpt) if outtype == "auto" else outtype)
 
 
 def tensor_order(p, name: str) -> tuple:

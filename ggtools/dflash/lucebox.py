@@ -30,6 +30,10 @@ def plan(p, ckpt: Checkpoint, cfg: DraftConfig, outtype: str, target, name):
     return "auto", jobs, metadata(p, KVList(), ckpt, cfg), notes
 
 
+def plan_tensors(p, ckpt: Checkpoint, cfg: DraftConfig, outtype: str) -> list[TensorJob]:
+    return tensor_jobs(p, ckpt)[0]
+
+
 def tensor_jobs(p, ckpt: Checkpoint) -> tuple[list[TensorJob], list[str]]:
     """The output tensors in lucebox's order (dflash.*, output_*, then blk.* by layer), and notes on what was dropped."""
     jobs, notes = [], []

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as T
+from gguf import GGUFValueType as VT
 
 # llama.cpp at 0c1e570: target archs whose graph sets t_layer_inp (the per-layer inputs DFlash taps).
 LLAMACPP_TAP_ARCHS = frozenset({
@@ -37,6 +38,11 @@ HPARAM_KEYS = ("context_length", "embedding_length", "block_count", "feed_forwar
                "attention.layer_norm_rms_epsilon", "rope.freq_base", "attention.sliding_window",
                "attention.sliding_window_pattern")
 V2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# role -> (value type, element type) of the KV that holds it, in every profile
+ROLE_TYPES = {role: (VT.UINT32, None) for role in HPARAM_KEYS + V2_KEYS + ("block_size", "n_target_ids", "mask",
+                                                                          "vocab_size")}
+ROLE_TYPES |= {"attention.layer_norm_rms_epsilon": (VT.FLOAT32, None), "rope.freq_base": (VT.FLOAT32, None),
+               "attention.sliding_window_pattern": (VT.ARRAY, VT.BOOL), "target_ids": (VT.ARRAY, VT.INT32)}
 
 _COMMON_LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -68,6 +74,7 @@ class Profile:
     mask_from_target: bool          # its runtime takes the mask id from the target, not from this file
     default_block_size: int | None  # what its runtime assumes without a block size (None: drafting fails)
     converter: str                  # module under ggtools.dflash that writes this profile from a HF checkpoint
+    role_order: tuple               # the order its converter writes the keys of these roles in
     legacy_mask_keys: tuple = ()    # where older files of this profile keep the mask id
 
     # ---- keys ---------------------------------------------------------------------------------------------
@@ -158,6 +165,10 @@ class Profile:
         module takes every fact (arch, key and tensor names, id convention) from this profile."""
         return self._converter().plan(self, ckpt, cfg, outtype, target, name)
 
+    def conversion_tensors(self, ckpt, cfg, outtype: str):
+        """The tensor jobs of a conversion in this profile (what a fresh conversion writes, tensor by tensor)."""
+        return self._converter().plan_tensors(self, ckpt, cfg, outtype)
+
     def _converter(self):
         # imported on use: the runtime's drafter loader reads these facts without loading the converters
         return importlib.import_module(f"ggtools.dflash.{self.converter}")
@@ -185,7 +196,12 @@ LLAMACPP = Profile(
     layer_suffixes=("weight", "bias"), aliases={}, weight_types=None, tap_archs=LLAMACPP_TAP_ARCHS,
     dflash2=True, tokenizer=True, takes_outtype=True, default_mask_id=None, mask_from_target=False,
     default_block_size=16,
-    converter="llamacpp", legacy_mask_keys=("dflash.mask_token_id",))
+    converter="llamacpp",
+    role_order=("block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+                "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon",
+                "attention.key_length", "attention.value_length", "block_size", *V2_KEYS, "target_ids",
+                "attention.sliding_window", "attention.sliding_window_pattern", "mask"),
+    legacy_mask_keys=("dflash.mask_token_id",))
 
 LUCEBOX = Profile(
     name="lucebox", runtime="lucebox", arch="qwen35-dflash-draft",
@@ -200,7 +216,11 @@ LUCEBOX = Profile(
              "ffn_norm.weight": ("post_attention_norm.weight",)},
     weight_types=frozenset({T.F32, T.F16, T.Q8_0, T.Q4_0}), tap_archs=LUCEBOX_TAP_ARCHS, dflash2=False,
     tokenizer=False, takes_outtype=False, default_mask_id=248070, mask_from_target=True,
-    default_block_size=None, converter="lucebox")
+    default_block_size=None, converter="lucebox",
+    role_order=("context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
+                "attention.head_count_kv", "attention.key_length", "attention.value_length", "vocab_size",
+                "attention.layer_norm_rms_epsilon", "rope.freq_base", "n_target_ids", "block_size", "mask",
+                "target_ids", "attention.sliding_window", "attention.sliding_window_pattern"))
 
 PROFILES = {p.name: p for p in (LLAMACPP, LUCEBOX)}
 
@@ -209,8 +229,3 @@ def profile_of(arch: str | None) -> Profile | None:
     """The profile whose loader takes this arch, or None for an arch no DFlash loader takes."""
     return next((p for p in PROFILES.values() if arch in p.archs), None)
 
-
-def profile_named(name: str) -> Profile:
-    if name not in PROFILES:
-        raise KeyError(name)
-    return PROFILES[name]
