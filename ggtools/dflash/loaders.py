@@ -73,7 +73,8 @@ def _llamacpp(d: DraftFile) -> list[Finding]:
                           f"array key not found in model: {A}.attention.sliding_window_pattern",
                           RECONVERT.format(profile=LLAMACPP.name)))
     if d.value("block_size") is None:
-        out.append(_llama("block_size", f"{d.key('block_size')} is missing: llama.cpp assumes {LLAMACPP.default_block_size}",
+        out.append(_llama("block_size", f"{d.key('block_size')} is missing: llama.cpp assumes "
+                          f"{LLAMACPP.default_block_size}",
                           speculative_log_line(d, LLAMACPP.default_block_size),
                           f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT", "a drafter trained with another "
                           "block size drafts from untrained positions", WARNING))
@@ -86,8 +87,8 @@ def speculative_log_line(d: DraftFile, block_size) -> str:
     """The line llama.cpp's DFlash drafter logs when it starts (common/speculative.cpp)."""
     mask = d.mask[0] if d.mask[1] == d.key("mask") else -1
     anchor = str(d.file.get("dflash.sample_from_anchor", True)).lower()
-    return (f"- block_size={block_size}, mask_token_id={mask}, n_extract={len(d.stored_ids or [])}, "
-            f"sample_from_anchor={anchor}")
+    return (f"common_speculative_impl_draft_dflash: - block_size={block_size}, mask_token_id={mask}, "
+            f"n_extract={len(d.stored_ids or [])}, sample_from_anchor={anchor}")
 
 
 def llamacpp_tokenizer(d: DraftFile) -> list[Finding]:

@@ -158,6 +158,6 @@ def rope_against_target(d: DraftFile, t: TargetInfo, runtimes) -> Finding | None
 
 
 def rope_effects(stored: float, runtimes) -> tuple:
-    says = {LLAMACPP.runtime: f"freq_base_train       = {stored:.1f}"}
+    says = {LLAMACPP.runtime: f"print_info: freq_base_train       = {stored:.1f}"}
     return tuple(Effect(r, says.get(r), "loads and drafts; acceptance falls as the context grows")
                  for r in runtimes)

@@ -157,7 +157,7 @@ def _values_finding(d, check, roles, stored, want, runtimes, what) -> Finding:
     says = {}
     eps = stored.get("attention.layer_norm_rms_epsilon")
     if "attention.layer_norm_rms_epsilon" in wrong and eps is not None:
-        says[LLAMACPP.runtime] = f"f_norm_rms_eps        = {eps:.1e}"
+        says[LLAMACPP.runtime] = f"print_info: f_norm_rms_eps        = {eps:.1e}"
     effects = tuple(Effect(r, says.get(r), "wrong numbers in every draft step (or shapes that do not load)")
                     for r in runtimes)
     return Finding(check, ERROR, diffs, effects, _fix(d))
