@@ -16,6 +16,7 @@ LUCEBOX_LAYER = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_ou
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
 LAYER_INPUT_ASSERT = 'GGML_ASSERT(t_layer_inp[il] != nullptr && "layer input tensor is null") failed'
 RECONVERT = "ggtools convert dflash HF_DIR -o OUT --profile {profile}"
+DFLASH_SPEC = "common_speculative_impl_draft_dflash"     # the __func__ llama.cpp's DFlash drafter logs under
 
 
 def loader_findings(d: DraftFile, runtime: str) -> list[Finding]:
@@ -87,7 +88,7 @@ def speculative_log_line(d: DraftFile, block_size) -> str:
     """The line llama.cpp's DFlash drafter logs when it starts (common/speculative.cpp)."""
     mask = d.mask[0] if d.mask[1] == d.key("mask") else -1
     anchor = str(d.file.get("dflash.sample_from_anchor", True)).lower()
-    return (f"common_speculative_impl_draft_dflash: - block_size={block_size}, mask_token_id={mask}, "
+    return (f"{DFLASH_SPEC}: - block_size={block_size}, mask_token_id={mask}, "
             f"n_extract={len(d.stored_ids or [])}, sample_from_anchor={anchor}")
 
 
@@ -317,7 +318,7 @@ def draft_size_findings(d: DraftFile, n_max: int | None, runtimes) -> list[Findi
     asked = n_max if n_max is not None else LLAMACPP_DEFAULT_N_MAX
     if LLAMACPP.runtime in runtimes and asked > block - 1:
         out.append(_llama("n_max", f"draft size n_max {asked}{'' if n_max is not None else ' (llama.cpp default)'} "
-                          f"> block size {block} - 1", f"requested draft size (n_max={asked}, n_min=0) exceeds the "
+                          f"> block size {block} - 1", f"{DFLASH_SPEC}: requested draft size (n_max={asked}, n_min=0) exceeds the "
                           f"trained block size {block} -- clamping to {block - 1}",
                           f"--spec-draft-n-max {block - 1} (or fix the block size: ggtools doctor {d.path} --hf "
                           "HF_DIR --fix -o OUT)", f"drafts {block - 1} tokens per step, not {asked}", WARNING))

@@ -65,11 +65,10 @@ def move(d: DraftFile, dest: Profile, fixes: dict | None = None, tokenizer=()) -
     edits.put("general.name", VT.STRING, _name(d, dest, values))
     for role in dest.role_order:
         if role == "mask" and dest.tokenizer:
-            _tokenizer(d, dest, tokenizer, edits, notes)
+            edits.put("general.quantization_version", VT.UINT32, 2)
+            _tokenizer(d, dest, tokenizer, edits, values.get("mask"), notes)
         if values.get(role) is not None and dest.has_key(role):
             edits.put(dest.key(role), *_typed(dest, role, values[role]))
-    if dest.tokenizer:
-        edits.put("general.quantization_version", VT.UINT32, 2)
     if values.get("mask") is None:
         notes.append("no mask token id to move: set one with `ggtools doctor --hf HF_DIR --fix`")
     return DrafterRewrite(dest, edits, _tensors(d, dest, notes), notes)
@@ -133,7 +132,7 @@ def _check_keys(d: DraftFile, dest: Profile, notes):
         notes.append(f"dropped the {len(tokenizer)} tokenizer keys: {dest.runtime} takes the target's tokenizer")
 
 
-def _tokenizer(d: DraftFile, dest: Profile, tokenizer, edits: KVEdits, notes):
+def _tokenizer(d: DraftFile, dest: Profile, tokenizer, edits: KVEdits, mask, notes):
     own = [kv for kv in d.file.kvs if kv.key.startswith("tokenizer.")]
     source = list(tokenizer) or own
     if not source:
@@ -141,6 +140,10 @@ def _tokenizer(d: DraftFile, dest: Profile, tokenizer, edits: KVEdits, notes):
                              "reads the mask token from the drafter's own vocabulary): pass --target TARGET.gguf")
     for kv in source:
         edits.copy(kv)
+    tokens = next((kv.count for kv in source if kv.key == "tokenizer.ggml.tokens"), None)
+    if mask is not None and tokens is not None and mask >= tokens:
+        notes.append(f"the mask token id {mask} is outside the {tokens}-token vocabulary: moved as it is; find the "
+                     "right one with `ggtools doctor --hf HF_DIR --fix`")
 
 
 def _tensors(d: DraftFile, dest: Profile, notes) -> list[TensorAction]:

@@ -179,8 +179,8 @@ def doctor_fix(draft, out, *, target=None, hf=None, to=None, runtimes=None, n_ma
     """Write the repaired (and, with `to`, moved) drafter to out; check the result again."""
     with _open(draft) as d, (OpenTarget(target) if target else contextlib.nullcontext()) as t:
         before = examine(d, t, hf, runtimes, n_max)
-        tokenizer = _tokenizer_fix(d, t)
         dest = PROFILES[to] if to else d.profile
+        tokenizer = _tokenizer_fix(d, t, dest)
         rw = _rewrite(d, dest, before.fixes, tokenizer)
         plan = _write(d, rw, out, force, dry_run)
     fixed = dict(before.fixes) | ({"tokenizer": f"{len(tokenizer)} keys from {t.path}"} if tokenizer else {})
@@ -198,9 +198,9 @@ def move_layout(draft, out, to, *, target=None, force=False, dry_run=False) -> t
         return _write(d, rw, out, force, dry_run), rw.notes
 
 
-def _tokenizer_fix(d: DraftFile, t: TargetInfo | None) -> list:
-    """The target's tokenizer, where the drafter's layout carries one and it lacks or differs from the target's."""
-    if t is None or d.profile is None or not d.profile.tokenizer:
+def _tokenizer_fix(d: DraftFile, t: TargetInfo | None, dest) -> list:
+    """The target's tokenizer, where the written layout carries one and the drafter's lacks or differs from it."""
+    if t is None or dest is None or not dest.tokenizer:
         return []
     mine, theirs = d.file.kv.get("tokenizer.ggml.tokens"), t.file.kv.get("tokenizer.ggml.tokens")
     if theirs is None or (mine is not None and bytes(mine.raw) == bytes(theirs.raw)):
