@@ -82,11 +82,11 @@ def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None) -> DraftH
     pattern = key("attention.sliding_window_pattern") if window else None
     if pattern is not None and len(pattern) != n_layer:
         raise ModelError(f"{gguf.path}: sliding_window_pattern has {len(pattern)} entries for {n_layer} layers")
-    stored = key(p.keys["target_ids"])
+    stored = gguf.get(p.key("target_ids", arch))
     if stored is None:
         raise ModelError(f"{gguf.path}: missing '{p.key('target_ids', arch)}' (the target layers the drafter "
                          "was trained on)")
-    block = key(p.keys["block_size"], p.default_block_size)
+    block = gguf.get(p.key("block_size", arch), p.default_block_size)
     stored_mask = next((gguf.get(k) for k in (p.key("mask", arch), *p.legacy_mask_keys) if k in gguf.kv), None)
     mask = stored_mask if mask_id is None else mask_id
     if mask is None:
@@ -107,7 +107,7 @@ def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None) -> DraftH
         rope_freq_scale=1.0 / factor, block_size=int(block), mask_id=int(mask), taps=tuple(taps),
         embedding_scale=float(key("embedding_scale", 1.0)), causal=bool(key("attention.causal", False)),
         sliding_window=window,
-        sliding_layers=tuple(bool(p) for p in pattern) if pattern is not None else (bool(window),) * n_layer,
+        sliding_layers=tuple(bool(sliding) for sliding in pattern) if pattern is not None else (bool(window),) * n_layer,
         v2=_dflash2(gguf, key, tensor_names), names=names)
 
 

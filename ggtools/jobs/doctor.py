@@ -92,7 +92,9 @@ def examine(d: DraftFile, t: TargetInfo | None, hf, runtimes=None, n_max=None) -
     findings, fixes = [], {}
     for r in runtimes:
         findings += ggtools_loader_findings(d) if r == "ggtools" else loader_findings(d, r)
-    readable = [r for r in runtimes if r == "ggtools" or (d.profile and d.profile.runtime == r)]
+    # the rules beyond the loader's apply to the runtimes that read this layout (else to the layout's own)
+    readable = [r for r in runtimes if r == "ggtools" or (d.profile and d.profile.runtime == r)] or \
+        ([d.profile.runtime] if d.profile else [])
     if d.profile is not None:
         findings += draft_size_findings(d, n_max, readable)
         if hf:
