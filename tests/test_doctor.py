@@ -267,6 +267,14 @@ def test_fix_refuses_to_guess_without_the_checkpoint(work):
     assert result.fixed == {}
     with GGUFFile(work["dir"] / "lb-guess-out.gguf") as f:
         assert f.get(f"{LB}.rope.freq_base") == 1e6
+    theta = [("qwen35.rope.freq_base", VT.FLOAT32, 1e7, None)]
+    report = doctor(bad, target=make_target_gguf(work["dir"] / "q35-1e7.gguf", arch="qwen35", extra=theta))
+    rope = [f for f in report.findings if f.check == "rope_theta"]
+    assert [f.severity for f in rope] == ["warning"] and "differs from the target's rope.freq_base 1e+07" in \
+        rope[0].message
+    theta = [("qwen35.rope.freq_base", VT.FLOAT32, 1e6, None)]      # the target vouches for 1e6
+    report = doctor(bad, target=make_target_gguf(work["dir"] / "q35-1e6.gguf", arch="qwen35", extra=theta))
+    assert not [f for f in report.findings if f.check == "rope_theta"]
     off = broken(work, "v1", "off-nohf", set_keys=[("dflash.target_layers", VT.ARRAY, [1, 5], VT.INT32)])
     assert doctor_fix(off, work["dir"] / "off-nohf-out.gguf", force=True).fixed == {}
 

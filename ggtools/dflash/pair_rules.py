@@ -1,6 +1,6 @@
 """The rules a drafter and its target must satisfy together, per runtime: hidden sizes, fc width = n ids x target
 hidden, target layers inside the target in the profile's id convention, the mask id inside the target
-vocabulary, a target arch whose graph exposes layer inputs, the same vocabulary, the same RoPE base.
+vocabulary, a target arch whose graph exposes layer inputs, the same vocabulary; and (without the checkpoint) the same RoPE base.
 
 A rule whose inputs the target lacks is `unchecked` (a failure), never passed. `tap_archs` maps each runtime
 to the target archs it can tap; the jobs layer supplies ggtools' own runtime's list.
@@ -22,7 +22,6 @@ def pair_findings(d: DraftFile, t: TargetInfo, runtimes, tap_archs: dict, target
     out += [_taps(t, r, tap_archs[r], target_says.get(r)) for r in runtimes]
     if d.profile.tokenizer:
         out.append(_vocab(d, t))
-    out.append(rope_against_target(d, t, runtimes))
     return [f for f in out if f is not None]
 
 

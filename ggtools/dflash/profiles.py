@@ -94,6 +94,10 @@ class Profile:
     def hf_ids(self, stored_ids) -> list[int]:
         return [int(i) - self.ids_offset for i in stored_ids]
 
+    @property
+    def id_convention(self) -> str:
+        return f"HF id + {self.ids_offset}" if self.ids_offset else "HF id"
+
     # ---- tensor names -------------------------------------------------------------------------------------
     def gguf_name(self, hf_name: str) -> str | None:
         """The GGUF name of a canonical HF tensor name, or None when this profile has no place for it."""

@@ -118,10 +118,10 @@ def _ids(d, stored, want, runtimes) -> Finding:
     have = stored["target_ids"]
     if have == ids:
         return ok("target_layers", f"target layers {d.stored_ids} = HF {ids} ({where}) in the {d.profile.name} "
-                                   f"convention (HF id + {d.profile.ids_offset})")
+                                   f"convention ({d.profile.id_convention})")
     shifted = have is not None and len(have) == len(ids) and {h - i for h, i in zip(have, ids)} in ({-1}, {1})
     why = (f"off by one: stored {d.stored_ids} are {'HF ids' if d.profile.ids_offset else 'HF ids + 1'}, the "
-           f"{d.profile.name} layout stores {'HF id + 1' if d.profile.ids_offset else 'HF ids'}"
+           f"{d.profile.name} layout stores {d.profile.id_convention}"
            if shifted else f"stored {d.stored_ids}")
     effects = tuple(Effect(r, None, "loads and drafts from the wrong target layers: acceptance silently low")
                     for r in runtimes)

@@ -20,7 +20,7 @@ from ggtools.dflash.checkpoint import open_checkpoint
 from ggtools.dflash.draftfile import DraftFile
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, failed, ok
 from ggtools.dflash.loaders import draft_size_findings, loader_findings
-from ggtools.dflash.pair_rules import pair_findings, rope_effects
+from ggtools.dflash.pair_rules import pair_findings, rope_against_target, rope_effects
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, PROFILES
 from ggtools.dflash.rewrite import DrafterRewrite, move, repair
 from ggtools.dflash.source_check import source_findings
@@ -97,13 +97,13 @@ def examine(d: DraftFile, t: TargetInfo | None, hf, runtimes=None, n_max=None) -
         ([d.profile.runtime] if d.profile else [])
     if d.profile is not None:
         findings += draft_size_findings(d, n_max, readable)
+        if t is not None:
+            findings += pair_findings(d, t, readable, runtime_tap_archs(), _ggtools_refusal(t))
         if hf:
             more, fixes = source_findings(d, open_checkpoint(hf), readable)
             findings += more
-        elif t is None:
-            findings += _converter_rope_fallback(d, readable)
-        if t is not None:
-            findings += pair_findings(d, t, readable, runtime_tap_archs(), _ggtools_refusal(t))
+        else:
+            findings += _rope_in_doubt(d, t, readable)
     fixes |= _file_fixes(d, fixes)
     return DoctorReport(d.path, d.profile.name if d.profile else None, runtimes, findings,
                         t.path if t else None, str(hf) if hf else None, fixes)
@@ -150,8 +150,13 @@ def ggtools_loader_findings(d: DraftFile) -> list[Finding]:
     return [ok("loader", f"ggtools' drafter loader reads it ({hp.profile} layout, taps {list(hp.taps)})")]
 
 
-def _converter_rope_fallback(d: DraftFile, runtimes) -> list[Finding]:
-    """lucebox's converter writes 1e6 when config.json keeps the base under rope_parameters: flag it, unproven."""
+def _rope_in_doubt(d: DraftFile, t: TargetInfo | None, runtimes) -> list[Finding]:
+    """Without the checkpoint a RoPE base can only be put in doubt (reported, never rewritten): by the target's
+    own base when it states one, else by being what lucebox's converter writes when config.json keeps the base
+    under rope_parameters."""
+    if t is not None and t.file.get(f"{t.arch}.rope.freq_base") is not None:
+        rope = rope_against_target(d, t, runtimes)
+        return [rope] if rope else []
     theta = d.value("rope.freq_base")
     if d.profile is not LUCEBOX or theta != 1e6:
         return []
