@@ -7,7 +7,7 @@ format strings filled in, so a test can find each one in the runtime's source.
 """
 
 from ggtools.dflash.draftfile import DraftFile
-from ggtools.dflash.findings import ERROR, OK, WARNING, Effect, Finding, failed, ok
+from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, failed, ok
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, PROFILES, V2_KEYS
 
 LLAMA_REQUIRED_KEYS = ("context_length", "embedding_length", "block_count", "attention.layer_norm_rms_epsilon")
