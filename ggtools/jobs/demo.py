@@ -19,7 +19,7 @@ from pathlib import Path
 from ggtools.errors import GGToolsError
 from ggtools.jobs.accept import Candidate, measure
 from ggtools.jobs.convert import convert_dflash
-from ggtools.jobs.pair import pair_check
+from ggtools.jobs.doctor import pair_check
 from ggtools.jobs.quantize import plan_quantize
 from ggtools.jobs.validate import validate
 from ggtools.runtime import DraftSettings, SpecRun, TargetModel, Tokenizer
