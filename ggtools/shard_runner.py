@@ -25,7 +25,7 @@ from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFError, parse_shard_name
 from ggtools.gguf.outputs import check_output, make_dir
 from ggtools.plan import Plan, ShardPlan
-from ggtools.sizes import human_bytes
+from ggtools.byte_sizes import human_bytes
 
 HEADER_ALLOWANCE = 1 << 20      # disk preflight: room for each output's header
 STOP_WAIT = 10                  # seconds a stopped worker gets to remove its temporary file

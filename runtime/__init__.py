@@ -17,12 +17,12 @@ from ggtools.runtime.generate import RunResult, continue_greedy, greedy, run, wa
 from ggtools.runtime.hparams import HParams, ModelError
 from ggtools.runtime.kvcache import KVCache
 from ggtools.runtime.model import TargetModel
-from ggtools.runtime.spec_run import SpecRun, run_speculative
+from ggtools.runtime.spec_run import SpecRun, TargetOnly, check_settings, measure_drafter, run_speculative
 from ggtools.runtime.speculative import DraftSettings, SpecOutput, Step, speculative_generate
 from ggtools.runtime.stats import DEFINITIONS, acceptance_stats
 from ggtools.runtime.tokenizer import Tokenizer, TokenizerError
 
 __all__ = ["DEFINITIONS", "DraftSettings", "Drafter", "FullKV", "HParams", "KVCache", "ModelError", "RingKV",
-           "RunResult", "SpecOutput", "SpecRun", "Step", "TargetModel", "Tokenizer", "TokenizerError",
-           "acceptance_stats", "continue_greedy", "greedy", "run", "run_speculative", "speculative_generate",
-           "warm_up"]
+           "RunResult", "SpecOutput", "SpecRun", "Step", "TargetModel", "TargetOnly", "Tokenizer", "TokenizerError",
+           "acceptance_stats", "check_settings", "continue_greedy", "greedy", "measure_drafter", "run",
+           "run_speculative", "speculative_generate", "warm_up"]

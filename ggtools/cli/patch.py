@@ -2,7 +2,7 @@ import click
 
 from ggtools.cli.render import emit_json
 from ggtools.gguf import ShardSet
-from ggtools.jobs.patch import mask_token_edits, parse_assignment, patch
+from ggtools.jobs.patch import mask_token_edits, parse_assignment, patch, target_files
 from ggtools.plan import KVEdits
 
 OUTPUT_OPTIONS = [
@@ -42,7 +42,8 @@ def mask_token(path, token_id, target, out, in_place, force, as_json):
     """Set tokenizer.ggml.mask_token_id (u32), the key llama.cpp's DFlash drafter loader reads."""
     with ShardSet(path) as s:
         edits = mask_token_edits(s.first, token_id, target)
-    _report(patch(path, edits, out=out, in_place=in_place, force=force), edits, as_json)
+    also_read = target_files(target) if target else ()
+    _report(patch(path, edits, out=out, in_place=in_place, force=force, also_read=also_read), edits, as_json)
 
 
 @command.command("set")

@@ -4,7 +4,7 @@ import json
 
 import click
 
-from ggtools.sizes import human_bytes  # noqa: F401  (re-exported for the commands)
+from ggtools.byte_sizes import human_bytes  # noqa: F401  (re-exported for the commands)
 
 
 def emit_json(data):

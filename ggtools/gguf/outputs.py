@@ -164,6 +164,14 @@ def write_bytes(path, data: bytes, *, inputs=(), force=False):
         fh.write(data)
 
 
+def write_with(path, write, *, inputs=(), force=False):
+    """An output written by a library that takes a path (matplotlib): write(tmp_path) fills the temporary file,
+    which then replaces path."""
+    out = AtomicOutput(path, inputs=inputs, force=force)
+    with out:
+        write(out.tmp)
+
+
 def copy_file(src, dst, *, inputs=(), force=False):
     """A byte copy of a whole file (kernel copy where the system offers it), atomic."""
     out = AtomicOutput(dst, inputs=inputs, force=force)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from gguf import GGUFValueType as VT
 
+from ggtools.dflash.profiles import LLAMACPP, LUCEBOX
 from ggtools.engine import planned_header, rewrite_shard
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile, ShardSet
@@ -18,7 +19,7 @@ from ggtools.gguf.outputs import check_output, copy_file
 from ggtools.gguf.values import encode_kv, value_type
 from ggtools.plan import KVEdits, ShardPlan, copy_action
 
-MASK_KEY = "tokenizer.ggml.mask_token_id"
+MASK_KEY = LLAMACPP.key("mask")
 IN_PLACE_HINT = " (use --in-place to edit it)"
 
 
@@ -63,7 +64,7 @@ def _scalar(vtype: VT, raw: str):
 def mask_token_edits(f: GGUFFile, token_id: int | None, target: str | None) -> KVEdits:
     """Set tokenizer.ggml.mask_token_id (u32) from --id, else from dflash.mask_token_id / <arch>.dflash..."""
     if token_id is None:
-        for key in ("dflash.mask_token_id", f"{f.architecture}.dflash.mask_token_id"):
+        for key in (*LLAMACPP.legacy_mask_keys, LUCEBOX.key("mask", f.architecture)):
             if key in f.kv:
                 token_id = f.kv[key].value
                 break
@@ -82,6 +83,11 @@ def mask_token_edits(f: GGUFFile, token_id: int | None, target: str | None) -> K
     return edits
 
 
+def target_files(path) -> list[str]:
+    with ShardSet(path) as s:
+        return list(s.paths)
+
+
 def target_vocab_size(path) -> int | None:
     with ShardSet(path) as s:
         f = s.first
@@ -98,9 +104,10 @@ class PatchResult:
     nonfinite: dict[str, int]           # tensor -> NaN/inf values or blocks (copied as they are; reported)
 
 
-def patch(path, edits: KVEdits, *, out=None, in_place=False, force=False) -> PatchResult:
+def patch(path, edits: KVEdits, *, out=None, in_place=False, force=False, also_read=()) -> PatchResult:
     """Apply `edits` to the model at path. For a shard set `out` is a directory. Refuses (exit 2), before
-    writing anything, an output that `ggtools validate` would fail or that would replace an input."""
+    writing anything, an output that `ggtools validate` would fail or that would replace an input (also_read:
+    other files the command reads, e.g. --target)."""
     if bool(out) == bool(in_place):
         raise PatchError("give exactly one of -o OUT and --in-place")
     with ShardSet(path) as shards:
@@ -109,8 +116,8 @@ def patch(path, edits: KVEdits, *, out=None, in_place=False, force=False) -> Pat
         for key in edits.removed:
             if key not in first.kv:
                 raise PatchError(f"{first.path}: key '{key}' is not in the file")
-        dsts = _outputs(shards, out, in_place)
-        inputs = shards.paths[1:] if in_place else shards.paths
+        inputs = (shards.paths[1:] if in_place else shards.paths) + list(also_read)
+        dsts = _outputs(shards, out, in_place, inputs)
         plan = ShardPlan(first.path, dsts[0], [copy_action(t, "metadata patch") for t in first.tensors], edits)
         _refuse_invalid_output(shards, plan)
         for dst in dsts[1:]:
@@ -131,13 +138,14 @@ def _refuse_invalid_output(shards, plan):
            "validate would fail")
 
 
-def _outputs(shards, out, in_place) -> list[str]:
+def _outputs(shards, out, in_place, inputs) -> list[str]:
     """Where shard 1 goes (rewritten), then where every other shard goes (copied; none in place)."""
     if in_place:
+        check_output(shards.paths[0], inputs, force=True)
         return [shards.paths[0]]
     if not shards.is_split:
-        return [check_output(out, shards.paths, force=True, hint=IN_PLACE_HINT)]
+        return [check_output(out, inputs, force=True, hint=IN_PLACE_HINT)]
     if not os.path.isdir(out):
         raise PatchError(f"{out}: for a shard set, -o names an existing directory for the patched set")
-    return [check_output(os.path.join(out, os.path.basename(p)), shards.paths, force=True, hint=IN_PLACE_HINT)
+    return [check_output(os.path.join(out, os.path.basename(p)), inputs, force=True, hint=IN_PLACE_HINT)
             for p in shards.paths]

@@ -1,4 +1,4 @@
-"""Byte counts for people: 1.50 MiB, 3.20 GiB."""
+"""Byte counts for people: 1536 -> '1.50 KiB'. Shared by the terminal output and the reports jobs write."""
 
 
 def human_bytes(n) -> str:
