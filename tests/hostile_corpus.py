@@ -166,6 +166,7 @@ def build_corpus(root) -> dict[str, str]:
     c["nan_q8_copy"] = write(j("nan_q8_copy.gguf"), dense([       # 128-wide: copied by requant-trunk
         ("blk.0.attn_k_b.weight", [128, 4], Q8_0, q8_blocks(16, rng, bad_block=5))]))
     c["notok"] = write(j("notok.gguf"), _without_tokenizer(c["target"]))
+    c["drafter"] = _drafter(c, j("drafter.gguf"))
     _hf_variants(c, j)
     _manifests(c, j)
     os.makedirs(j("outdir"))
@@ -183,6 +184,8 @@ def _aliases(c, j):
     os.link(c["good"], c["hard_to_good"])
     c["link_to_target"] = j("link_to_target.gguf")
     os.symlink(c["target"], c["link_to_target"])
+    c["link_to_drafter"] = j("link_to_drafter.gguf")
+    os.symlink(c["drafter"], c["link_to_drafter"])
     c["outdir_link"] = j("outdir_link")
     os.makedirs(c["outdir_link"])
     os.symlink(c["set2"], os.path.join(c["outdir_link"], os.path.basename(c["set2"])))
@@ -202,6 +205,13 @@ def _without_tokenizer(path) -> bytes:
     data = open(out, "rb").read()
     os.unlink(out)
     return data
+
+
+def _drafter(c, path) -> str:
+    """The demo drafter as a llama.cpp-profile GGUF (an input of doctor, gguf-layout, accept)."""
+    from ggtools.jobs.convert import convert_dflash
+    convert_dflash(c["hf"], path, profile="llama.cpp", target=c["target"])
+    return path
 
 
 def _hf_variants(c, j):

@@ -42,6 +42,16 @@ ROWS = [
      "use --in-place"),
     ("alias/patch-set-into-its-dir", ["patch", "set", "{set}", "x.y=u8:1", "-o", "{root}/set", "--force"], 2, [],
      "is an input"),
+    ("alias/doctor-fix-over-draft", ["doctor", "{drafter}", "--fix", "-o", "{drafter}", "--force"], 2, [],
+     "is an input"),
+    ("alias/doctor-fix-over-target", ["doctor", "{drafter}", "--target", "{target}", "--fix", "-o", "{target}",
+                                      "--force"], 2, [], "is an input"),
+    ("alias/gguf-layout-over-draft", ["convert", "gguf-layout", "{drafter}", "--to", "lucebox", "-o",
+                                      "{link_to_drafter}", "--force"], 2, [], "is an input"),
+    ("alias/accept-report-over-target", ["accept", "--target", "{target}", "--draft", "{drafter}", "--report",
+                                         "{target}"], 2, [], "is an input"),
+    ("alias/patch-mask-token-over-target", ["patch", "mask-token", "{drafter}", "--id", "5", "--target", "{target}",
+                                            "-o", "{target}", "--force"], 2, [], "is an input"),
     ("alias/requant-over-linked-shard", ["requant-trunk", "{set}", "-o", "{outdir_link}", "--force", "-q"], 2, [],
      "is an input"),
     # 3. an OS error is an input error: missing parent, a directory or a device as the output
@@ -59,6 +69,8 @@ ROWS = [
      "not a regular file"),
     ("os/requant-output-is-a-file", ["requant-trunk", "{set}", "-o", "{afile}"], 2, [], "is a file"),
     ("os/requant-output-under-a-file", ["requant-trunk", "{set}", "-o", "{afile}/sub"], 2, [], None),
+    ("os/accept-report-missing-parent", ["accept", "--target", "{target}", "--draft", "{drafter}", "--report",
+                                         "{root}/no/r.md"], 2, [], None),
     ("os/demo-work-dir-under-a-file", ["demo", "--work-dir", "{afile}/sub", "--skip-requant"], 2, [], None),
     # 4. no traceback on any input
     *[(f"input/{cmd[0]}-{case}", [*cmd[1], "{%s}" % case, *cmd[2]], code, [], None)
@@ -91,6 +103,10 @@ ROWS = [
         ("convert-checkpoint", ["convert", "dflash", "{hf_fifo}", "--target-gguf", "{target}", "-o", "{root}/d.gguf"]),
         ("pair-check", ["pair-check", "{target}", "{fifo}"]),
         ("run", ["run", "--target", "{fifo}", "--prompt-ids", "1"]),
+        ("doctor", ["doctor", "{fifo}"]), ("doctor-target", ["doctor", "{drafter}", "--target", "{fifo}"]),
+        ("gguf-layout", ["convert", "gguf-layout", "{fifo}", "--to", "lucebox", "-o", "{root}/l.gguf"]),
+        ("accept-draft", ["accept", "--target", "{target}", "--draft", "{fifo}", "-q"]),
+        ("accept-prompts", ["accept", "--target", "{target}", "--draft", "{drafter}", "--prompts", "{fifo}", "-q"]),
         ("validate-manifest", ["validate", "--manifest", "{fifo}", "{good}"])]],
     ("input/dev-zero", ["validate", "/dev/zero"], 2, [], "character device, not a regular file"),
     ("input/convert-config-nested", ["convert", "dflash", "{hf_badjson}", "--target-gguf", "{target}", "-o",
@@ -159,7 +175,7 @@ def _with_json(args):
 
 
 COMMANDS_WITH_JSON = {"inspect", "validate", "convert", "pair-check", "patch", "quantize", "requant-trunk", "run",
-                      "demo"}
+                      "demo", "doctor", "accept"}
 
 
 def test_resume_is_suggested_only_where_it_exists(corpus):
