@@ -61,6 +61,8 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
     if plot:
         write_plot(result, plot, inputs)
     if as_json:
+        if result.exit_code:
+            click.echo(f"error: {result.error}", err=True)
         emit_json(result.to_dict())
     else:
         _show(result)

@@ -77,7 +77,10 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
                                  compare=not no_baseline, n_ctx=n_ctx, progress=bar.update)
     failures = _failures(result, min_acceptance, no_baseline)
     if as_json:
-        emit_json(result.to_dict() | {"failures": failures})
+        if failures:
+            click.echo(f"error: {'; '.join(failures)}", err=True)
+        emit_json(result.to_dict() | {"failures": failures, "exit_code": 1 if failures else 0,
+                                      "error": "; ".join(failures) or None})
     else:
         _show_speculative(result, failures)
     sys.exit(1 if failures else 0)

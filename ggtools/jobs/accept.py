@@ -92,9 +92,17 @@ class AcceptReport:
     def exit_code(self) -> int:
         return 1 if self.failed else 0
 
+    @property
+    def error(self) -> str | None:
+        """One line for a failed gate."""
+        if not self.failed:
+            return None
+        return f"{len(self.failed)} drafter(s) failed the gate: {', '.join(d.name for d in self.failed)}"
+
     def to_dict(self) -> dict:
-        return asdict(self) | {"verdict": "fail" if self.failed else "pass",
-                               "failed": [d.name for d in self.failed], "definitions": DEFINITIONS}
+        return asdict(self) | {"verdict": "fail" if self.failed else "pass", "exit_code": self.exit_code,
+                               "error": self.error, "failed": [d.name for d in self.failed],
+                               "definitions": DEFINITIONS}
 
 
 def accept(target, drafts, *, prompts=None, n: int = 64, baseline=None, max_drop: float | None = DEFAULT_MAX_DROP,
