@@ -119,6 +119,8 @@ def test_interrupted_shard_runs_then_resume(moe, tmp_path, sig):
     out.mkdir()
     procs = [start(["requant-trunk", moe[0][0], "-o", str(out), "--shard", str(k), "-q"]) for k in range(1, SHARDS + 1)]
     for p, _, stderr in stop_after_first_shard(procs, out, sig):
-        assert p.returncode in (0, 130, -signal.SIGKILL), stderr
+        # -SIGINT: the signal came while the interpreter had no handler (starting up, or shutting down after
+        # its shard was recorded); what matters is below: nothing half-written, and --resume finishes the set
+        assert p.returncode in (0, 130, -signal.SIGINT, -signal.SIGKILL), stderr
         assert "Traceback" not in stderr
     resume_and_compare(moe, out)
