@@ -108,7 +108,7 @@ def recording_get_context(method=None):
 shard_runner.multiprocessing.get_context = recording_get_context
 if sys.argv[3] == "after-kernels":
     quants.quantize(T.Q8_0, np.zeros((64, 32), np.float32))   # starts the thread pool
-shard_runner.run_plan(plan_requant_trunk(sys.argv[1], sys.argv[2]), jobs=2, progress=False)
+shard_runner.run_plan(plan_requant_trunk(sys.argv[1], sys.argv[2]), jobs=2, progress=False, make_dirs=True)
 print(methods[0])
 """
 
