@@ -4,12 +4,6 @@ from dataclasses import dataclass, field
 
 from ggtools.gguf import KV, GGUFFile, ShardSet
 
-# Target archs whose llama.cpp graph sets t_layer_inp (the per-layer inputs DFlash taps), at 0c1e570.
-TAP_ARCHS = frozenset({
-    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "openai-moe",
-    "minimax-m2", "minimax-01", "mimo2", "nemotron-h", "bailingmoe3", "hunyuan-vl", "muse-glimmer", "nanbeige",
-    "lfm2", "deepseek4"})
-
 
 @dataclass
 class TargetInfo:
@@ -20,15 +14,16 @@ class TargetInfo:
     vocab: int | None
     uses_mrope: bool
     file: GGUFFile = field(repr=False)
+    paths: list[str] = field(default_factory=list, repr=False)     # every file of the target's set
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return "tokenizer.ggml.tokens" in self.file.kv
 
     @property
     def tokenizer_kvs(self) -> list[KV]:
         """The target's tokenizer (tokenizer.*), in its order; valid while the target stays open."""
         return [kv for kv in self.file.kvs if kv.key.startswith("tokenizer.")]
-
-    @property
-    def exposes_layer_inputs(self) -> bool:
-        return self.arch in TAP_ARCHS
 
 
 class OpenTarget:
@@ -43,7 +38,7 @@ class OpenTarget:
         tokens = f.kv.get("tokenizer.ggml.tokens")
         vocab = tokens.count if tokens is not None else _int(f.get(f"{arch}.vocab_size"))
         return TargetInfo(f.path, arch, _int(f.get(f"{arch}.block_count")), _int(f.get(f"{arch}.embedding_length")),
-                          vocab, f"{arch}.rope.dimension_sections" in f.kv, f)
+                          vocab, f"{arch}.rope.dimension_sections" in f.kv, f, list(self.shards.paths))
 
     def __exit__(self, *exc):
         self.shards.close()
