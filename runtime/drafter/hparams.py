@@ -11,7 +11,7 @@ HF id + 1.
 from dataclasses import dataclass, field
 
 from ggtools.dflash.profiles import PROFILES, profile_of
-from ggtools.runtime.hparams import ModelError
+from ggtools.runtime.errors import ModelError
 
 
 @dataclass(frozen=True)
