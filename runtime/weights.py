@@ -10,8 +10,8 @@ from gguf import GGMLQuantizationType
 
 from ggtools import quants
 from ggtools.gguf import ShardSet
-from ggtools.runtime import kernels
-from ggtools.runtime.hparams import ModelError
+from ggtools.runtime.kernels import matmul
+from ggtools.runtime.errors import ModelError
 
 
 class Matrix:
@@ -20,22 +20,22 @@ class Matrix:
         self.name, self.qtype = name, qtype
         self.n_rows = n_rows    # outputs (ne[1])
         self.n_cols = n_cols    # inputs (ne[0], the row length)
-        self.layout = kernels.Layout(qtype, n_rows, n_cols)
+        self.layout = matmul.Layout(qtype, n_rows, n_cols)
         self.buf, self.offset = buf, offset   # uint8 array holding the matrix (a whole mapped file) and where
         self.data = buf[offset:offset + n_rows * int(self.layout.row_bytes)]
-        # how llama.cpp rounds this matrix's input (kernels.ACT_*); equal kinds share one rounding
+        # how llama.cpp rounds this matrix's input (kernels.matmul.ACT_*); equal kinds share one rounding
         self.activation = self.layout.activation
-        self.plan = kernels.MatmulPlan([self.layout], buf, [offset]) if self.activation is not None else None
+        self.plan = matmul.MatmulPlan([self.layout], buf, [offset]) if self.activation is not None else None
 
-    def matmul(self, prepared: kernels.PreparedInput, stepwise: bool = False) -> np.ndarray:
+    def matmul(self, prepared: matmul.PreparedInput, stepwise: bool = False) -> np.ndarray:
         """prepared: input rows (rows, n_cols) rounded for this matrix's activation kind -> (rows, n_rows)."""
         return self.plan.run(prepared, stepwise)[0]
 
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> np.ndarray:
-        return self.matmul(kernels.PreparedInput(x, self.activation), stepwise)
+        return self.matmul(matmul.PreparedInput(x, self.activation), stepwise)
 
     def rows(self, ids) -> np.ndarray:
-        return kernels.dequantize_rows(self.layout, self.data, ids)
+        return matmul.dequantize_rows(self.layout, self.data, ids)
 
     def __repr__(self):
         return f"Matrix({self.name!r}, {self.qtype.name}, {self.n_rows}x{self.n_cols})"
@@ -75,7 +75,7 @@ class WeightFile:
             qtype = GGMLQuantizationType(t.type_id)
         except ValueError:
             qtype = None
-        if qtype not in kernels.SUPPORTED_TYPES:
+        if qtype not in matmul.SUPPORTED_TYPES:
             raise ModelError(f"{f.path}: tensor '{name}' has type {t.type_name}, which the runtime cannot run")
         f.tensor_data(t)   # checks the size and that the data lies inside the file
         return Matrix(name, qtype, int(t.ne[1]), int(t.ne[0]), self._buffer(f), t.data_start)
@@ -108,7 +108,7 @@ class MatrixGroup:
         parts = {}
         for i, m in enumerate(matrices):
             parts.setdefault((m.qtype, m.n_cols, id(m.buf)), []).append(i)
-        self.parts = [(idx, kernels.MatmulPlan([matrices[i].layout for i in idx], matrices[idx[0]].buf,
+        self.parts = [(idx, matmul.MatmulPlan([matrices[i].layout for i in idx], matrices[idx[0]].buf,
                                                [matrices[i].offset for i in idx])) for idx in parts.values()]
 
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> list[np.ndarray]:
@@ -116,7 +116,7 @@ class MatrixGroup:
         for idx, plan in self.parts:
             kind = plan.layout.activation
             if kind not in prepared:
-                prepared[kind] = kernels.PreparedInput(x, kind)
+                prepared[kind] = matmul.PreparedInput(x, kind)
             for i, out in zip(idx, plan.run(prepared[kind], stepwise)):
                 outs[i] = out
         return outs

@@ -6,8 +6,8 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from ggtools import quants
-from ggtools.runtime import kernels, workers
-from ggtools.runtime.ggmlmath import expf, silu
+from ggtools.runtime.kernels import matmul, workers
+from ggtools.runtime.kernels.ggmlmath import expf, silu
 
 BLOCK32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 KQUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -24,20 +24,20 @@ def make_weights(qtype, n_rows=12, n_cols=512, seed=0):
 
 def reference_input(qtype, x):
     """The input values llama.cpp's dot products see, computed plainly in numpy."""
-    kind = kernels.ACTIVATION[qtype]
-    if kind == kernels.ACT_F16:
+    kind = matmul.ACTIVATION[qtype]
+    if kind == matmul.ACT_F16:
         return x.astype(np.float16).astype(np.float32)
-    if kind == kernels.ACT_BF16:
+    if kind == matmul.ACT_BF16:
         bits = x.view(np.uint32).astype(np.uint64)
         return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
-    if kind in (kernels.ACT_Q8_0, kernels.ACT_Q8_1):
+    if kind in (matmul.ACT_Q8_0, matmul.ACT_Q8_1):
         b = x.reshape(x.shape[0], -1, 32)
         amax = np.abs(b).max(-1, keepdims=True)
         d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
         with np.errstate(divide="ignore"):
             inv = np.where(amax > 0, np.float32(127) / amax, 0).astype(np.float32)
         return (np.rint(b * inv) * d).reshape(x.shape)
-    if kind == kernels.ACT_Q8_K:
+    if kind == matmul.ACT_Q8_K:
         b = x.reshape(x.shape[0], -1, 256)
         idx = np.abs(b).argmax(-1)[..., None]
         vmax = np.take_along_axis(b, idx, -1)
@@ -48,8 +48,8 @@ def reference_input(qtype, x):
 
 
 def run_matmul(qtype, data, n_rows, x, stepwise=False):
-    layout = kernels.Layout(qtype, n_rows, x.shape[1])
-    return kernels.matmul(layout, data, kernels.PreparedInput(x, layout.activation), stepwise)
+    layout = matmul.Layout(qtype, n_rows, x.shape[1])
+    return matmul.matmul(layout, data, matmul.PreparedInput(x, layout.activation), stepwise)
 
 
 @pytest.mark.parametrize("qtype", ALL + [T.MXFP4], ids=lambda t: t.name)
@@ -62,7 +62,7 @@ def test_decoders_are_bit_exact_with_quants(qtype):
     else:
         data = quants.quantize(qtype, x).reshape(-1)
     want = quants.dequantize(qtype, data, 512).reshape(6, 512)
-    got = kernels.dequantize_rows(kernels.Layout(qtype, 6, 512), data, np.array([5, 0, 3, 3]))
+    got = matmul.dequantize_rows(matmul.Layout(qtype, 6, 512), data, np.array([5, 0, 3, 3]))
     assert np.array_equal(got.view(np.uint32), want[[5, 0, 3, 3]].view(np.uint32))
 
 
@@ -112,7 +112,7 @@ def test_stepwise_float_matmul_equals_one_row_steps(qtype):
 def test_q8_1_block_sums_are_rounded_like_ggml():
     """Q4_1 dots add m * fp16(d * sum(q)) per block: the sum carries its own f16 rounding."""
     x = np.random.default_rng(5).standard_normal((1, 64)).astype(np.float32) * 7
-    prepared = kernels.PreparedInput(x, kernels.ACT_Q8_1)
+    prepared = matmul.PreparedInput(x, matmul.ACT_Q8_1)
     b = x.reshape(2, 32)
     amax = np.abs(b).max(1)
     q = np.rint(b * (np.float32(127) / amax)[:, None])
@@ -133,17 +133,17 @@ def test_ggml_expf_is_accurate_and_saturates():
 def test_portable_block_dot_equals_the_avx2_one(name):
     """Without AVX2 the block dots run on float planes (lane-major inputs); same bits."""
     from numba import njit
-    from ggtools.runtime import simd
+    from ggtools.runtime.kernels import simd
 
     if not simd.HAVE_AVX2:
         pytest.skip("the AVX2 kernels need an AVX2 CPU")
     qtype = T[name.upper()]
     data, w = make_weights(qtype, n_rows=3, n_cols=256)
     x = np.random.default_rng(6).standard_normal((5, 256)).astype(np.float32)
-    prepared = kernels.PreparedInput(x, kernels.ACTIVATION[qtype])          # int8, value order
+    prepared = matmul.PreparedInput(x, matmul.ACTIVATION[qtype])          # int8, value order
     lanes = np.empty(prepared.xq.shape, np.float32)                           # float, lane-major
     for b in range(0, 256, 32):
-        lanes[:, b + kernels.LANE_POS] = prepared.xq[:, b:b + 32]
+        lanes[:, b + matmul.LANE_POS] = prepared.xq[:, b:b + 32]
     layout = simd.BLOCK32_LAYOUTS[name]
     portable, avx2 = simd._dot_row_block32(layout, 1), simd._dot_row_block32_avx2(layout, 1)
 

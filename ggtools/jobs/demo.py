@@ -20,7 +20,7 @@ from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.pair import pair_check
 from ggtools.jobs.quantize import plan_quantize
 from ggtools.jobs.validate import validate
-from ggtools.runtime.model import TargetModel
+from ggtools.runtime.target.model import TargetModel
 from ggtools.runtime.spec_run import SpecRun, run_speculative
 from ggtools.runtime.tokenizer import Tokenizer
 from ggtools.shard_runner import run_plan

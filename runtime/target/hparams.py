@@ -4,16 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggtools.errors import GGToolsError
-
-# llama.cpp's llama_model_rope_type: archs whose RoPE rotates (i, i + n_rot/2) pairs (NeoX);
-# the others rotate adjacent pairs (2i, 2i+1).
-ROPE_NEOX_ARCHS = {"qwen2", "qwen2moe", "qwen3", "qwen3moe", "qwen35", "qwen35moe", "gemma3", "phi3"}
-SUPPORTED_ARCHS = ("llama", "qwen3")
-
-
-class ModelError(GGToolsError):
-    """A model the runtime cannot run: unsupported architecture, missing key or tensor, bad input."""
+from ggtools.runtime.errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -58,12 +49,9 @@ def _one_value(value, key):
     return value
 
 
-def read_hparams(gguf, n_vocab: int) -> HParams:
-    """gguf: the GGUFFile holding the metadata (shard 1 of a split model)."""
+def read_hparams(gguf, n_vocab: int, rope_neox: bool) -> HParams:
+    """gguf: the GGUFFile holding the metadata (shard 1 of a split model); rope_neox: from the arch table."""
     arch = gguf.architecture
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelError(f"{gguf.path}: architecture '{arch}' is not supported by the runtime "
-                         f"(supported: {', '.join(SUPPORTED_ARCHS)})")
 
     def key(name, default=None, required=False):
         return _one_value(_get(gguf, f"{arch}.{name}", default, required), f"{arch}.{name}")
@@ -94,7 +82,7 @@ def read_hparams(gguf, n_vocab: int) -> HParams:
         rms_eps=float(key("attention.layer_norm_rms_epsilon", required=True)),
         rope_base=float(key("rope.freq_base", 10000.0)),
         rope_dims=int(key("rope.dimension_count", head_dim)),
-        rope_neox=arch in ROPE_NEOX_ARCHS,
+        rope_neox=rope_neox,
         rope_freq_scale=1.0 / factor,
         attn_scale=attn_scale,
     )

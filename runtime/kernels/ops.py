@@ -9,7 +9,7 @@
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.ggmlmath import EXACT, fma, silu
+from ggtools.runtime.kernels.ggmlmath import EXACT, fma, silu
 
 F32 = np.float32
 

@@ -9,7 +9,7 @@ The attention layer writes the rows of new positions (attention.prepare_attentio
 
 import numpy as np
 
-from ggtools.runtime.attention import KV_PAD
+from ggtools.runtime.target.mixers.attention import KV_PAD
 
 
 class KVCache:

@@ -16,12 +16,12 @@ Context rows use `stepwise` matmuls, so a row's K/V are the same bits whatever b
 
 import numpy as np
 
-from ggtools.runtime import ops
-from ggtools.runtime.draft_attention import attention, norm_rope
-from ggtools.runtime.draft_chain import DraftChain, Selector, chain_v1
-from ggtools.runtime.draft_hparams import DraftHParams, read_draft_hparams
-from ggtools.runtime.draft_kv import DraftKV, FullKV, RingKV
-from ggtools.runtime.hparams import ModelError
+from ggtools.runtime.kernels import ops
+from ggtools.runtime.drafter.attention import attention, norm_rope
+from ggtools.runtime.drafter.chain import DraftChain, Selector, chain_v1
+from ggtools.runtime.drafter.hparams import DraftHParams, read_draft_hparams
+from ggtools.runtime.drafter.kv import DraftKV, FullKV, RingKV
+from ggtools.runtime.errors import ModelError
 from ggtools.runtime.weights import MatrixGroup, WeightFile
 
 NO_NORM = np.zeros(0, np.float32)

@@ -33,10 +33,10 @@ from numba import njit
 
 from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, nearest_int
 from ggtools.quants.simple import KVALUES_MXFP4
-from ggtools.runtime import workers
-from ggtools.runtime.workers import claim, enter, leave
-from ggtools.runtime.ggmlmath import EXACT, fma, to_f16, to_f16_row
-from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot2_lanes8_1, dot2_lanes8_2, dot2_lanes8_3, dot2_lanes8_4,
+from ggtools.runtime.kernels import workers
+from ggtools.runtime.kernels.workers import claim, enter, leave
+from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
+from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot2_lanes8_1, dot2_lanes8_2, dot2_lanes8_3, dot2_lanes8_4,
                                   dot_4x8_2, dot_4x8_main, dot_lanes8_1, dot_lanes8_2, dot_lanes8_3, dot_lanes8_4,
                                   dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,

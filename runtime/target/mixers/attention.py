@@ -14,15 +14,21 @@ converted to f16, so with an f32 cache the scores always use vec_dot. The cache 
 the values unchanged but fixes which lane each position lands in.
 """
 
+from dataclasses import dataclass, field
+
 import numpy as np
 from numba import njit
 
-from ggtools.runtime import workers
-from ggtools.runtime.workers import claim, enter, leave
-from ggtools.runtime.ggmlmath import EXACT, to_f16, to_f16_row
-from ggtools.runtime.kernels import dot_one_row
-from ggtools.runtime.ops import rms_norm_row, rope_head
-from ggtools.runtime.simd import dot_rows_4x8, dot_rows_lanes8, exp_blocks8
+from ggtools.runtime.errors import ModelError
+from ggtools.runtime.kernels import workers
+from ggtools.runtime.kernels.workers import claim, enter, leave
+from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16, to_f16_row
+from ggtools.runtime.kernels.matmul import dot_one_row
+from ggtools.runtime.kernels.ops import rms_norm_row, rope_head
+from ggtools.runtime.kernels.simd import dot_rows_4x8, dot_rows_lanes8, exp_blocks8
+from ggtools.runtime.weights import Matrix, MatrixGroup
+
+NO_NORM = np.zeros(0, np.float32)
 
 KV_PAD = 32
 
@@ -121,3 +127,58 @@ def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positi
     workers.run(attention_rows, n_tokens * n_head, n_tokens * n_head * n_ctx * d * 2, workers.ATTENTION_MIN_WORK,
                 *args)
     return out
+
+
+@dataclass
+class Attention:
+    """The attention mixer: Q, K, V projections (optional biases, qwen3's per-head q/k RMS norms), RoPE,
+    the cache write, causal attention over the cache, the output projection."""
+    wq: Matrix
+    wk: Matrix
+    wv: Matrix
+    wo: Matrix
+    bq: np.ndarray | None = None
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+    # qwen3: per-head RMS norms of q and k before RoPE (empty: none)
+    q_norm: np.ndarray = field(default_factory=lambda: NO_NORM)
+    k_norm: np.ndarray = field(default_factory=lambda: NO_NORM)
+
+    def __post_init__(self):
+        self.qkv = MatrixGroup(self.wq, self.wk, self.wv)
+
+    @classmethod
+    def load(cls, w, hp, i: int) -> "Attention":
+        """Layer i's attention tensors (blk.i.attn_*) from a WeightFile."""
+        p = f"blk.{i}."
+        q_dim, kv_dim = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        attn = cls(
+            wq=w.matrix(p + "attn_q.weight", hp.n_embd, q_dim),
+            wk=w.matrix(p + "attn_k.weight", hp.n_embd, kv_dim),
+            wv=w.matrix(p + "attn_v.weight", hp.n_embd, kv_dim),
+            wo=w.matrix(p + "attn_output.weight", q_dim, hp.n_embd),
+            bq=w.optional_vector(p + "attn_q.bias", q_dim),
+            bk=w.optional_vector(p + "attn_k.bias", kv_dim),
+            bv=w.optional_vector(p + "attn_v.bias", kv_dim),
+        )
+        q_norm = w.optional_vector(p + "attn_q_norm.weight", hp.head_dim)
+        k_norm = w.optional_vector(p + "attn_k_norm.weight", hp.head_dim)
+        if (q_norm is None) != (k_norm is None):
+            raise ModelError(f"{w.meta.path}: layer {i} has only one of attn_q_norm / attn_k_norm")
+        if q_norm is not None:
+            attn.q_norm, attn.k_norm = q_norm, k_norm
+        return attn
+
+    def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
+        n_tokens = h.shape[0]
+        q, k, v = self.qkv(h, stepwise)
+        for out, bias in ((q, self.bq), (k, self.bk), (v, self.bv)):
+            if bias is not None:
+                out += bias
+        start = int(positions[0])
+        roped = np.empty((n_tokens, hp.n_head, hp.head_dim), np.float32)
+        prepare_attention(q, k, v, self.q_norm, self.k_norm, np.float32(hp.rms_eps), *rope, hp.rope_neox,
+                          kv.k[slot], kv.v[slot], start, kv.f16, roped)
+        n_ctx = start + n_tokens
+        out = attention(roped, kv.k[slot], kv.v[slot], positions, n_ctx, hp.attn_scale, kv.f16, stepwise)
+        return self.wo(out, stepwise)

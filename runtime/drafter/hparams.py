@@ -12,7 +12,7 @@ HF id + 1: the llama.cpp ids as stored, the lucebox ids + 1.
 
 from dataclasses import dataclass, field
 
-from ggtools.runtime.hparams import ModelError
+from ggtools.runtime.errors import ModelError
 
 LLAMA_ARCH = "dflash"
 LUCEBOX_ARCHS = ("qwen35-dflash-draft", "dflash-draft", "gemma4-dflash-draft")

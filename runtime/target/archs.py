@@ -1,0 +1,35 @@
+"""The architecture table: for each `general.architecture` the runtime runs, the pieces its layers are made of.
+
+Adding an architecture is adding an entry here, plus any piece it needs that does not exist yet (a mixer
+under mixers/, an FFN under ffn/), each with a `load(weights, hp, layer) -> piece` class method.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ggtools.runtime.errors import ModelError
+from ggtools.runtime.target.ffn.dense import DenseFFN
+from ggtools.runtime.target.mixers.attention import Attention
+
+
+@dataclass(frozen=True)
+class Arch:
+    mixer: Callable          # load(weights, hp, layer) -> the layer's token mixer
+    ffn: Callable            # load(weights, hp, layer) -> the layer's FFN
+    rope_neox: bool          # RoPE rotates (i, i + n_rot/2) pairs (llama.cpp's NEOX type), else (2i, 2i+1)
+    ffn_norm: str = "ffn_norm"   # the RMS norm before the FFN (blk.i.<ffn_norm>.weight)
+
+
+ARCHS = {
+    "llama": Arch(mixer=Attention.load, ffn=DenseFFN.load, rope_neox=False),
+    "qwen3": Arch(mixer=Attention.load, ffn=DenseFFN.load, rope_neox=True),
+}
+
+
+def arch_of(gguf) -> Arch:
+    """The table entry for a GGUF's architecture; ModelError when the runtime does not run it."""
+    name = gguf.architecture
+    if name not in ARCHS:
+        raise ModelError(f"{gguf.path}: architecture '{name}' is not supported by the runtime "
+                         f"(supported: {', '.join(ARCHS)})")
+    return ARCHS[name]
