@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from ggtools.runtime.gated_delta_net import GatedDeltaNet
-from ggtools.runtime.hybrid_cache import HybridCache, RecurrentState
+from ggtools.runtime.target.mixers.gated_delta_net import GatedDeltaNet
+from ggtools.runtime.target.hybrid_cache import HybridCache, RecurrentState
 from ggtools.runtime.weights import Matrix
 
 EMBD, K_HEADS, V_HEADS, HEAD_DIM, KERNEL, EPS = 64, 2, 4, 32, 4, 1e-6
@@ -67,7 +67,7 @@ def ours_from(module) -> GatedDeltaNet:
 def run_chunks(mixer, state, x, sizes):
     out, at = [], 0
     for n in sizes:
-        out.append(mixer(x[at:at + n], state, stepwise=False))
+        out.append(mixer.mix(x[at:at + n], state, stepwise=False))
         at += n
     return np.concatenate(out)
 
@@ -93,9 +93,9 @@ def test_chunking_does_not_change_a_bit(reference):
     parts = run_chunks(mixer, RecurrentState(mixer), x, [5, 1, 6])
     # the recurrence is per token; only the matmuls' batch layout differs (F32 one-row vs tinyBLAS),
     # so compare with every chunk computed in the one-row layout
-    steps = np.concatenate([mixer(x[i:i + 1], state, stepwise=True)
+    steps = np.concatenate([mixer.mix(x[i:i + 1], state, stepwise=True)
                             for state in [RecurrentState(mixer)] for i in range(12)])
-    stepwise = mixer(x, RecurrentState(mixer), stepwise=True)
+    stepwise = mixer.mix(x, RecurrentState(mixer), stepwise=True)
     assert np.array_equal(steps, stepwise)
     assert np.allclose(whole, parts, rtol=1e-5, atol=1e-6)
 
@@ -112,17 +112,17 @@ def test_crop_restores_the_recurrent_state(reference, crop_to):
     cache = hybrid_cache(mixer, window=16)
     for at, n in ((0, 10), (10, 4), (14, 1)):       # the checkpoint stays at 0: 15 positions fit the window
         cache.reserve(at + n)
-        mixer(x[at:at + n], cache.recurrent[0], stepwise=True)
+        mixer.mix(x[at:at + n], cache.recurrent[0], stepwise=True)
         cache.n_tokens = at + n
     cache.crop(crop_to)
     cache.reserve(20)
-    after_crop = mixer(x[crop_to:20], cache.recurrent[0], stepwise=True)
+    after_crop = mixer.mix(x[crop_to:20], cache.recurrent[0], stepwise=True)
     fresh = hybrid_cache(mixer, window=16)
     fresh.reserve(crop_to)
     if crop_to:
-        mixer(x[:crop_to], fresh.recurrent[0], stepwise=True)
+        mixer.mix(x[:crop_to], fresh.recurrent[0], stepwise=True)
     fresh.n_tokens = crop_to
-    never_further = mixer(x[crop_to:20], fresh.recurrent[0], stepwise=True)
+    never_further = mixer.mix(x[crop_to:20], fresh.recurrent[0], stepwise=True)
     assert np.array_equal(after_crop, never_further)
     assert np.array_equal(cache.recurrent[0].ssm, fresh.recurrent[0].ssm)
     assert np.array_equal(cache.recurrent[0].conv, fresh.recurrent[0].conv)
@@ -135,7 +135,7 @@ def test_crop_before_the_checkpoint_is_refused(reference):
     cache = hybrid_cache(mixer, window=8)
     for at, n in ((0, 6), (6, 6)):                   # 12 > 8: the second batch moves the checkpoint to 6
         cache.reserve(at + n)
-        mixer(x[at:at + n], cache.recurrent[0], stepwise=True)
+        mixer.mix(x[at:at + n], cache.recurrent[0], stepwise=True)
         cache.n_tokens = at + n
     assert cache.base == 6
     with pytest.raises(ValueError, match="rolls back only to position 6"):

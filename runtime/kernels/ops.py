@@ -3,7 +3,10 @@
 - rms_norm: squares summed in float64 (ggml_float), scale 1/sqrtf(mean + eps) in float32;
 - RoPE: angles from repeated float32 multiplication theta *= theta_scale (ggml's rope cache), libm
   cosf/sinf/powf (numba calls the same C library), pairs (i, i + n/2) for NeoX, (2i, 2i+1) otherwise;
-- SwiGLU: ggml_v_silu on 8-value chunks, libm expf on the leftovers.
+- SwiGLU and SiLU: ggml_v_silu on 8-value chunks, libm expf on the leftovers;
+- sigmoid: 1 / (1 + expf(-x)) with libm expf (ggml's unary op);
+- M-RoPE on text: each pair's angle comes from one of four position ids; text tokens have the first three
+  equal to the position and the fourth 0, so pairs of the fourth section do not rotate.
 """
 
 import numpy as np
@@ -85,3 +88,48 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     out = np.empty_like(gate)
     swiglu_rows(gate, up, out)
     return out
+
+
+@njit(**EXACT)
+def silu_rows(x, out):
+    """ggml_vec_silu_f32 on each row of x (T, n): ggml_v_silu on 8-value chunks, libm expf on the leftovers."""
+    n = x.shape[1]
+    n_main = n // 8 * 8
+    for r in range(x.shape[0]):
+        for i in range(n_main):
+            out[r, i] = silu(x[r, i])
+        for i in range(n_main, n):
+            out[r, i] = x[r, i] / (F32(1.0) + np.exp(-x[r, i]))
+
+
+@njit(**EXACT)
+def sigmoid(x):
+    return F32(1.0) / (F32(1.0) + np.exp(-x))
+
+
+@njit(**EXACT)
+def sigmoid_rows(x, out):
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            out[r, i] = sigmoid(x[r, i])
+
+
+def fourth_section_pairs(n_pairs: int, sections, interleaved: bool) -> np.ndarray:
+    """Which of the n_pairs rotated pairs ggml_mrope_cache_init gives the fourth position id (the extra one,
+    0 for text tokens): interleaved (IMROPE, qwen35) assigns pair i by (i % sum) % 3 within 3 * section
+    bounds; otherwise the sections follow each other."""
+    s0, s1, s2, s3 = sections
+    sector = np.arange(n_pairs) % (s0 + s1 + s2 + s3)
+    if interleaved:
+        return ~(((sector % 3 == 0) & (sector < 3 * s0)) | ((sector % 3 == 1) & (sector < 3 * s1)) |
+                 ((sector % 3 == 2) & (sector < 3 * s2)))
+    return sector >= s0 + s1 + s2
+
+
+def text_rope_angles(cos: np.ndarray, sin: np.ndarray, sections, interleaved: bool) -> tuple:
+    """M-RoPE cos/sin tables of text tokens from plain RoPE's (rope_angles): pairs of the fourth section
+    get angle 0."""
+    still = fourth_section_pairs(cos.shape[1], sections, interleaved)
+    cos, sin = cos.copy(), sin.copy()
+    cos[:, still], sin[:, still] = 1.0, 0.0
+    return cos, sin

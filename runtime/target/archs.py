@@ -9,7 +9,10 @@ from typing import Callable
 
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.target.ffn.dense import DenseFFN
+from ggtools.runtime.target.hybrid_cache import HybridCache
+from ggtools.runtime.target.kvcache import KVCache
 from ggtools.runtime.target.mixers.attention import Attention
+from ggtools.runtime.target.mixers.gated_delta_net import GatedDeltaNet
 
 
 @dataclass(frozen=True)
@@ -18,11 +21,22 @@ class Arch:
     ffn: Callable            # load(weights, hp, layer) -> the layer's FFN
     rope_neox: bool          # RoPE rotates (i, i + n_rot/2) pairs (llama.cpp's NEOX type), else (2i, 2i+1)
     ffn_norm: str = "ffn_norm"   # the RMS norm before the FFN (blk.i.<ffn_norm>.weight)
+    cache: Callable = KVCache.for_layers     # for_layers(layers, hp, kv_type) -> the model's cache
+    rope_sections: str = ""      # M-RoPE on text tokens: "imrope" (sections interleaved) or "mrope"; "": plain
+
+
+def hybrid_mixer(w, hp, i: int):
+    """qwen35's layer i: Gated DeltaNet where attention.recurrent_layers says so, else gated attention."""
+    if hp.recurrent_layers[i]:
+        return GatedDeltaNet.load(w, hp, i)
+    return Attention.load(w, hp, i, output_gate=True)
 
 
 ARCHS = {
     "llama": Arch(mixer=Attention.load, ffn=DenseFFN.load, rope_neox=False),
     "qwen3": Arch(mixer=Attention.load, ffn=DenseFFN.load, rope_neox=True),
+    "qwen35": Arch(mixer=hybrid_mixer, ffn=DenseFFN.load, rope_neox=True, ffn_norm="post_attention_norm",
+                   cache=HybridCache.for_layers, rope_sections="imrope"),
 }
 
 

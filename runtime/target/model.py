@@ -16,7 +16,6 @@ from ggtools.runtime.errors import ModelError
 from ggtools.runtime.kernels import ops, workers
 from ggtools.runtime.target.archs import arch_of
 from ggtools.runtime.target.hparams import read_hparams
-from ggtools.runtime.target.kvcache import KVCache
 from ggtools.runtime.weights import WeightFile
 
 
@@ -26,6 +25,7 @@ class Layer:
     mixer: object
     ffn_norm: np.ndarray
     ffn: object
+    slot: int = 0       # the mixer's place in the cache: its index among the layers with the same kind of mixer
 
 
 class TargetModel:
@@ -46,7 +46,10 @@ class TargetModel:
         freq_factors = w.optional_vector("rope_freqs.weight")
         self.rope_freq_factors = np.zeros(0, np.float32) if freq_factors is None else freq_factors
         self.layers = [self._load_layer(i) for i in range(hp.n_layer)]
-        self.kv = KVCache(hp.n_layer, hp.n_head_kv, hp.head_dim, type=kv_type)
+        kinds = [type(layer.mixer) for layer in self.layers]
+        for i, layer in enumerate(self.layers):
+            layer.slot = kinds[:i].count(kinds[i])
+        self.kv = self.arch.cache(self.layers, hp, kv_type)
 
     def _load_layer(self, i: int) -> Layer:
         w, hp, arch = self.weights, self.hp, self.arch
@@ -87,12 +90,14 @@ class TargetModel:
         self.kv.reserve(start + len(tokens))
         rope = ops.rope_angles(positions, hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale),
                                self.rope_freq_factors)
+        if self.arch.rope_sections:
+            rope = ops.text_rope_angles(*rope, hp.rope_sections, self.arch.rope_sections == "imrope")
         features = np.empty((len(tokens), len(taps), hp.n_embd), np.float32)
         x = self.token_embd.rows(tokens)
         for i, layer in enumerate(self.layers):
             self._tap(features, taps, i, x)
             h = ops.rms_norm(x, layer.attn_norm, hp.rms_eps)
-            x = layer.mixer(h, positions, rope, self.kv, i, hp, stepwise) + x
+            x = layer.mixer(h, positions, rope, self.kv, layer.slot, hp, stepwise) + x
             x = layer.ffn(ops.rms_norm(x, layer.ffn_norm, hp.rms_eps), stepwise) + x
         self.kv.n_tokens = start + len(tokens)
         out = ops.rms_norm(x, self.output_norm, hp.rms_eps)

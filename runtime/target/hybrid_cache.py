@@ -12,7 +12,8 @@ is zero).
 
 import numpy as np
 
-from ggtools.runtime.kvcache import KVCache
+from ggtools.runtime.target.kvcache import KVCache
+from ggtools.runtime.target.mixers.gated_delta_net import GatedDeltaNet
 
 DEFAULT_WINDOW = 64
 
@@ -62,6 +63,12 @@ class HybridCache(KVCache):
                  type: str = "f16", window: int = DEFAULT_WINDOW):
         self.recurrent, self.window, self.base = recurrent, window, 0
         super().__init__(n_attention, n_head_kv, head_dim, type=type)
+
+    @classmethod
+    def for_layers(cls, layers, hp, type: str = "f16") -> "HybridCache":
+        """The cache of a model whose layers mix attention and Gated DeltaNet mixers (slots in layer order)."""
+        recurrent = [RecurrentState(layer.mixer) for layer in layers if isinstance(layer.mixer, GatedDeltaNet)]
+        return cls(len(layers) - len(recurrent), hp.n_head_kv, hp.head_dim, recurrent, type=type)
 
     def reserve(self, n_tokens: int) -> None:
         """Make room for positions up to n_tokens - 1, the next batch; moves the checkpoint when the log

@@ -12,7 +12,7 @@ Per token, with C = 2 * key_dim + value_dim conv channels:
     out   = W_out (rmsnorm(o) * norm * silu(z))    per v-head
 
 Operation order and roundings are ggml's: l2norm is rms_norm(eps / n) then a scale by 1 / sqrt(n); the
-conv sum is a float fma chain; S is stored transposed (row j is column j of S), so both S^T k and S^T q are
+conv sum is a float chain of separately rounded products and sums (ggml's build does not contract it); S is stored transposed (row j is column j of S), so both S^T k and S^T q are
 ggml_vec_dot_f32 dots and the update is ggml_vec_mad_f32 (fma); sigmoid, softplus and exp use libm.
 The recurrence is per token whatever the batch, so a verify batch gives the same bits as one-token steps.
 """
@@ -22,32 +22,20 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from ggtools.runtime import workers
-from ggtools.runtime.ggmlmath import EXACT, fma, silu
-from ggtools.runtime.kernels import dot_one_row
-from ggtools.runtime.ops import rms_norm_row
+from ggtools.runtime.kernels import workers
+from ggtools.runtime.kernels.ggmlmath import EXACT, fma
+from ggtools.runtime.kernels.matmul import dot_one_row
+from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, silu_rows
 from ggtools.runtime.weights import Matrix, MatrixGroup
-from ggtools.runtime.workers import claim, enter, leave
+from ggtools.runtime.kernels.workers import claim, enter, leave
 
 F32 = np.float32
 NO_OUTPUT = np.zeros((0, 0), np.float32)
 
 
 @njit(**EXACT)
-def silu_rows(x, out):
-    """ggml_vec_silu_f32 on each row: ggml_v_silu on 8-value chunks, libm expf on the leftovers."""
-    n = x.shape[1]
-    n_main = n // 8 * 8
-    for r in range(x.shape[0]):
-        for i in range(n_main):
-            out[r, i] = silu(x[r, i])
-        for i in range(n_main, n):
-            out[r, i] = x[r, i] / (F32(1.0) + np.exp(-x[r, i]))
-
-
-@njit(**EXACT)
 def conv_rows(window, weight, out):
-    """ggml_ssm_conv: out[t, c] = sum_i window[t + i, c] * weight[c, i] as a float fma chain.
+    """ggml_ssm_conv: out[t, c] = sum_i window[t + i, c] * weight[c, i], each product and sum rounded.
     window: (T + K - 1, C) the conv state's K - 1 rows, then the T new rows; weight: (C, K)."""
     n_tokens, n_channels = out.shape
     kernel = weight.shape[1]
@@ -55,7 +43,7 @@ def conv_rows(window, weight, out):
         for c in range(n_channels):
             s = F32(0.0)
             for i in range(kernel):
-                s = fma(window[t + i, c], weight[c, i], s)
+                s = s + window[t + i, c] * weight[c, i]
             out[t, c] = s
 
 
@@ -83,7 +71,7 @@ def decay_and_beta(alpha, beta_in, dt_bias, a, g, beta):
             x = alpha[t, h] + dt_bias[h]
             soft = x if x > F32(20.0) else np.log(F32(1.0) + np.exp(x))
             g[t, h] = soft * a[h]
-            beta[t, h] = F32(1.0) / (F32(1.0) + np.exp(-beta_in[t, h]))
+            beta[t, h] = sigmoid(beta_in[t, h])
 
 
 @njit(**EXACT)
@@ -155,7 +143,29 @@ class GatedDeltaNet:
         self.n_v_heads = self.a.size
         self.key_dim = self.n_k_heads * self.head_dim
 
-    def __call__(self, h: np.ndarray, state, stepwise: bool) -> np.ndarray:
+    @classmethod
+    def load(cls, w, hp, i: int) -> "GatedDeltaNet":
+        """Layer i's Gated DeltaNet tensors (blk.i.attn_qkv / attn_gate / ssm_*) from a WeightFile."""
+        p, shape = f"blk.{i}.", hp.delta_net
+        value_dim = shape.n_v_heads * shape.head_dim
+        channels = 2 * shape.n_k_heads * shape.head_dim + value_dim
+        return cls(
+            wqkv=w.matrix(p + "attn_qkv.weight", hp.n_embd, channels),
+            wgate=w.matrix(p + "attn_gate.weight", hp.n_embd, value_dim),
+            wbeta=w.matrix(p + "ssm_beta.weight", hp.n_embd, shape.n_v_heads),
+            walpha=w.matrix(p + "ssm_alpha.weight", hp.n_embd, shape.n_v_heads),
+            conv=w.vector(p + "ssm_conv1d.weight", channels * shape.conv_kernel).reshape(channels, -1),
+            dt_bias=w.vector(p + "ssm_dt.bias", shape.n_v_heads),
+            a=w.vector(p + "ssm_a", shape.n_v_heads),
+            norm=w.vector(p + "ssm_norm.weight", shape.head_dim),
+            wout=w.matrix(p + "ssm_out.weight", value_dim, hp.n_embd),
+            n_k_heads=shape.n_k_heads, head_dim=shape.head_dim, eps=hp.rms_eps)
+
+    def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
+        """The mixer interface: kv is a HybridCache and slot this layer's index among its recurrent states."""
+        return self.mix(h, kv.recurrent[slot], stepwise)
+
+    def mix(self, h: np.ndarray, state, stepwise: bool) -> np.ndarray:
         """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens."""
         qkv, z, beta_in, alpha = self.inputs(h, stepwise)
         g = np.empty_like(alpha)
