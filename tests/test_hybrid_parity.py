@@ -1,0 +1,151 @@
+"""Gated DeltaNet hybrid targets (qwen35, qwen35moe) against their oracles: llama.cpp (llama-cpp-python,
+non-flash attention, f16 KV cache) logit for logit and token for token on the tiny models its own converter
+and quantizer made, transformers' hidden states for the feature taps, and the recurrent state's rollback
+against never having gone further.
+
+Prompts are random id sequences whose llama.cpp greedy path keeps a clear top-1/top-2 margin (checked
+here and printed with the logit differences), so that float-level differences could not decide a token.
+"""
+
+import numpy as np
+import pytest
+from test_runtime_parity import LlamaCpp, llama_cpp  # noqa: F401  (llama_cpp: the AVX2 build fixture)
+
+from ggtools.runtime import TargetModel, greedy
+
+pytestmark = pytest.mark.oracle
+
+N_GREEDY = 40
+MIN_MARGIN = 0.005      # logits of these models span about +-7; float-level differences are ~1e-6
+# seeds of prompts whose llama.cpp greedy paths keep a margin of at least 0.01 in every encoding
+PROMPT_SEEDS = {"qwen35": [3, 13, 17, 21, 24]}
+ENCODINGS = [("qwen35", "f32"), ("qwen35", "f16"), ("qwen35", "q8_0")]
+
+
+def prompt(seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [1] + rng.integers(3, 1000, int(rng.integers(4, 40))).tolist()
+
+
+@pytest.fixture(scope="module")
+def targets(qwen35_target):
+    return {"qwen35": qwen35_target}
+
+
+@pytest.fixture(scope="module")
+def models(targets):
+    """One loaded TargetModel per (arch, encoding), shared by the tests of this module."""
+    loaded = {}
+
+    def get(arch, encoding, kv_type="f16"):
+        key = (arch, encoding, kv_type)
+        if key not in loaded:
+            loaded[key] = TargetModel(targets[arch].gguf[encoding], threads=2, kv_type=kv_type)
+        loaded[key].kv.clear()
+        return loaded[key]
+
+    yield get
+    for model in loaded.values():
+        model.close()
+
+
+def llama_greedy_path(oracle: LlamaCpp, ids, n):
+    """llama.cpp's greedy continuation (one token per decode) and the logits row behind every token."""
+    llm = oracle.llm
+    llm.reset()
+    llm.eval(list(ids))
+    tokens, rows = [], []
+    for _ in range(n):
+        rows.append(np.array(llm.scores[llm.n_tokens - 1], np.float32))
+        tokens.append(int(rows[-1].argmax()))
+        llm.eval([tokens[-1]])
+    return tokens, np.array(rows)
+
+
+def our_greedy_path(model: TargetModel, ids, n):
+    """The same with the runtime; the prompt's logits are all computed, as llama.cpp's logits_all does (a
+    one-row output matmul of float weights has other bits than a batch's)."""
+    logits, _ = model.forward(ids, logits="all")
+    tokens, rows = [], []
+    for _ in range(n):
+        rows.append(logits[-1])
+        tokens.append(int(logits[-1].argmax()))
+        logits, _ = model.forward([tokens[-1]], logits="last")
+    return tokens, np.array(rows)
+
+
+def top2_margin(rows) -> float:
+    top = np.sort(rows, axis=1)[:, -2:]
+    return float((top[:, 1] - top[:, 0]).min())
+
+
+@pytest.mark.parametrize("arch, encoding", ENCODINGS)
+def test_prompt_logits_are_bit_identical(targets, models, llama_cpp, arch, encoding):  # noqa: F811
+    oracle, model = LlamaCpp(llama_cpp, targets[arch].gguf[encoding]), models(arch, encoding)
+    for seed in PROMPT_SEEDS[arch][:2]:
+        ids = prompt(seed)
+        model.kv.clear()
+        ours, _ = model.forward(ids)
+        want = oracle.prompt_logits(ids)
+        print(f"{arch} {encoding}: {len(ids)} prompt tokens, max abs logit difference {np.abs(ours - want).max()}")
+        assert np.array_equal(ours, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, encoding", ENCODINGS)
+def test_greedy_tokens_are_identical(targets, models, llama_cpp, arch, encoding):  # noqa: F811
+    oracle, model = LlamaCpp(llama_cpp, targets[arch].gguf[encoding]), models(arch, encoding)
+    for seed in PROMPT_SEEDS[arch]:
+        ids = prompt(seed)
+        want, want_rows = llama_greedy_path(oracle, ids, N_GREEDY)
+        model.kv.clear()
+        ours, rows = our_greedy_path(model, ids, N_GREEDY)
+        margin = top2_margin(want_rows)
+        print(f"{arch} {encoding} seed {seed}: {len(ids)} + {N_GREEDY} tokens, min top-1/top-2 margin {margin:.4f}, "
+              f"max abs logit difference {np.abs(rows - want_rows).max()}")
+        assert margin >= MIN_MARGIN, "the prompt no longer has a clear margin on llama.cpp's path: choose another"
+        assert ours == want
+        assert np.array_equal(rows, want_rows)
+
+
+@pytest.mark.parametrize("arch", ["qwen35"])
+def test_feature_taps_equal_transformers_hidden_states(targets, models, arch):
+    """hidden_states[j] is the residual entering layer j (the last one the final normed state), linear and
+    full attention layers alike; f32 GGUF with an f32 cache: float rounding (measured 7e-6 relative)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(targets[arch].hf_dir, dtype=torch.float32).eval()
+    ids = [1] + np.random.default_rng(1).integers(3, 1024, 30).tolist()
+    with torch.no_grad():
+        hidden = [h[0].numpy() for h in hf(torch.tensor([ids]), output_hidden_states=True).hidden_states]
+    model = models(arch, "f32", kv_type="f32")
+    taps = list(range(model.hp.n_layer + 1))
+    _, features = model.forward(ids, taps=taps, logits="none")
+    for j in taps:
+        err = np.abs(features[:, j] - hidden[j]).max() / np.abs(hidden[j]).max()
+        print(f"{arch} tap {j}: max relative difference {err:.1e}")
+        assert err <= 2e-5, j
+
+
+@pytest.mark.parametrize("arch, encoding", ENCODINGS)
+def test_crop_then_generate_equals_never_going_further(models, arch, encoding):
+    """Crop back into the generated tokens and into the prompt (the recurrent state rolls back with the KV
+    cache), then go on: the same logits, bit for bit, as a fresh run that made the same calls up to there."""
+    model = models(arch, encoding)
+    ids = prompt(PROMPT_SEEDS[arch][0])
+    generated, _ = greedy(model, ids, 12)     # the prompt as one batch, then one-token steps
+
+    def run_to(keep):
+        model.kv.clear()
+        model.forward(ids[:keep], logits="none")
+        for token in generated[:max(0, keep - len(ids))]:
+            model.forward([token], logits="none")
+
+    for keep in (len(ids) + 5, len(ids) - 3, 2):
+        model.kv.crop(keep)
+        after_crop = model.forward([7, 8, 9])[0]
+        continued, _ = greedy(model, [10], 6)
+        run_to(keep)
+        assert np.array_equal(after_crop, model.forward([7, 8, 9])[0])
+        assert continued == greedy(model, [10], 6)[0]
+        run_to(len(ids) + 11)
