@@ -130,8 +130,11 @@ class Drafter:
 
     def _rope(self, positions):
         hp = self.hp
-        return ops.rope_angles(np.asarray(positions, np.int64), hp.rope_dims, hp.rope_base,
+        rope = ops.rope_angles(np.asarray(positions, np.int64), hp.rope_dims, hp.rope_base,
                                np.float32(hp.rope_freq_scale), self.freq_factors)
+        # the sections llama.cpp's converter writes for drafters of M-RoPE targets ([n_rot/2, 0, 0, 0]) rotate
+        # every pair by the position, as plain RoPE does; text_rope_angles keeps any other split exact too
+        return ops.text_rope_angles(*rope, hp.rope_sections, False) if any(hp.rope_sections) else rope
 
     def context(self, features: np.ndarray) -> np.ndarray:
         """Target features (T, n_taps * H) -> fused context rows (T, H)."""
