@@ -1,12 +1,12 @@
 """Weights of a target GGUF as memory-mapped views: matrices stay in their ggml block layout.
 
 A `Matrix` is one 2-D weight (ne = [n_cols, n_rows]): `matmul` runs the dequantize-on-the-fly kernel,
-`rows` dequantizes selected rows (embedding lookup). Vectors (norms, biases) are small and become
-float32 arrays.
+`rows` dequantizes selected rows (embedding lookup); or a stack of experts (ne = [n_cols, n_rows, n_expert]),
+run through `MatrixGroup.run_experts`. Vectors (norms, biases) are small and become float32 arrays.
 """
 
 import numpy as np
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ggtools import quants
 from ggtools.gguf import ShardSet
@@ -16,13 +16,14 @@ from ggtools.runtime.errors import ModelError
 
 class Matrix:
     def __init__(self, name: str, qtype: GGMLQuantizationType, n_rows: int, n_cols: int, buf: np.ndarray,
-                 offset: int = 0):
+                 offset: int = 0, n_expert: int = 1):
         self.name, self.qtype = name, qtype
         self.n_rows = n_rows    # outputs (ne[1])
         self.n_cols = n_cols    # inputs (ne[0], the row length)
+        self.n_expert = n_expert    # ne[2] of a stack of experts
         self.layout = matmul.Layout(qtype, n_rows, n_cols)
         self.buf, self.offset = buf, offset   # uint8 array holding the matrix (a whole mapped file) and where
-        self.data = buf[offset:offset + n_rows * int(self.layout.row_bytes)]
+        self.data = buf[offset:offset + n_expert * n_rows * int(self.layout.row_bytes)]
         # how llama.cpp rounds this matrix's input (kernels.matmul.ACT_*); equal kinds share one rounding
         self.activation = self.layout.activation
         self.plan = matmul.MatmulPlan([self.layout], buf, [offset]) if self.activation is not None else None
@@ -67,18 +68,24 @@ class WeightFile:
         except KeyError:
             raise ModelError(f"{self.meta.path}: tensor '{name}' is missing") from None
 
-    def matrix(self, name: str, n_cols: int | None = None, n_rows: int | None = None) -> Matrix:
+    def matrix(self, name: str, n_cols: int | None = None, n_rows: int | None = None,
+               n_expert: int | None = None) -> Matrix:
+        """A 2-D weight, or with n_expert a 3-D stack of n_expert matrices (ne [n_cols, n_rows, n_expert])."""
         f, t = self._lookup(name)
-        if len(t.ne) != 2 or (n_cols is not None and t.ne[0] != n_cols) or (n_rows is not None and t.ne[1] != n_rows):
-            raise ModelError(f"{f.path}: tensor '{name}' has ne {list(t.ne)}, expected [{n_cols}, {n_rows}]")
+        want = [n_cols, n_rows] + ([n_expert] if n_expert is not None else [])
+        if len(t.ne) != len(want) or any(w is not None and int(n) != w for n, w in zip(t.ne, want)):
+            raise ModelError(f"{f.path}: tensor '{name}' has ne {list(t.ne)}, expected {want}")
         try:
             qtype = GGMLQuantizationType(t.type_id)
         except ValueError:
             qtype = None
         if qtype not in matmul.SUPPORTED_TYPES:
             raise ModelError(f"{f.path}: tensor '{name}' has type {t.type_name}, which the runtime cannot run")
+        if t.ne[0] % GGML_QUANT_SIZES[qtype][0]:
+            raise ModelError(f"{f.path}: tensor '{name}' rows of {t.ne[0]} values are not whole {qtype.name} blocks")
         f.tensor_data(t)   # checks the size and that the data lies inside the file
-        return Matrix(name, qtype, int(t.ne[1]), int(t.ne[0]), self._buffer(f), t.data_start)
+        return Matrix(name, qtype, int(t.ne[1]), int(t.ne[0]), self._buffer(f), t.data_start,
+                      int(t.ne[2]) if n_expert is not None else 1)
 
     def _buffer(self, f) -> np.ndarray:
         """The whole mapped file as one uint8 array (matrices are addressed by offset into it)."""
@@ -109,14 +116,25 @@ class MatrixGroup:
         for i, m in enumerate(matrices):
             parts.setdefault((m.qtype, m.n_cols, id(m.buf)), []).append(i)
         self.parts = [(idx, matmul.MatmulPlan([matrices[i].layout for i in idx], matrices[idx[0]].buf,
-                                               [matrices[i].offset for i in idx])) for idx in parts.values()]
+                                              [matrices[i].offset for i in idx], matrices[idx[0]].n_expert))
+                      for idx in parts.values()]
 
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> list[np.ndarray]:
+        return self._each_plan(x, None, lambda plan, prepared: plan.run(prepared, stepwise))
+
+    def run_experts(self, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, groups: np.ndarray) -> list:
+        """Stacks of experts: input rows x[rows[j]] for j in groups[g]..groups[g + 1]-1 through expert experts[g]
+        (each input row rounded once, however many experts it goes to) -> outputs in the order of `rows`."""
+        return self._each_plan(x, rows, lambda plan, prepared: plan.run_experts(prepared, experts, groups))
+
+    def _each_plan(self, x, rows, run) -> list:
         prepared, outs = {}, [None] * len(self.matrices)
         for idx, plan in self.parts:
             kind = plan.layout.activation
             if kind not in prepared:
                 prepared[kind] = matmul.PreparedInput(x, kind)
-            for i, out in zip(idx, plan.run(prepared[kind], stepwise)):
+                if rows is not None:
+                    prepared[kind] = prepared[kind].take(rows)
+            for i, out in zip(idx, run(plan, prepared[kind])):
                 outs[i] = out
         return outs

@@ -31,6 +31,7 @@ __all__ = [
     "qwen35moe_set", "llama_loads", "llama_load_info", "llama_greedy", "oracle_unit",
     "TinyTarget", "DrafterRefs", "DrafterQuants", "Qwen35MoeSet",
     "qwen35_target", "qwen35moe_target", "HybridTarget",
+    "qwen3moe_target", "gpt_oss_target", "moe_drafters", "MoeTarget",
 ]
 
 QUANT_FTYPES = {"Q8_0": 7, "Q4_K_M": 15, "Q2_K": 10}
@@ -144,6 +145,16 @@ def _hybrid_target(arch: str, hf_dir: Path, gguf: dict, split=()) -> HybridTarge
                         drafter_layer_ids=m["target_layer_ids"][arch])
 
 
+@dataclass
+class MoeTarget:
+    """Tiny routed-expert target (moe_targets.py): HF dir and llama.cpp GGUFs "f32", "f16" and the quantized
+    one ("Q8_0" for qwen3moe, "MXFP4_MOE" for gpt-oss)."""
+    arch: str
+    hf_dir: Path
+    gguf: dict[str, Path]
+    manifest: dict = field(repr=False)
+
+
 def _version_key(version) -> str:
     if isinstance(version, int):
         return f"v{version}"
@@ -223,3 +234,27 @@ def qwen35moe_target(qwen35moe_set) -> HybridTarget:
     d, m = oracle_unit("qwen35moe-f32")
     gguf = {"f32": d / m["gguf"]["path"], "f16": qwen35moe_set.f16, "mxfp4_moe": qwen35moe_set.mxfp4_moe}
     return _hybrid_target("qwen35moe", qwen35moe_set.hf_dir, gguf, qwen35moe_set.split)
+
+
+def _moe_target(arch: str) -> MoeTarget:
+    d, m = oracle_unit(f"{arch}-target")
+    return MoeTarget(arch=arch, hf_dir=d / m["hf_dir"], gguf={k: d / e["path"] for k, e in m["gguf"].items()},
+                     manifest=m)
+
+
+@pytest.fixture(scope="session")
+def qwen3moe_target() -> MoeTarget:
+    return _moe_target("qwen3moe")
+
+
+@pytest.fixture(scope="session")
+def gpt_oss_target() -> MoeTarget:
+    return _moe_target("gpt-oss")
+
+
+@pytest.fixture(scope="session")
+def moe_drafters() -> dict[str, dict[str, Path]]:
+    """{"qwen3moe" | "gpt-oss": {"v1": HF dir, "v2": HF dir}}: z-lab drafters for the tiny MoE targets
+    (target_layer_ids [1, 2])."""
+    d, m = oracle_unit("moe-drafters")
+    return {arch: {v: d / p for v, p in dirs.items()} for arch, dirs in m["dirs"].items()}

@@ -129,12 +129,17 @@ class Drafter:
         return RingKV(*args, cap=ring_cap, kv_type=kv_type)
 
     def _rope(self, positions):
+        rope = self._plain_rope(positions)
+        # llama.cpp's converter gives drafters of M-RoPE targets the sections [n_rot/2, 0, 0, 0], which rotate
+        # every pair by the position as plain RoPE does; text_rope_angles keeps any other split exact too
+        if any(self.hp.rope_sections):
+            return ops.text_rope_angles(rope, self._plain_rope([0]), self.hp.rope_sections, False)
+        return rope
+
+    def _plain_rope(self, positions):
         hp = self.hp
-        rope = ops.rope_angles(np.asarray(positions, np.int64), hp.rope_dims, hp.rope_base,
-                               np.float32(hp.rope_freq_scale), self.freq_factors)
-        # the sections llama.cpp's converter writes for drafters of M-RoPE targets ([n_rot/2, 0, 0, 0]) rotate
-        # every pair by the position, as plain RoPE does; text_rope_angles keeps any other split exact too
-        return ops.text_rope_angles(*rope, hp.rope_sections, False) if any(hp.rope_sections) else rope
+        return ops.rope_angles(np.asarray(positions, np.int64), hp.rope_dims, hp.rope_base,
+                               np.float32(hp.rope_freq_scale), self.freq_factors, *ops.NO_YARN)
 
     def context(self, features: np.ndarray) -> np.ndarray:
         """Target features (T, n_taps * H) -> fused context rows (T, H)."""

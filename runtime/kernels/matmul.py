@@ -7,10 +7,13 @@ runtime's own workers (workers.py), never numba's prange.
 
 Numerics follow what llama.cpp (x86-64, AVX2 build) does for the weight type, operation for
 operation (see ggmlmath for why):
-- 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the input is quantized to Q8_0 / Q8_1
+- 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4): the input is quantized to Q8_0 / Q8_1
   (quantize_row_q8_0/1) and the dot is ggml_vec_dot_qX_q8_Y: per block, 8 lanes each holding the
   exact integer dot of 4 consecutive values, accumulated with fma(d_w * d_x, lane, acc), then hsum8.
   tinyBLAS (used by llama.cpp for batches) has the same structure, so these are batch-invariant.
+  MXFP4 sums even and odd blocks apart (ggml_vec_dot_mxfp4_q8_0), or, for matrices llama.cpp repacks
+  (AVX2, rows a multiple of 8: its default extra buffer type), one fma per block of the block's integer
+  sum (the 8x8 gemv/gemm kernels); see simd.Block32Layout.
   Block values are stored lane-major (position i*8 + lane for value 4*lane + i) so the lane loop
   is unit-stride.
 - F32 / F16 / BF16: the input is rounded to the weight's type; one-row products follow
@@ -38,6 +41,7 @@ from ggtools.runtime.kernels.workers import claim, enter, leave
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
 from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot2_lanes8_1, dot2_lanes8_2, dot2_lanes8_3, dot2_lanes8_4,
                                   dot_4x8_2, dot_4x8_main, dot_lanes8_1, dot_lanes8_2, dot_lanes8_3, dot_lanes8_4,
+                                  dot_row_mxfp4_1, dot_row_mxfp4_4, dot_row_mxfp4r_1, dot_row_mxfp4r_4,
                                   dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
@@ -48,16 +52,17 @@ ROWS_PER_TASK = 16
 ACT_F32, ACT_F16, ACT_BF16, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K = range(6)
 ACTIVATION = {
     T.F32: ACT_F32, T.F16: ACT_F16, T.BF16: ACT_BF16,
-    T.Q4_0: ACT_Q8_0, T.Q4_1: ACT_Q8_1, T.Q5_0: ACT_Q8_0, T.Q5_1: ACT_Q8_1, T.Q8_0: ACT_Q8_0,
+    T.Q4_0: ACT_Q8_0, T.Q4_1: ACT_Q8_1, T.Q5_0: ACT_Q8_0, T.Q5_1: ACT_Q8_1, T.Q8_0: ACT_Q8_0, T.MXFP4: ACT_Q8_0,
     T.Q2_K: ACT_Q8_K, T.Q3_K: ACT_Q8_K, T.Q4_K: ACT_Q8_K, T.Q5_K: ACT_Q8_K, T.Q6_K: ACT_Q8_K,
 }
 SUPPORTED_TYPES = frozenset(ACTIVATION)
-BLOCK32_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0})
+BLOCK32_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4})
 
 # type ids as plain ints for the numba dispatch
 F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 = (int(t) for t in (
     T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4))
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K))
+MXFP4_REPACKED = 1000 + MXFP4    # kernel id: MXFP4 summed as llama.cpp's repacked kernels sum it
 
 U = np.uint64
 U0, U1, U2, U3, U4, U6, U8, U12, U16, U32 = (U(v) for v in (0, 1, 2, 3, 4, 6, 8, 12, 16, 32))
@@ -478,6 +483,10 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q5_0_4(data, so, n_blocks, xq, xd, xs, t)
         elif qtype == Q5_1:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q5_1_4(data, so, n_blocks, xq, xd, xs, t)
+        elif qtype == MXFP4:
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_mxfp4_4(data, so, n_blocks, xq, xd, xs, t)
+        elif qtype == MXFP4_REPACKED:
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_mxfp4r_4(data, so, n_blocks, xq, xd, xs, t)
         else:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q8_0_4(data, so, n_blocks, xq, xd, xs, t)
         return 4
@@ -489,26 +498,33 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
         (out[t, r],) = dot_row_q5_0_1(data, so, n_blocks, xq, xd, xs, t)
     elif qtype == Q5_1:
         (out[t, r],) = dot_row_q5_1_1(data, so, n_blocks, xq, xd, xs, t)
+    elif qtype == MXFP4:
+        (out[t, r],) = dot_row_mxfp4_1(data, so, n_blocks, xq, xd, xs, t)
+    elif qtype == MXFP4_REPACKED:
+        (out[t, r],) = dot_row_mxfp4r_1(data, so, n_blocks, xq, xd, xs, t)
     else:
         (out[t, r],) = dot_row_q8_0_1(data, so, n_blocks, xq, xd, xs, t)
     return 1
 
 
 @njit(**EXACT)
-def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, counter):
-    """Tasks (byte offset of a weight row in buf, rows, output column), claimed through counter
-    (workers.py): out[t, column + i] = weight row i . input row t."""
+def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, groups, counter):
+    """Tasks (byte offset of a weight row in buf, rows, output column, input group g), claimed through counter
+    (workers.py): out[t, column + i] = weight row i . input row t for the input rows t of group g,
+    groups[g] <= t < groups[g + 1] (one group of all rows, or the rows routed to one expert)."""
     n_blocks = xq.shape[1] // 32
     enter(counter)
     while True:
         k = claim(counter)
         if k >= tasks.shape[0]:
             break
-        offset, column = U(tasks[k, 0]), tasks[k, 2]
+        offset, column, g = U(tasks[k, 0]), tasks[k, 2], tasks[k, 3]
+        t0, t1 = groups[g], groups[g + 1]
+        gq, gd, gs, g_out = xq[t0:t1], xd[t0:t1], xs[t0:t1], out[t0:t1]
         for i in range(tasks[k, 1]):
             t = 0
-            while t < xq.shape[0]:
-                t += dot_row_block32(qtype, buf, offset + U(i) * row_bytes, n_blocks, xq, xd, xs, t, out, column + i)
+            while t < t1 - t0:
+                t += dot_row_block32(qtype, buf, offset + U(i) * row_bytes, n_blocks, gq, gd, gs, t, g_out, column + i)
     leave(counter)
 
 
@@ -537,16 +553,18 @@ def dot_weight_pair(w, x, out, r):
 
 
 @njit(**EXACT)
-def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x, out, tasks, one_row_structure, f16_tail, counter):
+def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, groups, one_row_structure, f16_tail,
+                 counter):
     """As matmul_block32, weights dequantized row by row, dots in vec_dot's or tinyBLAS's layout (there, two
     weight rows at a time)."""
-    w = np.empty((2, x.shape[1]), np.float32)
+    w = np.empty((2, x_all.shape[1]), np.float32)
     enter(counter)
     while True:
         k = claim(counter)
         if k >= tasks.shape[0]:
             break
-        offset, column = U(tasks[k, 0]), tasks[k, 2]
+        offset, column, g = U(tasks[k, 0]), tasks[k, 2], tasks[k, 3]
+        x, out = x_all[groups[g]:groups[g + 1]], out_all[groups[g]:groups[g + 1]]
         i = 0
         while not one_row_structure and i + 2 <= tasks[k, 1]:
             decode_row(qtype, buf, offset + U(i) * row_bytes, w[0], qk, block_bytes)
@@ -571,9 +589,11 @@ def decode_rows(qtype, qk, block_bytes, row_bytes, data, rows, out):
 class PreparedInput:
     """Input rows rounded for one activation kind; shared by the matrices that take the same input."""
 
-    def __init__(self, x: np.ndarray, kind: int):
-        x = np.ascontiguousarray(x, np.float32)
+    def __init__(self, x: np.ndarray | None, kind: int):
         self.kind = kind
+        if x is None:
+            return
+        x = np.ascontiguousarray(x, np.float32)
         n_rows, n = x.shape
         quantized = kind in (ACT_Q8_0, ACT_Q8_1)
         self.xd = np.empty((n_rows, n // 32 if quantized else 0), np.float32)
@@ -583,6 +603,12 @@ class PreparedInput:
         else:
             self.xq = np.empty(x.shape, np.int8 if quantized and HAVE_AVX2 else np.float32)
             prepare_rows(kind, x, self.xq, self.xd, self.xs)
+
+    def take(self, rows: np.ndarray) -> "PreparedInput":
+        """The prepared rows `rows` (repeats allowed), as one contiguous input."""
+        out = PreparedInput(None, self.kind)
+        out.xq, out.xd, out.xs = self.xq[rows], self.xd[rows], self.xs[rows]
+        return out
 
 
 class Layout:
@@ -595,46 +621,69 @@ class Layout:
         self.qk, self.block_bytes = U(qk), U(block_bytes)
         self.row_bytes = U(n_cols // qk * block_bytes)
         self.n_rows, self.n_cols = n_rows, n_cols
-        self.activation = ACTIVATION.get(self.qtype)  # None: decode only (MXFP4)
+        self.activation = ACTIVATION.get(self.qtype)
         self.block32 = self.qtype in BLOCK32_TYPES
         self.float_type = self.qtype in (T.F32, T.F16, T.BF16)
+        # the dot's summation order: MXFP4 matrices llama.cpp repacks (AVX2, rows a multiple of 8) use its
+        # repacked kernels' order
+        repacked = self.qtype == T.MXFP4 and HAVE_AVX2 and n_rows % 8 == 0
+        self.kernel_id = MXFP4_REPACKED if repacked else self.type_id
 
 
 class MatmulPlan:
     """One kernel call for several matrices of one type and row length that take the same input
     (Q, K and V; gate and up) and lie in one buffer (a whole mapped GGUF file): one fork-join, one
-    output array whose column ranges are the matrices' outputs."""
+    output array whose column ranges are the matrices' outputs.
 
-    def __init__(self, layouts: list, buf: np.ndarray, offsets: list):
+    With n_expert > 1 the matrices are stacks of experts (3-D tensors: n_expert matrices of the layout's
+    shape, one after the other) and run_experts sends each group of input rows through one expert."""
+
+    def __init__(self, layouts: list, buf: np.ndarray, offsets: list, n_expert: int = 1):
         first = layouts[0]
         if any(l.qtype != first.qtype or l.n_cols != first.n_cols for l in layouts):
             raise ValueError("a plan's matrices must share type and row length")
         self.layout, self.buf = first, buf
+        self.expert_bytes = [layout.n_rows * int(layout.row_bytes) for layout in layouts]
         self.columns, tasks, column = [], [], 0
-        for layout, offset in zip(layouts, offsets):
-            if offset + layout.n_rows * int(layout.row_bytes) > buf.size:
+        for layout, offset, expert_bytes in zip(layouts, offsets, self.expert_bytes):
+            if offset + n_expert * expert_bytes > buf.size:
                 raise ValueError("matrix data lies outside the buffer")
             for r in range(0, layout.n_rows, ROWS_PER_TASK):
-                tasks.append((offset + r * int(layout.row_bytes), min(ROWS_PER_TASK, layout.n_rows - r), column + r))
+                tasks.append((offset + r * int(layout.row_bytes), min(ROWS_PER_TASK, layout.n_rows - r), column + r,
+                              0, expert_bytes))
             self.columns.append((column, column + layout.n_rows))
             column += layout.n_rows
-        self.n_rows, self.tasks = column, np.array(tasks, np.int64)
+        tasks = np.array(tasks, np.int64)
+        self.n_rows, self.tasks, self.task_expert_bytes = column, tasks[:, :4].copy(), tasks[:, 4]
 
     def run(self, a: PreparedInput, stepwise: bool = False) -> list:
         """(rows, n_cols) input prepared for the plan's activation kind -> one (rows, n_rows) output
         per matrix (column views of one array). stepwise: every row computed as llama.cpp computes a
         one-row batch (only changes float types)."""
+        n_in = a.xq.shape[0]
+        # llama.cpp takes tinyBLAS for batches of 2+ rows when the row length allows, vec_dot otherwise
+        one_row = n_in == 1 or stepwise or self.layout.n_cols % 8 != 0
+        return self._run(a, self.tasks, np.array([0, n_in], np.int64), one_row)
+
+    def run_experts(self, a: PreparedInput, experts: np.ndarray, groups: np.ndarray) -> list:
+        """Input rows groups[g]..groups[g + 1]-1 through expert experts[g]'s matrices, each expert's weights
+        read once. Every row is a one-row dot, as in llama.cpp's mul_mat_id."""
+        n = len(self.tasks)
+        tasks = np.tile(self.tasks, (len(experts), 1))
+        tasks[:, 0] += (np.asarray(experts, np.int64)[:, None] * self.task_expert_bytes[None, :]).reshape(-1)
+        tasks[:, 3] = np.repeat(np.arange(len(experts), dtype=np.int64), n)
+        return self._run(a, tasks, np.asarray(groups, np.int64), one_row=True)
+
+    def _run(self, a: PreparedInput, tasks: np.ndarray, groups: np.ndarray, one_row: bool) -> list:
         layout, n_in = self.layout, a.xq.shape[0]
         out = np.empty((n_in, self.n_rows), np.float32)
-        split = (len(self.tasks), n_in * self.n_rows * layout.n_cols, workers.MATMUL_MIN_WORK)
+        split = (len(tasks), n_in * self.n_rows * layout.n_cols, workers.MATMUL_MIN_WORK)
         if layout.block32:
-            workers.run(matmul_block32, *split, layout.type_id, layout.block_bytes, layout.row_bytes, self.buf,
-                        a.xq, a.xd, a.xs, out, self.tasks)
+            workers.run(matmul_block32, *split, layout.kernel_id, layout.block_bytes, layout.row_bytes, self.buf,
+                        a.xq, a.xd, a.xs, out, tasks, groups)
         else:
-            # llama.cpp takes tinyBLAS for batches of 2+ rows when the row length allows, vec_dot otherwise
-            one_row = layout.float_type and (n_in == 1 or stepwise or layout.n_cols % 8 != 0)
             workers.run(matmul_float, *split, layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes,
-                        self.buf, a.xq, out, self.tasks, one_row, layout.qtype != T.F32)
+                        self.buf, a.xq, out, tasks, groups, layout.float_type and one_row, layout.qtype != T.F32)
         return [out[:, lo:hi] for lo, hi in self.columns]
 
 

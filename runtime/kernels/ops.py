@@ -2,19 +2,24 @@
 
 - rms_norm: squares summed in float64 (ggml_float), scale 1/sqrtf(mean + eps) in float32;
 - RoPE: angles from repeated float32 multiplication theta *= theta_scale (ggml's rope cache), libm
-  cosf/sinf/powf (numba calls the same C library), pairs (i, i + n/2) for NeoX, (2i, 2i+1) otherwise;
-- SwiGLU and SiLU: ggml_v_silu on 8-value chunks, libm expf on the leftovers;
-- sigmoid: 1 / (1 + expf(-x)) with libm expf (ggml's unary op);
+  cosf/sinf/powf/logf (numba calls the same C library), pairs (i, i + n/2) for NeoX, (2i, 2i+1) otherwise;
+  YaRN as ggml's rope_yarn, with the fused multiply-adds GCC makes of it;
+- SwiGLU: ggml_v_silu on 8-value chunks, libm expf on the leftovers; gpt-oss's clamped variant (swiglu_oai)
+  in scalar float32 with libm expf;
+- softmax: ggml_vec_soft_max_f32 (ggml_v_expf on blocks of 8, libm expf on the rest, float64 sum);
+- SiLU (ggml_vec_silu_f32) as SwiGLU's; sigmoid: 1 / (1 + expf(-x)) with libm expf (ggml's unary op);
 - M-RoPE on text: each pair's angle comes from one of four position ids; text tokens have the first three
-  equal to the position and the fourth 0, so pairs of the fourth section do not rotate.
+  equal to the position and the fourth 0.
 """
 
 import numpy as np
 from numba import njit
 
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, silu
+from ggtools.runtime.kernels.simd import exp_blocks8
 
 F32 = np.float32
+NO_YARN = (F32(0.0), F32(1.0), np.zeros(2, np.float32))   # rope_angles' ext_factor, attn_factor, corr_dims
 
 
 @njit(**EXACT)
@@ -44,20 +49,46 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 @njit(**EXACT)
-def rope_angles(positions, n_dims, base, freq_scale, freq_factors):
-    """cos, sin (len(positions), n_dims // 2) as ggml_rope_cache_init computes them (no YaRN)."""
+def rope_angles(positions, n_dims, base, freq_scale, freq_factors, ext_factor, attn_factor, corr_dims):
+    """cos, sin (len(positions), n_dims // 2) as ggml_rope_cache_init computes them: rope_yarn per pair,
+    which for ext_factor 0 and attn_factor 1 is plain (linearly scaled) RoPE."""
     theta_scale = np.power(np.float32(base), np.float32(-2.0) / np.float32(n_dims))
+    mscale = attn_factor
+    if ext_factor != F32(0.0):
+        mscale = mscale * fma(F32(0.1), np.log(F32(1.0) / freq_scale), F32(1.0))
     cos = np.empty((positions.size, n_dims // 2), np.float32)
     sin = np.empty((positions.size, n_dims // 2), np.float32)
     for t in range(positions.size):
         theta = np.float32(positions[t])
         for i in range(n_dims // 2):
             ff = freq_factors[i] if freq_factors.size else np.float32(1.0)
-            angle = freq_scale * (theta / ff)
-            cos[t, i] = np.cos(angle)
-            sin[t, i] = np.sin(angle)
+            extrap = theta / ff
+            angle = freq_scale * extrap
+            if ext_factor != F32(0.0):
+                y = (F32(i) - corr_dims[0]) / max(F32(0.001), corr_dims[1] - corr_dims[0])
+                mix = (F32(1.0) - min(F32(1.0), max(F32(0.0), y))) * ext_factor
+                angle = fma(angle, F32(1.0) - mix, extrap * mix)
+            cos[t, i] = np.cos(angle) * mscale
+            sin[t, i] = np.sin(angle) * mscale
             theta = theta * theta_scale
     return cos, sin
+
+
+@njit(**EXACT)
+def yarn_corr_dims(n_dims, n_ctx_orig, base, beta_fast, beta_slow):
+    """ggml_rope_yarn_corr_dims: the first and last dims where YaRN ramps from extrapolation to interpolation."""
+    two_pi = F32(2.0) * F32(np.pi)
+    start = np.floor(F32(n_dims) * np.log(F32(n_ctx_orig) / (beta_fast * two_pi)) / (F32(2.0) * np.log(base)))
+    end = np.ceil(F32(n_dims) * np.log(F32(n_ctx_orig) / (beta_slow * two_pi)) / (F32(2.0) * np.log(base)))
+    return np.array([max(F32(0.0), start), min(F32(n_dims - 1), end)], np.float32)
+
+
+@njit(**EXACT)
+def yarn_attn_factor(freq_scale):
+    """llama_context's yarn_attn_factor: get_mscale(factor) times 1 / (1 + 0.1 ln factor), which cancels it up to
+    rounding (rope_yarn multiplies by that factor again)."""
+    m = fma(F32(0.1), np.log(F32(1.0) / freq_scale), F32(1.0))
+    return m * (F32(1.0) / m)
 
 
 @njit(**EXACT)
@@ -91,6 +122,42 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 @njit(**EXACT)
+def swiglu_oai_rows(gate, up, alpha, limit, out):
+    """ggml_swiglu_oai: x = min(gate, limit), y = clamp(up, -limit, limit), x / (1 + exp(alpha * -x)) * (y + 1)."""
+    for r in range(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            x = min(gate[r, i], limit)
+            y = min(max(up[r, i], -limit), limit)
+            out[r, i] = x / (F32(1.0) + np.exp(alpha * (F32(0.0) - x))) * (y + F32(1.0))
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+    out = np.empty_like(gate)
+    swiglu_oai_rows(gate, up, F32(alpha), F32(limit), out)
+    return out
+
+
+@njit(**EXACT)
+def soft_max(x, out, sink):
+    """out = softmax(x) as ggml_soft_max computes a row (scale 1, no mask): ggml_vec_soft_max_f32, then the
+    scale by 1 / sum. sink: soft_max_add_sinks' extra logit, in the max and the sum only (-inf: none)."""
+    m = sink
+    for s in range(x.size):
+        m = max(m, x[s])
+    n8 = x.size // 8 * 8
+    total = exp_blocks8(x[:n8], F32(m), out[:n8])
+    for s in range(n8, x.size):
+        e = np.exp(x[s] - m)
+        out[s] = e
+        total += np.float64(e)
+    if sink != -np.inf:
+        total += np.float64(np.exp(sink - m))
+    inv = F32(1.0 / total)
+    for s in range(x.size):
+        out[s] = out[s] * inv
+
+
+@njit(**EXACT)
 def silu_rows(x, out):
     """ggml_vec_silu_f32 on each row of x (T, n): ggml_v_silu on 8-value chunks, libm expf on the leftovers."""
     n = x.shape[1]
@@ -115,9 +182,9 @@ def sigmoid_rows(x, out):
 
 
 def fourth_section_pairs(n_pairs: int, sections, interleaved: bool) -> np.ndarray:
-    """Which of the n_pairs rotated pairs ggml_mrope_cache_init gives the fourth position id (the extra one,
-    0 for text tokens): interleaved (IMROPE, qwen35) assigns pair i by (i % sum) % 3 within 3 * section
-    bounds; otherwise the sections follow each other."""
+    """Which of the n_pairs rotated pairs ggml_mrope_cache_init gives the fourth position id: interleaved
+    (IMROPE, qwen35) assigns pair i by (i % sum) % 3 within 3 * section bounds; otherwise (MROPE) the
+    sections follow each other."""
     s0, s1, s2, s3 = sections
     sector = np.arange(n_pairs) % (s0 + s1 + s2 + s3)
     if interleaved:
@@ -126,10 +193,10 @@ def fourth_section_pairs(n_pairs: int, sections, interleaved: bool) -> np.ndarra
     return sector >= s0 + s1 + s2
 
 
-def text_rope_angles(cos: np.ndarray, sin: np.ndarray, sections, interleaved: bool) -> tuple:
-    """M-RoPE cos/sin tables of text tokens from plain RoPE's (rope_angles): pairs of the fourth section
-    get angle 0."""
-    still = fourth_section_pairs(cos.shape[1], sections, interleaved)
-    cos, sin = cos.copy(), sin.copy()
-    cos[:, still], sin[:, still] = 1.0, 0.0
+def text_rope_angles(rope: tuple, rope_at_0: tuple, sections, interleaved: bool) -> tuple:
+    """M-RoPE cos/sin tables of text tokens: plain RoPE's (rope_angles) at the tokens' positions, except for
+    the pairs of the fourth section, which take the angles of position 0 (rope_at_0, one row)."""
+    still = fourth_section_pairs(rope[0].shape[1], sections, interleaved)
+    cos, sin = rope[0].copy(), rope[1].copy()
+    cos[:, still], sin[:, still] = rope_at_0[0][0, still], rope_at_0[1][0, still]
     return cos, sin

@@ -24,6 +24,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ggtools.quants.simple import KVALUES_MXFP4 as KVALUES_MXFP4_F32
+
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
 V8F = ir.VectorType(F32, 8)
@@ -208,12 +210,26 @@ def round_f16_8(typingctx, src, dst, n8):
 # ---- fused decode + dot for 32-value block types --------------------------------------------------
 
 class Block32Layout:
-    """Where a 32-value block type keeps its fields (bytes from the block start)."""
+    """Where a 32-value block type keeps its fields (bytes from the block start) and how ggml sums its dot.
 
-    def __init__(self, block_bytes, qs, nibbles, value_offset=0, m=None, qh=None):
+    scale: "f16" (an fp16 d at byte 0) or "e8m0_half" (MXFP4: a byte e, d = 2^(e - 128), the values doubled).
+    lut: the 16 signed values a nibble indexes (MXFP4), else nibbles are values (minus value_offset).
+    accumulate: how block products are summed, as ggml does for the type:
+      "lanes"       acc = fma(d_w * d_x, lanes, acc) over blocks, then hsum8 (ggml_vec_dot_q*_q8_*);
+      "pairs"       the same with even and odd blocks in two accumulators, hsum8(acc0 + acc1), and a last odd
+                    block added as fma(d_w * d_x, its integer sum, total) (ggml_vec_dot_mxfp4_q8_0, AVX2);
+      "block_sums"  one scalar chain s = fma(integer sum of the block, d_w * d_x, s) (the repacked 8x8 gemv /
+                    gemm kernels llama.cpp runs MXFP4 through on AVX2 when a matrix has a multiple of 8 rows).
+    """
+
+    def __init__(self, block_bytes, qs, nibbles, value_offset=0, m=None, qh=None, scale="f16", lut=None,
+                 accumulate="lanes"):
         self.block_bytes, self.qs, self.nibbles = block_bytes, qs, nibbles
         self.value_offset, self.m, self.qh = value_offset, m, qh
+        self.scale, self.lut, self.accumulate = scale, lut, accumulate
 
+
+KVALUES_MXFP4 = tuple(int(v) for v in KVALUES_MXFP4_F32)   # ggml's kvalues_mxfp4: e2m1 values doubled
 
 BLOCK32_LAYOUTS = {
     "q4_0": Block32Layout(18, qs=2, nibbles=True, value_offset=8),
@@ -221,7 +237,19 @@ BLOCK32_LAYOUTS = {
     "q5_0": Block32Layout(22, qs=6, nibbles=True, value_offset=16, qh=2),
     "q5_1": Block32Layout(24, qs=8, nibbles=True, m=2, qh=4),
     "q8_0": Block32Layout(34, qs=2, nibbles=False),
+    "mxfp4": Block32Layout(17, qs=1, nibbles=True, scale="e8m0_half", lut=KVALUES_MXFP4, accumulate="pairs"),
+    "mxfp4_repacked": Block32Layout(17, qs=1, nibbles=True, scale="e8m0_half", lut=KVALUES_MXFP4,
+                                    accumulate="block_sums"),
 }
+
+V16S = ir.VectorType(ir.IntType(16), 16)
+HAVE_AVX2 = bool(llvm_binding.get_host_cpu_features().get("avx2"))
+
+
+def _x86(builder, name, ret, args):
+    module = builder.module
+    fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
 
 
 def _load_half(builder, byte_ptr):
@@ -229,14 +257,51 @@ def _load_half(builder, byte_ptr):
     return builder.fpext(builder.bitcast(h, ir.HalfType()), F32)
 
 
+def _load_scale(builder, block_ptr, layout):
+    """The block's d: fp16, or E8M0 halved (ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128), subnormal for e < 2)."""
+    if layout.scale == "f16":
+        return _load_half(builder, block_ptr)
+    e = builder.zext(builder.load(block_ptr), I32)
+    small = builder.shl(ir.Constant(I32, 0x00200000), e)
+    normal = builder.shl(builder.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23))
+    bits = builder.select(builder.icmp_unsigned("<", e, ir.Constant(I32, 2)), small, normal)
+    return builder.bitcast(bits, F32)
+
+
+def _nibble_indices(builder, qs_ptr):
+    """<32 x i8>: the 16 bytes' low nibbles (values 0-15), then their high nibbles (values 16-31)."""
+    raw = builder.load(builder.bitcast(qs_ptr, V16B.as_pointer()), align=1)
+    low = builder.and_(raw, ir.Constant(V16B, [15] * 16))
+    high = builder.and_(builder.lshr(raw, ir.Constant(V16B, [4] * 16)), ir.Constant(V16B, [15] * 16))
+    return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+
+
+def _lut_bytes(builder, qs_ptr, lut):
+    """The block's values lut[nibble] as <32 x i8> in value order: pshufb on AVX2 (as ggml), selects elsewhere."""
+    idx = _nibble_indices(builder, qs_ptr)
+    if HAVE_AVX2:
+        return _x86(builder, "llvm.x86.avx2.pshuf.b", V32B, [ir.Constant(V32B, list(lut) * 2), idx])
+    values = ir.Constant(V32B, [lut[0]] * 32)
+    for k in range(1, 16):
+        hit = builder.icmp_unsigned("==", idx, ir.Constant(V32B, [k] * 32))
+        values = builder.select(hit, ir.Constant(V32B, [lut[k]] * 32), values)
+    return values
+
+
+def _byte_planes(builder, values):
+    """Four lane-major planes of <32 x i8> signed values in value order: lane l of plane i is value 4l + i."""
+    return [builder.sitofp(builder.sext(builder.shuffle_vector(
+        values, ir.Constant(V32B, ir.Undefined), ir.Constant(V8I, [4 * lane + i for lane in range(8)])), V8I), V8F)
+        for i in range(4)]
+
+
 def _block_planes(builder, block_ptr, layout):
     """The four lane-major planes (<8 x float> integer values) of the block at block_ptr."""
     qs_ptr = builder.gep(block_ptr, [ir.Constant(I64, layout.qs)])
+    if layout.lut is not None:
+        return _byte_planes(builder, _lut_bytes(builder, qs_ptr, layout.lut))
     if not layout.nibbles:
-        raw = builder.load(builder.bitcast(qs_ptr, V32B.as_pointer()), align=1)
-        return [builder.sitofp(builder.sext(builder.shuffle_vector(
-            raw, ir.Constant(V32B, ir.Undefined), ir.Constant(V8I, [4 * lane + i for lane in range(8)])), V8I), V8F)
-            for i in range(4)]
+        return _byte_planes(builder, builder.load(builder.bitcast(qs_ptr, V32B.as_pointer()), align=1))
     raw = builder.load(builder.bitcast(qs_ptr, V16B.as_pointer()), align=1)
     qh = None
     if layout.qh is not None:
@@ -259,10 +324,10 @@ def _block_planes(builder, block_ptr, layout):
 
 
 def _dot_row_block32_with(decode_block, row_lanes):
-    """ggml_vec_dot_qX_q8_Y of the weight row at data[row_offset] (n_blocks blocks, decoded in registers)
-    with input rows t..t+n_rows-1 of (xq, xd, xs): per block, decode_block(builder, block_ptr) once and
-    row_lanes(builder, decoded, x_ptr) -> <8 x float> per row; acc = fma(d_w * d_x, lanes, acc), hsum8,
-    plus the m_w * s_x sum for types with a min."""
+    """ggml's dot of the weight row at data[row_offset] (n_blocks blocks, decoded in registers) with input
+    rows t..t+n_rows-1 of (xq, xd, xs): per block, decode_block(builder, block_ptr, layout) once and
+    row_lanes(builder, decoded, x_ptr) -> <8 x float> per row (exact integer sums of 4 products each), summed
+    as layout.accumulate says, plus the m_w * s_x sum for types with a min."""
     def build(layout, n_rows):
         def typer(typingctx, data, row_offset, n_blocks, xq, xd, xs, t):
             def codegen(context, builder, signature, args):
@@ -271,18 +336,54 @@ def _dot_row_block32_with(decode_block, row_lanes):
                 row_ptr = _element_ptr(context, builder, data_t, data_a, row_off)
                 t_v = _i64(builder, t_v)
                 rows = [builder.add(t_v, ir.Constant(I64, j)) for j in range(n_rows)]
-                acc = _Accumulators(builder, n_rows, ir.Constant(V8F, [0.0] * 8))
-                summs = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
-                with cgutils.for_range(builder, _i64(builder, nb_v)) as loop:
-                    b = loop.index
+                nb = _i64(builder, nb_v)
+
+                def block(b):
+                    """[(lanes, d_w * d_x) per row] of block b."""
                     block_ptr = builder.gep(row_ptr, [builder.mul(b, ir.Constant(I64, layout.block_bytes))])
-                    d_w = _load_half(builder, block_ptr)
+                    d_w = _load_scale(builder, block_ptr, layout)
                     decoded = decode_block(builder, block_ptr, layout)
                     o = builder.mul(b, ir.Constant(I64, 32))
-                    for j, row in enumerate(rows):
+                    terms = []
+                    for row in rows:
                         lanes = row_lanes(builder, decoded, _element_ptr(context, builder, xq_t, xq_a, row, o))
                         d_x = builder.load(_element_ptr(context, builder, xd_t, xd_a, row, b))
-                        acc[j] = _fma8(builder, _splat(builder, builder.fmul(d_w, d_x)), lanes, acc[j])
+                        terms.append((lanes, builder.fmul(d_w, d_x)))
+                    return terms, block_ptr
+
+                if layout.accumulate == "block_sums":
+                    sums = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
+                    with cgutils.for_range(builder, nb) as loop:
+                        for j, (lanes, d) in enumerate(block(loop.index)[0]):    # hsum8 of exact integers: exact
+                            sums[j] = _fma1(builder, _hsum8(builder, lanes), d, sums[j])
+                    return _tuple(context, builder, [sums[j] for j in range(n_rows)], n_rows)
+
+                zero8 = ir.Constant(V8F, [0.0] * 8)
+                acc = _Accumulators(builder, n_rows, zero8)
+                if layout.accumulate == "pairs":
+                    odd = _Accumulators(builder, n_rows, zero8)
+                    with cgutils.for_range(builder, builder.udiv(nb, ir.Constant(I64, 2))) as loop:
+                        b = builder.mul(loop.index, ir.Constant(I64, 2))
+                        for j, (lanes, d) in enumerate(block(b)[0]):
+                            acc[j] = _fma8(builder, _splat(builder, d), lanes, acc[j])
+                        for j, (lanes, d) in enumerate(block(builder.add(b, ir.Constant(I64, 1)))[0]):
+                            odd[j] = _fma8(builder, _splat(builder, d), lanes, odd[j])
+                    totals = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
+                    for j in range(n_rows):
+                        totals[j] = _hsum8(builder, builder.fadd(acc[j], odd[j]))
+                    last = builder.sub(nb, ir.Constant(I64, 1))
+                    with builder.if_then(builder.icmp_unsigned("==", builder.and_(nb, ir.Constant(I64, 1)),
+                                                               ir.Constant(I64, 1))):
+                        for j, (lanes, d) in enumerate(block(last)[0]):
+                            totals[j] = _fma1(builder, d, _hsum8(builder, lanes), totals[j])
+                    return _tuple(context, builder, [totals[j] for j in range(n_rows)], n_rows)
+
+                summs = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
+                with cgutils.for_range(builder, nb) as loop:
+                    b = loop.index
+                    terms, block_ptr = block(b)
+                    for j, (lanes, d) in enumerate(terms):
+                        acc[j] = _fma8(builder, _splat(builder, d), lanes, acc[j])
                     if layout.m is not None:
                         m_w = _load_half(builder, builder.gep(block_ptr, [ir.Constant(I64, layout.m)]))
                         for j, row in enumerate(rows):
@@ -307,25 +408,14 @@ _dot_row_block32 = _dot_row_block32_with(_block_planes, _plane_products)
 
 # ---- the same dot on AVX2's integer instructions ---------------------------------------------------
 
-V16S = ir.VectorType(ir.IntType(16), 16)
-HAVE_AVX2 = bool(llvm_binding.get_host_cpu_features().get("avx2"))
-
-
-def _x86(builder, name, ret, args):
-    module = builder.module
-    fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, [a.type for a in args]), name)
-    return builder.call(fn, args)
-
-
 def _block_bytes(builder, block_ptr, layout):
     """The block's 32 values as <32 x i8> in value order, and whether they are signed."""
     qs_ptr = builder.gep(block_ptr, [ir.Constant(I64, layout.qs)])
+    if layout.lut is not None:
+        return _lut_bytes(builder, qs_ptr, layout.lut), True
     if not layout.nibbles:
         return builder.load(builder.bitcast(qs_ptr, V32B.as_pointer()), align=1), True
-    raw = builder.load(builder.bitcast(qs_ptr, V16B.as_pointer()), align=1)
-    low = builder.and_(raw, ir.Constant(V16B, [15] * 16))
-    high = builder.and_(builder.lshr(raw, ir.Constant(V16B, [4] * 16)), ir.Constant(V16B, [15] * 16))
-    values = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+    values = _nibble_indices(builder, qs_ptr)
     if layout.qh is not None:
         qh_ptr = builder.gep(block_ptr, [ir.Constant(I64, layout.qh)])
         qh = builder.load(builder.bitcast(qh_ptr, I32.as_pointer()), align=1)
@@ -454,3 +544,6 @@ dot_row_q4_1_1, dot_row_q4_1_4 = _DOT_ROW(BLOCK32_LAYOUTS["q4_1"], 1), _DOT_ROW(
 dot_row_q5_0_1, dot_row_q5_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_0"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q5_0"], 4)
 dot_row_q5_1_1, dot_row_q5_1_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 4)
 dot_row_q8_0_1, dot_row_q8_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 4)
+dot_row_mxfp4_1, dot_row_mxfp4_4 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 1), _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 4)
+dot_row_mxfp4r_1 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4_repacked"], 1)
+dot_row_mxfp4r_4 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4_repacked"], 4)

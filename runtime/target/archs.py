@@ -5,10 +5,12 @@ under mixers/, an FFN under ffn/), each with a `load(weights, hp, layer) -> piec
 """
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.target.ffn.dense import DenseFFN
+from ggtools.runtime.target.ffn.moe import SOFTMAX, SOFTMAX_WEIGHT, SWIGLU, SWIGLU_OAI, RoutedExperts, Routing
 from ggtools.runtime.target.hybrid_cache import HybridCache
 from ggtools.runtime.target.kvcache import KVCache
 from ggtools.runtime.target.mixers.attention import Attention
@@ -21,6 +23,7 @@ class Arch:
     ffn: Callable            # load(weights, hp, layer) -> the layer's FFN
     rope_neox: bool          # RoPE rotates (i, i + n_rot/2) pairs (llama.cpp's NEOX type), else (2i, 2i+1)
     ffn_norm: str = "ffn_norm"   # the RMS norm before the FFN (blk.i.<ffn_norm>.weight)
+    swa_pattern: int | None = None   # sliding-window layers: llama.cpp's default period (None: none)
     cache: Callable = KVCache.for_layers     # for_layers(layers, hp, kv_type) -> the model's cache
     rope_sections: str = ""      # M-RoPE on text tokens: "imrope" (sections interleaved) or "mrope"; "": plain
 
@@ -35,8 +38,16 @@ def hybrid_mixer(w, hp, i: int):
 ARCHS = {
     "llama": Arch(mixer=Attention.load, ffn=DenseFFN.load, rope_neox=False),
     "qwen3": Arch(mixer=Attention.load, ffn=DenseFFN.load, rope_neox=True),
+    # Gated DeltaNet hybrid: linear-attention layers, gated full attention in the pattern the GGUF gives, IMROPE
     "qwen35": Arch(mixer=hybrid_mixer, ffn=DenseFFN.load, rope_neox=True, ffn_norm="post_attention_norm",
                    cache=HybridCache.for_layers, rope_sections="imrope"),
+    # llama.cpp's qwen3moe graph: softmax gating, normalized top-k weights
+    "qwen3moe": Arch(mixer=Attention.load, rope_neox=True,
+                     ffn=partial(RoutedExperts.load, routing=Routing(SOFTMAX, normalize=True, activation=SWIGLU))),
+    # openai-moe: sinks and biases (loaded where present), every other layer sliding-window, YaRN (from the
+    # GGUF's rope keys); softmax over the top-k logits, the clamped SwiGLU
+    "gpt-oss": Arch(mixer=Attention.load, rope_neox=True, ffn_norm="post_attention_norm", swa_pattern=2,
+                    ffn=partial(RoutedExperts.load, routing=Routing(SOFTMAX_WEIGHT, activation=SWIGLU_OAI))),
 }
 
 

@@ -16,6 +16,7 @@ from ggtools.runtime.errors import ModelError
 from ggtools.runtime.kernels import ops, workers
 from ggtools.runtime.target.archs import arch_of
 from ggtools.runtime.target.hparams import read_hparams
+from ggtools.runtime.target.kvcache import KVCache
 from ggtools.runtime.weights import WeightFile
 
 
@@ -39,7 +40,7 @@ class TargetModel:
         self.path = str(path)
         self.arch = arch_of(w.meta)
         self.token_embd = w.matrix("token_embd.weight")
-        self.hp = hp = read_hparams(w.meta, n_vocab=self.token_embd.n_rows, rope_neox=self.arch.rope_neox)
+        self.hp = hp = read_hparams(w.meta, n_vocab=self.token_embd.n_rows, arch_entry=self.arch)
         self.output_norm = w.vector("output_norm.weight", hp.n_embd)
         # tied embeddings: llama.cpp uses token_embd as the head when output.weight is absent
         self.output = w.matrix("output.weight", hp.n_embd) if w.has("output.weight") else self.token_embd
@@ -88,10 +89,10 @@ class TargetModel:
             raise ValueError("logits must be 'all', 'last' or 'none'")
 
         self.kv.reserve(start + len(tokens))
-        rope = ops.rope_angles(positions, hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale),
-                               self.rope_freq_factors)
+        rope = self._rope(positions)
         if self.arch.rope_sections:
-            rope = ops.text_rope_angles(*rope, hp.rope_sections, self.arch.rope_sections == "imrope")
+            rope = ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), hp.rope_sections,
+                                        self.arch.rope_sections == "imrope")
         features = np.empty((len(tokens), len(taps), hp.n_embd), np.float32)
         x = self.token_embd.rows(tokens)
         for i, layer in enumerate(self.layers):
@@ -105,6 +106,12 @@ class TargetModel:
         if logits == "none":
             return None, features
         return self.output(out if logits == "all" else out[-1:], stepwise), features
+
+    def _rope(self, positions):
+        hp = self.hp
+        return ops.rope_angles(positions, hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale),
+                               self.rope_freq_factors, np.float32(hp.rope_ext_factor),
+                               np.float32(hp.rope_attn_factor), np.array(hp.rope_corr_dims, np.float32))
 
     @staticmethod
     def _tap(features, taps, layer, x):

@@ -3,10 +3,14 @@ attention (its default in llama-cpp-python), operation for operation. With an f1
 default; an f32 cache skips the f16 roundings):
 
     scores = K . f16(q)              mul_mat(k, q): q rounded to f16, dots with fma lanes
-    w      = scores * scale + mask   soft_max_ext: masked positions -inf
+    w      = scores * scale + mask   soft_max_ext: masked positions -inf (future ones; with a sliding
+                                     window of n, also those n or more positions back)
     e      = ggml_v_expf(w - max)    in blocks of 8, each block's hsum8 added in float64
     p      = f16(e * (1 / sum))      mul_mat(v, kq) rounds the probabilities to f16
     out    = V^T . p
+
+Attention sinks (gpt-oss; soft_max_add_sinks): one more logit per head, taking part in the max and, as
+libm expf(sink - max), in the sum, but not in the output.
 
 One-row batches use ggml_vec_dot's layout, longer ones tinyBLAS's, as llama.cpp picks them: tinyBLAS
 only takes contiguous inputs of a matching type, and the permuted queries qualify only once
@@ -24,11 +28,12 @@ from ggtools.runtime.kernels import ops, workers
 from ggtools.runtime.kernels.workers import claim, enter, leave
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16, to_f16_row
 from ggtools.runtime.kernels.matmul import dot_one_row
-from ggtools.runtime.kernels.ops import rms_norm_row, rope_head
-from ggtools.runtime.kernels.simd import dot_rows_4x8, dot_rows_lanes8, exp_blocks8
+from ggtools.runtime.kernels.ops import rms_norm_row, rope_head, soft_max
+from ggtools.runtime.kernels.simd import dot_rows_4x8, dot_rows_lanes8
 from ggtools.runtime.weights import Matrix, MatrixGroup
 
 NO_NORM = np.zeros(0, np.float32)
+NO_SINKS = np.zeros(0, np.float32)
 
 KV_PAD = 32
 
@@ -46,22 +51,10 @@ def dots(w, x, n_rows, one_row, f16, out):
 
 
 @njit(**EXACT)
-def softmax(w, out, f16):
-    """ggml_vec_soft_max_f32 + scale by 1/sum, then (f16 cache) the f16 rounding of mul_mat's input."""
-    m = -np.inf
-    for s in range(w.size):
-        m = max(m, w[s])
-    inv = np.float32(1.0 / exp_blocks8(w, np.float32(m), out))
-    for s in range(w.size):
-        out[s] = out[s] * inv
-    if f16:
-        to_f16_row(out, out)
-
-
-@njit(**EXACT)
-def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, f16, out, counter):
+def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sinks, one_row, f16, out, counter):
     """The T * n_head (token, head) pairs, claimed through counter (workers.py). q: (T, n_head, d)
     after RoPE; k_cache: (n_kv, capacity, d), vt_cache: (n_kv, d, capacity) (f16-valued when f16);
+    window: a query sees the last `window` positions (0: all); sinks: per head (empty: none);
     out: (T, n_head * d)."""
     n_tokens, n_head, d = q.shape
     group = n_head // k_cache.shape[0]
@@ -80,10 +73,13 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, one_row, f16
             q16[:] = q[t, h]
         w = np.empty(n_pad, np.float32)
         dots(q16, k_cache[g], n_pad, one_row or not f16, f16, w)
+        lo = q_positions[t] - window + 1 if window else 0
         for s in range(n_pad):
-            w[s] = w[s] * scale if s <= q_positions[t] else -np.inf
+            w[s] = w[s] * scale if lo <= s <= q_positions[t] else -np.inf
         p = np.empty(n_pad, np.float32)
-        softmax(w, p, f16)
+        soft_max(w, p, sinks[h] if sinks.size else np.float32(-np.inf))
+        if f16:      # mul_mat(v, kq) rounds the probabilities to f16
+            to_f16_row(p, p)
         dots(p, vt_cache[g], d, one_row, f16, out[t, h * d:(h + 1) * d])
     leave(counter)
 
@@ -117,13 +113,14 @@ def prepare_attention(q, k, v, q_norm, k_norm, eps, cos, sin, neox, k_cache, vt_
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positions: np.ndarray,
-              n_ctx: int, scale: float, f16: bool = True, stepwise: bool = False) -> np.ndarray:
+              n_ctx: int, scale: float, f16: bool = True, stepwise: bool = False, window: int = 0,
+              sinks: np.ndarray = NO_SINKS) -> np.ndarray:
     """(T, n_head, d) queries at q_positions over cache positions 0..n_ctx-1 -> (T, n_head * d)."""
     n_tokens, n_head, d = q.shape
     out = np.empty((n_tokens, n_head * d), np.float32)
     one_row = n_tokens == 1 or stepwise
     args = (np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64), n_ctx,
-            np.float32(scale), one_row, f16, out)
+            np.float32(scale), window, sinks, one_row, f16, out)
     workers.run(attention_rows, n_tokens * n_head, n_tokens * n_head * n_ctx * d * 2, workers.ATTENTION_MIN_WORK,
                 *args)
     return out
@@ -132,9 +129,10 @@ def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positi
 @dataclass
 class Attention:
     """The attention mixer: Q, K, V projections (optional biases, qwen3's per-head q/k RMS norms), RoPE,
-    the cache write, causal attention over the cache, the output projection. With output_gate (qwen35) the
-    Q projection gives each head's query followed by a gate, and the attention output is multiplied by
-    sigmoid(gate) before the output projection."""
+    the cache write, causal attention over the cache (optionally a sliding window, and gpt-oss's sinks),
+    the output projection (optional bias). With output_gate (qwen35) the Q projection gives each head's
+    query followed by a gate, and the attention output is multiplied by sigmoid(gate) before the output
+    projection."""
     wq: Matrix
     wk: Matrix
     wv: Matrix
@@ -145,6 +143,9 @@ class Attention:
     # qwen3: per-head RMS norms of q and k before RoPE (empty: none)
     q_norm: np.ndarray = field(default_factory=lambda: NO_NORM)
     k_norm: np.ndarray = field(default_factory=lambda: NO_NORM)
+    bo: np.ndarray | None = None
+    sinks: np.ndarray = field(default_factory=lambda: NO_SINKS)
+    window: int = 0      # sliding window (0: full causal attention)
     output_gate: bool = False
 
     def __post_init__(self):
@@ -163,8 +164,13 @@ class Attention:
             bq=w.optional_vector(p + "attn_q.bias", q_dim),
             bk=w.optional_vector(p + "attn_k.bias", kv_dim),
             bv=w.optional_vector(p + "attn_v.bias", kv_dim),
+            bo=w.optional_vector(p + "attn_output.bias", hp.n_embd),
+            window=hp.n_swa if hp.swa_layers[i] else 0,
             output_gate=output_gate,
         )
+        sinks = w.optional_vector(p + "attn_sinks.weight", hp.n_head)
+        if sinks is not None:
+            attn.sinks = sinks
         q_norm = w.optional_vector(p + "attn_q_norm.weight", hp.head_dim)
         k_norm = w.optional_vector(p + "attn_k_norm.weight", hp.head_dim)
         if (q_norm is None) != (k_norm is None):
@@ -187,8 +193,12 @@ class Attention:
         prepare_attention(q, k, v, self.q_norm, self.k_norm, np.float32(hp.rms_eps), *rope, hp.rope_neox,
                           kv.k[slot], kv.v[slot], start, kv.f16, roped)
         n_ctx = start + n_tokens
-        out = attention(roped, kv.k[slot], kv.v[slot], positions, n_ctx, hp.attn_scale, kv.f16, stepwise)
+        out = attention(roped, kv.k[slot], kv.v[slot], positions, n_ctx, hp.attn_scale, kv.f16, stepwise,
+                        self.window, self.sinks)
         if self.output_gate:
             ops.sigmoid_rows(gate, gate)
             out *= gate
-        return self.wo(out, stepwise)
+        out = self.wo(out, stepwise)
+        if self.bo is not None:
+            out += self.bo
+        return out
