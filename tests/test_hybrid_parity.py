@@ -18,8 +18,9 @@ pytestmark = pytest.mark.oracle
 N_GREEDY = 40
 MIN_MARGIN = 0.005      # logits of these models span about +-7; float-level differences are ~1e-6
 # seeds of prompts whose llama.cpp greedy paths keep a margin of at least 0.01 in every encoding
-PROMPT_SEEDS = {"qwen35": [3, 13, 17, 21, 24]}
-ENCODINGS = [("qwen35", "f32"), ("qwen35", "f16"), ("qwen35", "q8_0")]
+PROMPT_SEEDS = {"qwen35": [3, 13, 17, 21, 24], "qwen35moe": [4, 12, 29, 36, 11]}
+ENCODINGS = [("qwen35", "f32"), ("qwen35", "f16"), ("qwen35", "q8_0"),
+             ("qwen35moe", "f32"), ("qwen35moe", "f16"), ("qwen35moe", "mxfp4_moe")]
 
 
 def prompt(seed: int) -> list[int]:
@@ -28,8 +29,8 @@ def prompt(seed: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def targets(qwen35_target):
-    return {"qwen35": qwen35_target}
+def targets(qwen35_target, qwen35moe_target):
+    return {"qwen35": qwen35_target, "qwen35moe": qwen35moe_target}
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_greedy_tokens_are_identical(targets, models, llama_cpp, arch, encoding)
         assert np.array_equal(rows, want_rows)
 
 
-@pytest.mark.parametrize("arch", ["qwen35"])
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
 def test_feature_taps_equal_transformers_hidden_states(targets, models, arch):
     """hidden_states[j] is the residual entering layer j (the last one the final normed state), linear and
     full attention layers alike; f32 GGUF with an f32 cache: float rounding (measured 7e-6 relative)."""
@@ -149,3 +150,14 @@ def test_crop_then_generate_equals_never_going_further(models, arch, encoding):
         assert np.array_equal(after_crop, model.forward([7, 8, 9])[0])
         assert continued == greedy(model, [10], 6)[0]
         run_to(len(ids) + 11)
+
+
+def test_split_target_runs_from_its_first_shard(targets, models):
+    """The MXFP4_MOE qwen35moe as 3 shards, loaded from the first: the single file's logits and greedy tokens."""
+    split = TargetModel(targets["qwen35moe"].split[0], threads=2)
+    whole = models("qwen35moe", "mxfp4_moe")
+    ids = prompt(PROMPT_SEEDS["qwen35moe"][0])
+    assert len(split.weights.shards.files) == 3
+    assert np.array_equal(split.forward(ids)[0], whole.forward(ids)[0])
+    assert greedy(split, [5], 8)[0] == greedy(whole, [5], 8)[0]
+    split.close()

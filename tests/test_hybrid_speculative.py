@@ -15,11 +15,11 @@ from ggtools.runtime.speculative import speculative_generate
 pytestmark = pytest.mark.oracle
 
 N = 48       # prompts + output exceed the recurrent rollback window (64): the checkpoint moves mid-run
-ENCODING = {"qwen35": "f16"}
+ENCODING = {"qwen35": "f16", "qwen35moe": "mxfp4_moe"}
 DRAFTERS = ["v1", "v2", "v1-lucebox"]
 
 
-@pytest.fixture(scope="module", params=["qwen35"])
+@pytest.fixture(scope="module", params=["qwen35", "qwen35moe"])
 def pair(request, tmp_path_factory):
     target = request.getfixturevalue(f"{request.param}_target")
     lucebox = tmp_path_factory.mktemp(request.param) / "v1-lucebox.gguf"

@@ -11,6 +11,7 @@ from typing import Callable
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.target.ffn.dense import DenseFFN
 from ggtools.runtime.target.ffn.moe import SOFTMAX, SOFTMAX_WEIGHT, SWIGLU, SWIGLU_OAI, RoutedExperts, Routing
+from ggtools.runtime.target.ffn.shared_expert import SharedExpertMoE
 from ggtools.runtime.target.hybrid_cache import HybridCache
 from ggtools.runtime.target.kvcache import KVCache
 from ggtools.runtime.target.mixers.attention import Attention
@@ -41,6 +42,10 @@ ARCHS = {
     # Gated DeltaNet hybrid: linear-attention layers, gated full attention in the pattern the GGUF gives, IMROPE
     "qwen35": Arch(mixer=hybrid_mixer, ffn=DenseFFN.load, rope_neox=True, ffn_norm="post_attention_norm",
                    cache=HybridCache.for_layers, rope_sections="imrope"),
+    # the same layers with routed experts (softmax gating, normalized top-k weights) plus a gated shared expert
+    "qwen35moe": Arch(mixer=hybrid_mixer, rope_neox=True, ffn_norm="post_attention_norm",
+                      ffn=partial(SharedExpertMoE.load, routing=Routing(SOFTMAX, normalize=True, activation=SWIGLU)),
+                      cache=HybridCache.for_layers, rope_sections="imrope"),
     # llama.cpp's qwen3moe graph: softmax gating, normalized top-k weights
     "qwen3moe": Arch(mixer=Attention.load, rope_neox=True,
                      ffn=partial(RoutedExperts.load, routing=Routing(SOFTMAX, normalize=True, activation=SWIGLU))),

@@ -48,6 +48,7 @@ class HParams:
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    n_ff_shexp: int = 0         # qwen35moe's shared expert (0: n_ff)
     expert_weights_scale: float = 0.0
     # sliding-window attention: a layer i with swa_layers[i] sees the last n_swa positions
     n_swa: int = 0
@@ -153,6 +154,7 @@ def read_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
         n_expert_used=n_expert_used,
         n_ff_exp=int(key("expert_feed_forward_length", n_ff // n_expert_used if n_expert_used else 0)),
         expert_weights_scale=float(key("expert_weights_scale", 0.0)),
+        n_ff_shexp=int(key("expert_shared_feed_forward_length", 0)) or n_ff,
         n_swa=int(key("attention.sliding_window", 0)),
         swa_layers=_swa_layers(gguf, f"{arch}.attention.sliding_window_pattern", n_layer, arch_entry.swa_pattern),
         rope_sections=tuple(int(v) for v in _get(gguf, f"{arch}.rope.dimension_sections", ())),
