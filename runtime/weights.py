@@ -126,7 +126,8 @@ class MatrixGroup:
 
     def run_experts(self, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, groups: np.ndarray) -> list:
         """Stacks of experts: input rows x[rows[j]] for j in groups[g]..groups[g + 1]-1 through expert experts[g]
-        (each input row rounded once, however many experts it goes to) -> outputs in the order of `rows`."""
+        (each input row rounded once, however many experts it goes to; rows None: x's rows in order) ->
+        outputs in the order of `rows`."""
         return self._each_plan(x, rows, lambda plan, prepared: plan.run_experts(prepared, experts, groups))
 
     def _each_plan(self, x, rows, run) -> list:

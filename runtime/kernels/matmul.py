@@ -63,6 +63,7 @@ F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 = (int(t) for t in (
     T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4))
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K))
 MXFP4_REPACKED = 1000 + MXFP4    # kernel id: MXFP4 summed as llama.cpp's repacked kernels sum it
+FIRST_EXPERT = np.zeros(1, np.int64)   # a plain matmul: one group of rows through "expert" 0
 
 U = np.uint64
 U0, U1, U2, U3, U4, U6, U8, U12, U16, U32 = (U(v) for v in (0, 1, 2, 3, 4, 6, 8, 12, 16, 32))
@@ -508,20 +509,23 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
 
 
 @njit(**EXACT)
-def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, groups, counter):
-    """Tasks (byte offset of a weight row in buf, rows, output column, input group g), claimed through counter
-    (workers.py): out[t, column + i] = weight row i . input row t for the input rows t of group g,
-    groups[g] <= t < groups[g + 1] (one group of all rows, or the rows routed to one expert)."""
+def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, counter):
+    """Task k = (group g, template task j): template tasks (byte offset of a weight row in buf, rows, output
+    column, bytes per expert), claimed through counter (workers.py): out[t, column + i] = weight row i of
+    expert experts[g] . input row t, for the input rows of group g, groups[g] <= t < groups[g + 1]
+    (a plain matmul is one group of all rows through expert 0)."""
     n_blocks = xq.shape[1] // 32
+    n_template = tasks.shape[0]
     enter(counter)
     while True:
         k = claim(counter)
-        if k >= tasks.shape[0]:
+        if k >= n_template * experts.size:
             break
-        offset, column, g = U(tasks[k, 0]), tasks[k, 2], tasks[k, 3]
+        g, j = k // n_template, k % n_template
+        offset, column = U(tasks[j, 0] + experts[g] * tasks[j, 3]), tasks[j, 2]
         t0, t1 = groups[g], groups[g + 1]
         gq, gd, gs, g_out = xq[t0:t1], xd[t0:t1], xs[t0:t1], out[t0:t1]
-        for i in range(tasks[k, 1]):
+        for i in range(tasks[j, 1]):
             t = 0
             while t < t1 - t0:
                 t += dot_row_block32(qtype, buf, offset + U(i) * row_bytes, n_blocks, gq, gd, gs, t, g_out, column + i)
@@ -553,25 +557,28 @@ def dot_weight_pair(w, x, out, r):
 
 
 @njit(**EXACT)
-def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, groups, one_row_structure, f16_tail,
-                 counter):
+def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, experts, groups, one_row_structure,
+                 f16_tail, counter):
     """As matmul_block32, weights dequantized row by row, dots in vec_dot's or tinyBLAS's layout (there, two
     weight rows at a time)."""
     w = np.empty((2, x_all.shape[1]), np.float32)
+    n_template = tasks.shape[0]
     enter(counter)
     while True:
         k = claim(counter)
-        if k >= tasks.shape[0]:
+        if k >= n_template * experts.size:
             break
-        offset, column, g = U(tasks[k, 0]), tasks[k, 2], tasks[k, 3]
+        g, j = k // n_template, k % n_template
+        offset, column = U(tasks[j, 0] + experts[g] * tasks[j, 3]), tasks[j, 2]
         x, out = x_all[groups[g]:groups[g + 1]], out_all[groups[g]:groups[g + 1]]
+        n_rows = tasks[j, 1]
         i = 0
-        while not one_row_structure and i + 2 <= tasks[k, 1]:
+        while not one_row_structure and i + 2 <= n_rows:
             decode_row(qtype, buf, offset + U(i) * row_bytes, w[0], qk, block_bytes)
             decode_row(qtype, buf, offset + U(i + 1) * row_bytes, w[1], qk, block_bytes)
             dot_weight_pair(w, x, out, column + i)
             i += 2
-        for i in range(i, tasks[k, 1]):
+        for i in range(i, n_rows):
             decode_row(qtype, buf, offset + U(i) * row_bytes, w[0], qk, block_bytes)
             dot_rows_float(w[0], x, one_row_structure, f16_tail, out, column + i)
     leave(counter)
@@ -647,18 +654,17 @@ class MatmulPlan:
         if any(l.qtype != first.qtype or l.n_cols != first.n_cols or l.tinyblas != first.tinyblas for l in layouts):
             raise ValueError("a plan's matrices must share type, row length and batch layout")
         self.layout, self.buf = first, buf
-        self.expert_bytes = [layout.n_rows * int(layout.row_bytes) for layout in layouts]
         self.columns, tasks, column = [], [], 0
-        for layout, offset, expert_bytes in zip(layouts, offsets, self.expert_bytes):
+        for layout, offset in zip(layouts, offsets):
+            expert_bytes = layout.n_rows * int(layout.row_bytes)
             if offset + n_expert * expert_bytes > buf.size:
                 raise ValueError("matrix data lies outside the buffer")
             for r in range(0, layout.n_rows, ROWS_PER_TASK):
                 tasks.append((offset + r * int(layout.row_bytes), min(ROWS_PER_TASK, layout.n_rows - r), column + r,
-                              0, expert_bytes))
+                              expert_bytes))
             self.columns.append((column, column + layout.n_rows))
             column += layout.n_rows
-        tasks = np.array(tasks, np.int64)
-        self.n_rows, self.tasks, self.task_expert_bytes = column, tasks[:, :4].copy(), tasks[:, 4]
+        self.n_rows, self.tasks = column, np.array(tasks, np.int64)
 
     def run(self, a: PreparedInput, stepwise: bool = False) -> list:
         """(rows, n_cols) input prepared for the plan's activation kind -> one (rows, n_rows) output
@@ -667,27 +673,24 @@ class MatmulPlan:
         n_in = a.xq.shape[0]
         # llama.cpp takes tinyBLAS for batches of 2+ rows when the matrix's shape allows, vec_dot otherwise
         one_row = n_in == 1 or stepwise or not self.layout.tinyblas
-        return self._run(a, self.tasks, np.array([0, n_in], np.int64), one_row)
+        return self._run(a, FIRST_EXPERT, np.array([0, n_in], np.int64), one_row)
 
     def run_experts(self, a: PreparedInput, experts: np.ndarray, groups: np.ndarray) -> list:
         """Input rows groups[g]..groups[g + 1]-1 through expert experts[g]'s matrices, each expert's weights
         read once. Every row is a one-row dot, as in llama.cpp's mul_mat_id."""
-        n = len(self.tasks)
-        tasks = np.tile(self.tasks, (len(experts), 1))
-        tasks[:, 0] += (np.asarray(experts, np.int64)[:, None] * self.task_expert_bytes[None, :]).reshape(-1)
-        tasks[:, 3] = np.repeat(np.arange(len(experts), dtype=np.int64), n)
-        return self._run(a, tasks, np.asarray(groups, np.int64), one_row=True)
+        return self._run(a, experts, groups, one_row=True)
 
-    def _run(self, a: PreparedInput, tasks: np.ndarray, groups: np.ndarray, one_row: bool) -> list:
+    def _run(self, a: PreparedInput, experts: np.ndarray, groups: np.ndarray, one_row: bool) -> list:
         layout, n_in = self.layout, a.xq.shape[0]
         out = np.empty((n_in, self.n_rows), np.float32)
-        split = (len(tasks), n_in * self.n_rows * layout.n_cols, workers.MATMUL_MIN_WORK)
+        split = (len(self.tasks) * len(experts), n_in * self.n_rows * layout.n_cols, workers.MATMUL_MIN_WORK)
         if layout.block32:
             workers.run(matmul_block32, *split, layout.kernel_id, layout.block_bytes, layout.row_bytes, self.buf,
-                        a.xq, a.xd, a.xs, out, tasks, groups)
+                        a.xq, a.xd, a.xs, out, self.tasks, experts, groups)
         else:
             workers.run(matmul_float, *split, layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes,
-                        self.buf, a.xq, out, tasks, groups, layout.float_type and one_row, layout.qtype != T.F32)
+                        self.buf, a.xq, out, self.tasks, experts, groups, layout.float_type and one_row,
+                        layout.qtype != T.F32)
         return [out[:, lo:hi] for lo, hi in self.columns]
 
 

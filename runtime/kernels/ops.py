@@ -131,12 +131,6 @@ def swiglu_oai_rows(gate, up, alpha, limit, out):
             out[r, i] = x / (F32(1.0) + np.exp(alpha * (F32(0.0) - x))) * (y + F32(1.0))
 
 
-def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
-    out = np.empty_like(gate)
-    swiglu_oai_rows(gate, up, F32(alpha), F32(limit), out)
-    return out
-
-
 @njit(**EXACT)
 def soft_max(x, out, sink):
     """out = softmax(x) as ggml_soft_max computes a row (scale 1, no mask): ggml_vec_soft_max_f32, then the

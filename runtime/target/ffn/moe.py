@@ -75,22 +75,81 @@ def route_rows(logits, k, gating, normalize, scale, experts, weights):
 
 
 @njit(**EXACT)
-def combine_rows(expert_out, weights, out):
-    """out[t] = weights[t, 0] * expert_out[t, 0] + weights[t, 1] * expert_out[t, 1] + ..., added in slot order
-    (ggml_mul, then one ggml_add per slot)."""
+def group_by_expert(experts, n_expert):
+    """The T * k slots (token t, rank j) sorted by expert, in (t, j) order within an expert (mul_mat_id's
+    row groups). Returns the token of each sorted slot, its expert, each slot's sorted position (T * k,
+    in (t, j) order), the experts used and the group bounds (len(used) + 1)."""
+    n_tokens, k = experts.shape
+    counts = np.zeros(n_expert + 1, np.int64)
+    for t in range(n_tokens):
+        for j in range(k):
+            counts[experts[t, j] + 1] += 1
+    n_used = 0
+    for e in range(n_expert):
+        n_used += counts[e + 1] > 0
+        counts[e + 1] += counts[e]
+    used, groups = np.empty(n_used, np.int64), np.empty(n_used + 1, np.int64)
+    g = 0
+    for e in range(n_expert):
+        if counts[e + 1] > counts[e]:
+            used[g], groups[g] = e, counts[e]
+            g += 1
+    groups[n_used] = n_tokens * k
+    rows, sorted_experts = np.empty(n_tokens * k, np.int64), np.empty(n_tokens * k, np.int64)
+    slot_pos = np.empty(n_tokens * k, np.int64)
+    for t in range(n_tokens):
+        for j in range(k):
+            e = experts[t, j]
+            p = counts[e]
+            counts[e] += 1
+            rows[p], sorted_experts[p], slot_pos[t * k + j] = t, e, p
+    return rows, sorted_experts, slot_pos, used, groups
+
+
+@njit(**EXACT)
+def add_expert_bias(x, bias, sorted_experts):
+    """ggml_add_id: each row plus its expert's bias row (in place; an empty bias adds nothing)."""
+    if bias.size:
+        for r in range(x.shape[0]):
+            for i in range(x.shape[1]):
+                x[r, i] = x[r, i] + bias[sorted_experts[r], i]
+
+
+@njit(**EXACT)
+def activate(gate, up, gate_bias, up_bias, sorted_experts, oai, out):
+    """out = act(gate + gate bias, up + up bias) per row (biases by the row's expert): SwiGLU, or with oai
+    gpt-oss's clamped variant (alpha 1.702, limit 7, as llama.cpp's graph passes them)."""
+    add_expert_bias(gate, gate_bias, sorted_experts)
+    add_expert_bias(up, up_bias, sorted_experts)
+    if oai:
+        ops.swiglu_oai_rows(gate, up, np.float32(1.702), np.float32(7.0), out)
+    else:
+        ops.swiglu_rows(gate, up, out)
+
+
+@njit(**EXACT)
+def combine_rows(down, bias, sorted_experts, slot_pos, weights, out):
+    """out[t] = w[t, 0] * (down of slot (t, 0) + its bias) + w[t, 1] * ... added in slot order: add_id, then
+    ggml_mul by the weights, then one ggml_add per slot."""
+    k = weights.shape[1]
     for t in range(out.shape[0]):
         for i in range(out.shape[1]):
-            acc = expert_out[t, 0, i] * weights[t, 0]
-            for j in range(1, weights.shape[1]):
-                acc = acc + expert_out[t, j, i] * weights[t, j]
+            acc = np.float32(0.0)
+            for j in range(k):
+                p = slot_pos[t * k + j]
+                v = down[p, i] + bias[sorted_experts[p], i] if bias.size else down[p, i]
+                acc = v * weights[t, j] if j == 0 else acc + v * weights[t, j]
             out[t, i] = acc
+
+
+NO_BIAS = np.zeros((0, 0), np.float32)
 
 
 class RoutedExperts:
     """The routed-expert FFN of one layer: router (+ bias), expert stacks gate/up/down (+ biases)."""
 
     def __init__(self, router: Matrix, gate: Matrix, up: Matrix, down: Matrix, n_expert_used: int,
-                 routing: Routing, router_bias=None, biases=(None, None, None), weights_scale: float = 0.0):
+                 routing: Routing, router_bias=None, biases=(NO_BIAS, NO_BIAS, NO_BIAS), weights_scale: float = 0.0):
         self.router, self.router_bias = router, router_bias
         self.gate_up, self.down = MatrixGroup(gate, up), MatrixGroup(down)
         self.gate_bias, self.up_bias, self.down_bias = biases
@@ -106,7 +165,7 @@ class RoutedExperts:
 
         def bias(name, n):
             b = w.optional_vector(p + name, n * n_expert)
-            return None if b is None else b.reshape(n_expert, n)
+            return NO_BIAS if b is None else b.reshape(n_expert, n)
 
         return cls(router=w.matrix(p + "ffn_gate_inp.weight", n_embd, n_expert),
                    gate=w.matrix(p + "ffn_gate_exps.weight", n_embd, n_ff, n_expert),
@@ -131,24 +190,11 @@ class RoutedExperts:
 
     def __call__(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
         experts, weights = self.route(h, stepwise)
-        n_tokens, k = experts.shape
-        # slots (token t, rank j) sorted by expert, in token-then-rank order within an expert (as mul_mat_id)
-        order = np.argsort(experts.reshape(-1), kind="stable")
-        used, starts = np.unique(experts.reshape(-1)[order], return_index=True)
-        groups = np.append(starts, len(order))
-        sorted_experts = experts.reshape(-1)[order]
-        gate, up = self.gate_up.run_experts(h, order // k, used, groups)
-        gate, up = self._add_bias(gate, self.gate_bias, sorted_experts), self._add_bias(up, self.up_bias, sorted_experts)
-        act = ops.swiglu(gate, up) if self.routing.activation == SWIGLU else ops.swiglu_oai(gate, up)
-        (down,) = self.down.run_experts(act, np.arange(len(order)), used, groups)
-        down = self._add_bias(down, self.down_bias, sorted_experts)
-        per_slot = np.empty((n_tokens * k, down.shape[1]), np.float32)
-        per_slot[order] = down
-        out = np.empty((n_tokens, down.shape[1]), np.float32)
-        combine_rows(per_slot.reshape(n_tokens, k, -1), weights, out)
+        rows, sorted_experts, slot_pos, used, groups = group_by_expert(experts, self.n_expert)
+        gate, up = self.gate_up.run_experts(h, rows, used, groups)
+        act = np.empty_like(gate)
+        activate(gate, up, self.gate_bias, self.up_bias, sorted_experts, self.routing.activation == SWIGLU_OAI, act)
+        (down,) = self.down.run_experts(act, None, used, groups)
+        out = np.empty((len(h), down.shape[1]), np.float32)
+        combine_rows(down, self.down_bias, sorted_experts, slot_pos, weights, out)
         return out
-
-    @staticmethod
-    def _add_bias(x: np.ndarray, bias, experts: np.ndarray) -> np.ndarray:
-        """ggml_add_id: each row plus its expert's bias row."""
-        return x if bias is None else x + bias[experts]
