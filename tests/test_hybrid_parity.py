@@ -9,9 +9,9 @@ here and printed with the logit differences), so that float-level differences co
 
 import numpy as np
 import pytest
-from test_runtime_parity import LlamaCpp, llama_cpp  # noqa: F401  (llama_cpp: the AVX2 build fixture)
 
 from ggtools.runtime import TargetModel, greedy
+from llama_runner import LlamaCpp, avx2_llama_cpp
 
 pytestmark = pytest.mark.oracle
 
@@ -26,6 +26,11 @@ ENCODINGS = [("qwen35", "f32"), ("qwen35", "f16"), ("qwen35", "q8_0"),
 def prompt(seed: int) -> list[int]:
     rng = np.random.default_rng(seed)
     return [1] + rng.integers(3, 1000, int(rng.integers(4, 40))).tolist()
+
+
+@pytest.fixture(scope="module")
+def llama_cpp():
+    return avx2_llama_cpp()
 
 
 @pytest.fixture(scope="module")
@@ -50,22 +55,10 @@ def models(targets):
         model.close()
 
 
-def llama_greedy_path(oracle: LlamaCpp, ids, n):
-    """llama.cpp's greedy continuation (one token per decode) and the logits row behind every token."""
-    llm = oracle.llm
-    llm.reset()
-    llm.eval(list(ids))
-    tokens, rows = [], []
-    for _ in range(n):
-        rows.append(np.array(llm.scores[llm.n_tokens - 1], np.float32))
-        tokens.append(int(rows[-1].argmax()))
-        llm.eval([tokens[-1]])
-    return tokens, np.array(rows)
-
-
 def our_greedy_path(model: TargetModel, ids, n):
-    """The same with the runtime; the prompt's logits are all computed, as llama.cpp's logits_all does (a
-    one-row output matmul of float weights has other bits than a batch's)."""
+    """Greedy tokens and the logits row each was chosen from, as LlamaCpp.greedy_logits gives them; the prompt's
+    logits are all computed, as llama.cpp's logits_all does (a one-row output matmul of float weights has
+    other bits than a batch's)."""
     logits, _ = model.forward(ids, logits="all")
     tokens, rows = [], []
     for _ in range(n):
@@ -81,7 +74,7 @@ def top2_margin(rows) -> float:
 
 
 @pytest.mark.parametrize("arch, encoding", ENCODINGS)
-def test_prompt_logits_are_bit_identical(targets, models, llama_cpp, arch, encoding):  # noqa: F811
+def test_prompt_logits_are_bit_identical(targets, models, llama_cpp, arch, encoding):
     oracle, model = LlamaCpp(llama_cpp, targets[arch].gguf[encoding]), models(arch, encoding)
     for seed in PROMPT_SEEDS[arch][:2]:
         ids = prompt(seed)
@@ -94,11 +87,11 @@ def test_prompt_logits_are_bit_identical(targets, models, llama_cpp, arch, encod
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch, encoding", ENCODINGS)
-def test_greedy_tokens_are_identical(targets, models, llama_cpp, arch, encoding):  # noqa: F811
+def test_greedy_tokens_are_identical(targets, models, llama_cpp, arch, encoding):
     oracle, model = LlamaCpp(llama_cpp, targets[arch].gguf[encoding]), models(arch, encoding)
     for seed in PROMPT_SEEDS[arch]:
         ids = prompt(seed)
-        want, want_rows = llama_greedy_path(oracle, ids, N_GREEDY)
+        want, want_rows = oracle.greedy_logits(ids, N_GREEDY)
         model.kv.clear()
         ours, rows = our_greedy_path(model, ids, N_GREEDY)
         margin = top2_margin(want_rows)
