@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ggtools.runtime import TargetModel, greedy
-from llama_runner import LlamaCpp, avx2_llama_cpp
+from llama_runner import LlamaCpp, assert_prompt_logits_identical, avx2_llama_cpp
 
 pytestmark = pytest.mark.oracle
 
@@ -76,13 +76,8 @@ def top2_margin(rows) -> float:
 @pytest.mark.parametrize("arch, encoding", ENCODINGS)
 def test_prompt_logits_are_bit_identical(targets, models, llama_cpp, arch, encoding):
     oracle, model = LlamaCpp(llama_cpp, targets[arch].gguf[encoding]), models(arch, encoding)
-    for seed in PROMPT_SEEDS[arch][:2]:
-        ids = prompt(seed)
-        model.kv.clear()
-        ours, _ = model.forward(ids)
-        want = oracle.prompt_logits(ids)
-        print(f"{arch} {encoding}: {len(ids)} prompt tokens, max abs logit difference {np.abs(ours - want).max()}")
-        assert np.array_equal(ours, want)
+    assert_prompt_logits_identical(oracle, model, [prompt(seed) for seed in PROMPT_SEEDS[arch][:2]],
+                                   f"{arch} {encoding}")
 
 
 @pytest.mark.slow
