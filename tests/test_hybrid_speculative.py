@@ -1,8 +1,9 @@
 """Speculative decoding with Gated DeltaNet hybrid targets (qwen35, qwen35moe): tiny DFlash v1 and DFlash2
 drafters built for each target with z-lab's classes, converted by llama.cpp's converter (profile llama.cpp)
 and by ggtools (profile lucebox, v1: the only version that profile has), with a ring of 8 context slots and
-with the full draft KV. Every verify batch is followed by a crop of the target cache, which rolls the
-recurrent state back to the accepted prefix: the output must equal plain greedy decoding exactly."""
+with the full draft KV, and a drafter that knows the answer but errs at scattered positions (accepted lengths
+from 0 up). Every verify batch is followed by a crop of the target cache, which rolls the recurrent state
+back to the accepted prefix: the output must equal plain greedy decoding exactly."""
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from ggtools.jobs.convert import convert_dflash
 from ggtools.runtime import TargetModel, greedy
 from ggtools.runtime.drafter import Drafter
 from ggtools.runtime.speculative import speculative_generate
+from test_runtime_moe import KnowingDrafter
 
 pytestmark = pytest.mark.oracle
 
@@ -56,3 +58,14 @@ def test_output_equals_greedy(pair, name, ring_cap):
     assert all(sum(s.produced for s in o.steps) + 1 == len(o.tokens) for o in outs)
     # random drafters of a random target: rejections (rollbacks of the recurrent state) in most steps
     assert sum(s.drafted > s.accepted for s in steps) > len(steps) // 2
+
+
+def test_partial_acceptance_rolls_the_recurrent_state_back_to_every_prefix(pair):
+    model, drafters, prompts, reference = pair
+    accepted = set()
+    for ids, want in zip(prompts, reference):
+        knowing = KnowingDrafter(drafters["v2"], len(ids), want)
+        out = speculative_generate(model, knowing, drafters["v2"].new_kv(8), ids, N)
+        assert out.tokens == want
+        accepted |= {s.accepted for s in out.steps}
+    assert 0 in accepted and max(accepted) >= 3, accepted
