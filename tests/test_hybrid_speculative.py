@@ -64,7 +64,8 @@ def test_partial_acceptance_rolls_the_recurrent_state_back_to_every_prefix(pair)
     model, drafters, prompts, reference = pair
     accepted = set()
     for ids, want in zip(prompts, reference):
-        knowing = KnowingDrafter(drafters["v2"], len(ids), want)
+        # wrong at outputs 0, 1, 5, 6, 10, 11, ...: after a rejection at 5k the next draft is wrong at once
+        knowing = KnowingDrafter(drafters["v2"], len(ids), want, wrong=lambda i: i % 5 < 2)
         out = speculative_generate(model, knowing, drafters["v2"].new_kv(8), ids, N)
         assert out.tokens == want
         accepted |= {s.accepted for s in out.steps}
