@@ -11,6 +11,7 @@ scripts/fixtures/moe_targets.py in every encoding (f32, f16, and Q8_0 / MXFP4_MO
   output equal to greedy decoding.
 """
 
+import json
 import types
 
 import numpy as np
@@ -198,3 +199,33 @@ def test_speculative_output_equals_greedy(targets, drafter_ggufs, arch, kind):
 @pytest.mark.parametrize("version, profile", DRAFTER_KINDS)
 def test_speculative_output_equals_greedy_every_pair(targets, drafter_ggufs, arch, kind, version, profile):
     _speculative_equals_greedy(targets, drafter_ggufs, arch, kind, version, profile)
+
+
+@pytest.mark.parametrize("arch, kind, warned", [("gpt-oss", "MXFP4_MOE", True), ("qwen3moe", "Q8_0", False)])
+def test_run_draft_warns_about_llama_cpp_but_runs_the_pair(targets, drafter_ggufs, arch, kind, warned):
+    """gpt-oss pairs do not run in llama.cpp (no layer inputs in its graph, per ggtools.dflash.target): `ggtools
+    run --draft` says so and runs them anyway."""
+    from click.testing import CliRunner
+
+    from ggtools.cli import main
+
+    args = ["run", "--target", str(targets[arch].gguf[kind]), "--draft", str(drafter_ggufs[arch, "v2", "llama.cpp"]),
+            "--prompt-ids", "1,5,77,300,12,9", "-n", "12", "--threads", "2"]
+    result = CliRunner().invoke(main, args + ["--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["outputs_match_target"] and bool(out["warnings"]) == warned
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0 and ("does not expose layer inputs in llama.cpp" in text.stderr) == warned
+
+
+def test_split_target_runs_from_its_first_shard(targets, tmp_path):
+    """The MXFP4 gpt-oss as 3 shards (gguf-py's split writer): experts spread over shards, same logits."""
+    import tiny_models
+
+    path = targets["gpt-oss"].gguf["MXFP4_MOE"]
+    shards = tiny_models.split_gguf(path, tmp_path / "tiny-gpt-oss", 3)
+    ids = random_prompt(9, 30)
+    want, _ = TargetModel(path, threads=2).forward(ids)
+    got, _ = TargetModel(shards[0], threads=2).forward(ids)
+    assert len(shards) == 3 and np.array_equal(got.view(np.uint32), want.view(np.uint32))

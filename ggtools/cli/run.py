@@ -3,6 +3,7 @@ import sys
 import click
 
 from ggtools.cli.render import emit_json, human_bytes
+from ggtools.dflash.target import OpenTarget
 from ggtools.runtime.generate import run
 from ggtools.runtime.spec_run import run_speculative
 from ggtools.runtime.speculative import DraftSettings
@@ -64,16 +65,29 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
         return
     if ring_cap and full_kv:
         raise click.UsageError("give at most one of --ring-cap and --full-kv")
+    warnings = _pair_warnings(target)
+    if not as_json:
+        for w in warnings:
+            click.echo(f"warning: {w}", err=True)
     result = run_speculative(target, draft, [prompt if ids is None else ids], n,
                              ring_cap=None if full_kv else (ring_cap or DEFAULT_RING_CAP),
                              settings=DraftSettings(n_max=n_max, cut=cut, p_min=p_min, n_min=n_min),
                              threads=threads, stop_at_eog=not ignore_eos, compare=not no_baseline)
     failures = _failures(result, min_acceptance, no_baseline)
     if as_json:
-        emit_json(result.to_dict() | {"failures": failures})
+        emit_json(result.to_dict() | {"failures": failures, "warnings": warnings})
     else:
         _show_speculative(result, failures)
     sys.exit(1 if failures else 0)
+
+
+def _pair_warnings(target) -> list[str]:
+    """What keeps this pair from running elsewhere though it runs here (this runtime taps every target arch)."""
+    with OpenTarget(target) as t:
+        if t.arch and not t.exposes_layer_inputs:
+            return [f"target arch '{t.arch}' does not expose layer inputs in llama.cpp (DFlash aborts there with "
+                    "\"layer input tensor is null\"); this runtime runs the pair"]
+    return []
 
 
 def _failures(result, min_acceptance, no_baseline) -> list[str]:
