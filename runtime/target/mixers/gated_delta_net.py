@@ -34,17 +34,22 @@ NO_OUTPUT = np.zeros((0, 0), np.float32)
 
 
 @njit(**EXACT)
-def conv_rows(window, weight, out):
-    """ggml_ssm_conv: out[t, c] = sum_i window[t + i, c] * weight[c, i], each product and sum rounded.
-    window: (T + K - 1, C) the conv state's K - 1 rows, then the T new rows; weight: (C, K)."""
+def conv_rows(conv_state, qkv, weight, out):
+    """ggml_ssm_conv over the conv state's K - 1 rows followed by the T rows of qkv: out[t, c] =
+    sum_i row[t + i, c] * weight[c, i], each product and sum rounded; then the state becomes the last K - 1
+    rows. conv_state: (K - 1, C); weight: (C, K)."""
     n_tokens, n_channels = out.shape
-    kernel = weight.shape[1]
+    kept = conv_state.shape[0]
+    window = np.empty((kept + n_tokens, n_channels), np.float32)
+    window[:kept] = conv_state
+    window[kept:] = qkv
     for t in range(n_tokens):
         for c in range(n_channels):
             s = F32(0.0)
-            for i in range(kernel):
+            for i in range(kept + 1):
                 s = s + window[t + i, c] * weight[c, i]
             out[t, c] = s
+    conv_state[:] = window[n_tokens:]
 
 
 @njit(**EXACT)
@@ -61,6 +66,15 @@ def l2_norm_heads(x, head_dim, eps, out):
             rms_norm_row(x[t, h * head_dim:(h + 1) * head_dim], no_weight, head_eps, part)
             for i in range(head_dim):
                 part[i] = part[i] * rescale
+
+
+@njit(**EXACT)
+def conv_silu_l2(conv_state, qkv, weight, key_dim, head_dim, eps, conv, qk):
+    """The conv (advancing conv_state), SiLU, and the L2 norms of the q and k heads: conv (T, C) gets the
+    SiLU output (v is its last value_dim columns), qk (T, 2 key_dim) the normed q and k."""
+    conv_rows(conv_state, qkv, weight, conv)
+    silu_rows(conv, conv)
+    l2_norm_heads(conv[:, :2 * key_dim], head_dim, eps, qk)
 
 
 @njit(**EXACT)
@@ -181,13 +195,10 @@ class GatedDeltaNet:
     def recur(self, conv_state, ssm_state, qkv, g, beta, out=NO_OUTPUT) -> None:
         """Advance conv_state ((K - 1, C)) and ssm_state ((n_v_heads, S, S)) over the rows of qkv, g, beta,
         writing the heads' outputs to out (T, value_dim) unless it is empty."""
-        window = np.concatenate([conv_state, qkv])
         conv = np.empty_like(qkv)
-        conv_rows(window, self.conv, conv)
-        conv_state[:] = window[len(window) - len(conv_state):]
-        silu_rows(conv, conv)
         qk = np.empty((len(qkv), 2 * self.key_dim), np.float32)
-        l2_norm_heads(conv[:, :2 * self.key_dim], self.head_dim, F32(self.eps), qk)
+        conv_silu_l2(conv_state, np.ascontiguousarray(qkv), self.conv, self.key_dim, self.head_dim, F32(self.eps),
+                     conv, qk)
         q, k = qk[:, :self.key_dim], qk[:, self.key_dim:]
         v = conv[:, 2 * self.key_dim:]
         work = len(qkv) * self.n_v_heads * self.head_dim * self.head_dim * 3
