@@ -24,7 +24,7 @@ class RecurrentState:
 
     def __init__(self, mixer):
         self.mixer = mixer
-        self.conv = np.zeros((mixer.conv.shape[1] - 1, mixer.conv.shape[0]), np.float32)
+        self.conv = np.zeros((mixer.conv.shape[0] - 1, mixer.conv.shape[1]), np.float32)
         self.ssm = np.zeros((mixer.n_v_heads, mixer.head_dim, mixer.head_dim), np.float32)
         self.checkpoint()
 

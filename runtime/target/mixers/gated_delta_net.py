@@ -36,19 +36,20 @@ NO_OUTPUT = np.zeros((0, 0), np.float32)
 @njit(**EXACT)
 def conv_rows(conv_state, qkv, weight, out):
     """ggml_ssm_conv over the conv state's K - 1 rows followed by the T rows of qkv: out[t, c] =
-    sum_i row[t + i, c] * weight[c, i], each product and sum rounded; then the state becomes the last K - 1
-    rows. conv_state: (K - 1, C); weight: (C, K)."""
+    sum_i row[t + i, c] * weight[i, c], each product and sum rounded, in order of i; then the state becomes
+    the last K - 1 rows. conv_state: (K - 1, C); weight: (K, C), the taps of each channel."""
     n_tokens, n_channels = out.shape
     kept = conv_state.shape[0]
     window = np.empty((kept + n_tokens, n_channels), np.float32)
     window[:kept] = conv_state
     window[kept:] = qkv
     for t in range(n_tokens):
-        for c in range(n_channels):
-            s = F32(0.0)
-            for i in range(kept + 1):
-                s = s + window[t + i, c] * weight[c, i]
-            out[t, c] = s
+        row = out[t]
+        row[:] = 0.0
+        for i in range(kept + 1):
+            src, taps = window[t + i], weight[i]
+            for c in range(n_channels):
+                row[c] = row[c] + src[c] * taps[c]
     conv_state[:] = window[n_tokens:]
 
 
@@ -98,26 +99,29 @@ def delta_rule_heads(q, k, v, g, beta, state, head_dim, out, counter):
     n_k_heads = q.shape[1] // head_dim
     scale = F32(1.0) / np.sqrt(F32(head_dim))
     delta = np.empty(head_dim, np.float32)
+    kt = np.empty((1, head_dim), np.float32)     # contiguous copies of the head's k and q rows
+    qt = np.empty((1, head_dim), np.float32)
     enter(counter)
     while True:
         h = claim(counter)
         if h >= n_v_heads:
             break
         m = state[h]
+        flat = m.reshape(head_dim * head_dim)
         hk = h % n_k_heads
         for t in range(n_tokens):
-            kt = k[t:t + 1, hk * head_dim:(hk + 1) * head_dim]
+            kt[0] = k[t, hk * head_dim:(hk + 1) * head_dim]
             decay = np.exp(g[t, h])
-            for j in range(head_dim):
-                for i in range(head_dim):
-                    m[j, i] = m[j, i] * decay
+            for i in range(flat.size):
+                flat[i] = flat[i] * decay
             for j in range(head_dim):
                 delta[j] = (v[t, h * head_dim + j] - dot_one_row(m[j], kt, 0, False)) * beta[t, h]
             for j in range(head_dim):
+                row, d = m[j], delta[j]
                 for i in range(head_dim):
-                    m[j, i] = fma(kt[0, i], delta[j], m[j, i])
+                    row[i] = fma(kt[0, i], d, row[i])
             if out.size:
-                qt = q[t:t + 1, hk * head_dim:(hk + 1) * head_dim]
+                qt[0] = q[t, hk * head_dim:(hk + 1) * head_dim]
                 for j in range(head_dim):
                     out[t, h * head_dim + j] = dot_one_row(m[j], qt, 0, False) * scale
     leave(counter)
@@ -143,7 +147,7 @@ class GatedDeltaNet:
     wgate: Matrix           # n_embd -> value_dim (z)
     wbeta: Matrix           # n_embd -> n_v_heads
     walpha: Matrix          # n_embd -> n_v_heads
-    conv: np.ndarray        # (channels, kernel) float32
+    conv: np.ndarray        # (kernel, channels) float32: the conv taps, tap-major
     dt_bias: np.ndarray     # (n_v_heads,)
     a: np.ndarray           # (n_v_heads,) = -exp(A_log)
     norm: np.ndarray        # (head_dim,)
@@ -168,7 +172,8 @@ class GatedDeltaNet:
             wgate=w.matrix(p + "attn_gate.weight", hp.n_embd, value_dim),
             wbeta=w.matrix(p + "ssm_beta.weight", hp.n_embd, shape.n_v_heads),
             walpha=w.matrix(p + "ssm_alpha.weight", hp.n_embd, shape.n_v_heads),
-            conv=w.vector(p + "ssm_conv1d.weight", channels * shape.conv_kernel).reshape(channels, -1),
+            conv=np.ascontiguousarray(
+                w.vector(p + "ssm_conv1d.weight", channels * shape.conv_kernel).reshape(channels, -1).T),
             dt_bias=w.vector(p + "ssm_dt.bias", shape.n_v_heads),
             a=w.vector(p + "ssm_a", shape.n_v_heads),
             norm=w.vector(p + "ssm_norm.weight", shape.head_dim),
