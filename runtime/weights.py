@@ -70,10 +70,12 @@ class WeightFile:
 
     def matrix(self, name: str, n_cols: int | None = None, n_rows: int | None = None,
                n_expert: int | None = None) -> Matrix:
-        """A 2-D weight, or with n_expert a 3-D stack of n_expert matrices (ne [n_cols, n_rows, n_expert])."""
+        """A 2-D weight, or with n_expert a 3-D stack of n_expert matrices (ne [n_cols, n_rows, n_expert]); a 1-D
+        weight asked for as one row (n_rows 1) is that row (qwen35moe's shared-expert gate)."""
         f, t = self._lookup(name)
         want = [n_cols, n_rows] + ([n_expert] if n_expert is not None else [])
-        if len(t.ne) != len(want) or any(w is not None and int(n) != w for n, w in zip(t.ne, want)):
+        ne = list(t.ne) + ([1] if len(t.ne) == 1 and n_rows == 1 and n_expert is None else [])
+        if len(ne) != len(want) or any(w is not None and int(n) != w for n, w in zip(ne, want)):
             raise ModelError(f"{f.path}: tensor '{name}' has ne {list(t.ne)}, expected {want}")
         try:
             qtype = GGMLQuantizationType(t.type_id)
@@ -84,8 +86,8 @@ class WeightFile:
         if t.ne[0] % GGML_QUANT_SIZES[qtype][0]:
             raise ModelError(f"{f.path}: tensor '{name}' rows of {t.ne[0]} values are not whole {qtype.name} blocks")
         f.tensor_data(t)   # checks the size and that the data lies inside the file
-        return Matrix(name, qtype, int(t.ne[1]), int(t.ne[0]), self._buffer(f), t.data_start,
-                      int(t.ne[2]) if n_expert is not None else 1)
+        return Matrix(name, qtype, int(ne[1]), int(ne[0]), self._buffer(f), t.data_start,
+                      int(ne[2]) if n_expert is not None else 1)
 
     def _buffer(self, f) -> np.ndarray:
         """The whole mapped file as one uint8 array (matrices are addressed by offset into it)."""
@@ -114,7 +116,7 @@ class MatrixGroup:
         self.matrices = matrices
         parts = {}
         for i, m in enumerate(matrices):
-            parts.setdefault((m.qtype, m.n_cols, id(m.buf)), []).append(i)
+            parts.setdefault((m.qtype, m.n_cols, m.layout.tinyblas, id(m.buf)), []).append(i)
         self.parts = [(idx, matmul.MatmulPlan([matrices[i].layout for i in idx], matrices[idx[0]].buf,
                                               [matrices[i].offset for i in idx], matrices[idx[0]].n_expert))
                       for idx in parts.values()]

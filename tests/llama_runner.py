@@ -36,3 +36,14 @@ class LlamaCpp:
         """(greedy tokens, the logits row each was chosen from (n, n_vocab)): one-token steps after the prompt."""
         out = self.greedy(ids, n)
         return out, np.array(self.llm.scores[len(ids) - 1:len(ids) - 1 + len(out)], dtype=np.float32)
+
+
+def assert_prompt_logits_identical(oracle: LlamaCpp, model, prompts, label: str) -> None:
+    """Every row of each prompt's logits from the runtime (a fresh cache) equals llama.cpp's, bit for bit; the
+    largest difference is printed."""
+    for ids in prompts:
+        model.kv.clear()
+        ours, _ = model.forward(ids)
+        want = oracle.prompt_logits(ids)
+        print(f"{label}: {len(ids)} prompt tokens, max abs logit difference {np.abs(ours - want).max()}")
+        assert np.array_equal(ours, want)

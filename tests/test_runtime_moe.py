@@ -146,15 +146,16 @@ def test_crop_then_generate_equals_never_going_further(targets, arch, kind):
 
 class KnowingDrafter:
     """Drafts the target's known greedy continuation, wrong at a fixed scatter of positions, so that
-    verification accepts lengths from 0 up and the target cache is cropped after most steps."""
+    verification accepts lengths from 0 up and the target cache is cropped after most steps. wrong(i): whether
+    the draft for output position i is wrong."""
 
-    def __init__(self, drafter, prompt_len, want):
+    def __init__(self, drafter, prompt_len, want, wrong=lambda i: i * 5 % 7 < 2):
         self.taps, self.block_size = drafter.taps, drafter.block_size
-        self.prompt_len, self.want = prompt_len, want
+        self.prompt_len, self.want, self.wrong = prompt_len, want, wrong
 
     def draft(self, kv, anchor, n_block):
         start = kv.committed - self.prompt_len + 1
-        tokens = [(t + 1) % 1000 if (start + j) * 5 % 7 < 2 else t
+        tokens = [(t + 1) % 1000 if self.wrong(start + j) else t
                   for j, t in enumerate(self.want[start:start + n_block - 1])]
         return types.SimpleNamespace(tokens=tokens)
 

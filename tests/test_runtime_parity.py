@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ggtools.runtime import TargetModel, Tokenizer, greedy
-from llama_runner import LlamaCpp, avx2_llama_cpp
+from llama_runner import LlamaCpp, assert_prompt_logits_identical, avx2_llama_cpp
 
 pytestmark = pytest.mark.oracle
 
@@ -56,12 +56,7 @@ def prompts_for(name, path, count):
 def test_prompt_logits_are_bit_identical(targets, llama_cpp, name):
     path = targets[name]
     oracle, model = LlamaCpp(llama_cpp, path), TargetModel(path, threads=2)
-    for ids in prompts_for(name, path, 2):
-        model.kv.clear()
-        ours, _ = model.forward(ids)
-        want = oracle.prompt_logits(ids)
-        print(f"{name}: {len(ids)} prompt tokens, max abs logit difference {np.abs(ours - want).max()}")
-        assert np.array_equal(ours, want)
+    assert_prompt_logits_identical(oracle, model, prompts_for(name, path, 2), name)
 
 
 @pytest.mark.slow

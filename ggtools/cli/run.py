@@ -85,8 +85,8 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
     if as_json:
         if failures:
             click.echo(f"error: {'; '.join(failures)}", err=True)
-        emit_json(result.to_dict() | {"failures": failures, "warnings": warnings, "exit_code": 1 if failures else 0,
-                                      "error": "; ".join(failures) or None})
+        emit_json(result.to_dict() | {"failures": failures, "exit_code": 1 if failures else 0,
+                                      "error": "; ".join(failures) or None, "warnings": warnings})
     else:
         _show_speculative(result, failures)
     sys.exit(1 if failures else 0)

@@ -129,6 +129,14 @@ class Drafter:
         return RingKV(*args, cap=ring_cap, kv_type=kv_type)
 
     def _rope(self, positions):
+        rope = self._plain_rope(positions)
+        # llama.cpp's converter gives drafters of M-RoPE targets the sections [n_rot/2, 0, 0, 0], which rotate
+        # every pair by the position as plain RoPE does; text_rope_angles keeps any other split exact too
+        still = ops.fourth_section_pairs(self.hp.rope_dims // 2, self.hp.rope_sections, False) \
+            if any(self.hp.rope_sections) else np.zeros(0, bool)
+        return ops.text_rope_angles(rope, self._plain_rope([0]), still) if still.any() else rope
+
+    def _plain_rope(self, positions):
         hp = self.hp
         return ops.rope_angles(np.asarray(positions, np.int64), hp.rope_dims, hp.rope_base,
                                np.float32(hp.rope_freq_scale), self.freq_factors, *ops.NO_YARN)

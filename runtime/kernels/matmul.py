@@ -634,6 +634,10 @@ class Layout:
         self.activation = ACTIVATION.get(self.qtype)
         self.block32 = self.qtype in BLOCK32_TYPES
         self.float_type = self.qtype in (T.F32, T.F16, T.BF16)
+        # llama.cpp's tinyBLAS (AVX2) takes a batch only for rows of whole 8-lane steps (k % 8) and a row count
+        # that its 4-row tiles cover (m % 4); other matrices (qwen35moe's one-row shared-expert gate) go to
+        # vec_dot row by row
+        self.tinyblas = n_cols % 8 == 0 and n_rows % 4 == 0
         # the dot's summation order: MXFP4 matrices llama.cpp repacks (AVX2, rows a multiple of 8) use its
         # repacked kernels' order
         repacked = self.qtype == T.MXFP4 and HAVE_AVX2 and n_rows % 8 == 0
@@ -650,8 +654,8 @@ class MatmulPlan:
 
     def __init__(self, layouts: list, buf: np.ndarray, offsets: list, n_expert: int = 1):
         first = layouts[0]
-        if any(l.qtype != first.qtype or l.n_cols != first.n_cols for l in layouts):
-            raise ValueError("a plan's matrices must share type and row length")
+        if any(l.qtype != first.qtype or l.n_cols != first.n_cols or l.tinyblas != first.tinyblas for l in layouts):
+            raise ValueError("a plan's matrices must share type, row length and batch layout")
         self.layout, self.buf = first, buf
         self.columns, tasks, column = [], [], 0
         for layout, offset in zip(layouts, offsets):
@@ -670,8 +674,8 @@ class MatmulPlan:
         per matrix (column views of one array). stepwise: every row computed as llama.cpp computes a
         one-row batch (only changes float types)."""
         n_in = a.xq.shape[0]
-        # llama.cpp takes tinyBLAS for batches of 2+ rows when the row length allows, vec_dot otherwise
-        one_row = n_in == 1 or stepwise or self.layout.n_cols % 8 != 0
+        # llama.cpp takes tinyBLAS for batches of 2+ rows when the matrix's shape allows, vec_dot otherwise
+        one_row = n_in == 1 or stepwise or not self.layout.tinyblas
         return self._run(a, FIRST_EXPERT, np.array([0, n_in], np.int64), one_row)
 
     def run_experts(self, a: PreparedInput, experts: np.ndarray, groups: np.ndarray) -> list:

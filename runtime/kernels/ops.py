@@ -6,7 +6,10 @@
   YaRN as ggml's rope_yarn, with the fused multiply-adds GCC makes of it;
 - SwiGLU: ggml_v_silu on 8-value chunks, libm expf on the leftovers; gpt-oss's clamped variant (swiglu_oai)
   in scalar float32 with libm expf;
-- softmax: ggml_vec_soft_max_f32 (ggml_v_expf on blocks of 8, libm expf on the rest, float64 sum).
+- softmax: ggml_vec_soft_max_f32 (ggml_v_expf on blocks of 8, libm expf on the rest, float64 sum);
+- SiLU (ggml_vec_silu_f32) as SwiGLU's; sigmoid: 1 / (1 + expf(-x)) with libm expf (ggml's unary op);
+- M-RoPE on text: each pair's angle comes from one of four position ids; text tokens have the first three
+  equal to the position and the fourth 0.
 """
 
 import numpy as np
@@ -146,3 +149,48 @@ def soft_max(x, out, sink):
     inv = F32(1.0 / total)
     for s in range(x.size):
         out[s] = out[s] * inv
+
+
+@njit(**EXACT)
+def silu_rows(x, out):
+    """ggml_vec_silu_f32 on each row of x (T, n): ggml_v_silu on 8-value chunks, libm expf on the leftovers."""
+    n = x.shape[1]
+    n_main = n // 8 * 8
+    for r in range(x.shape[0]):
+        for i in range(n_main):
+            out[r, i] = silu(x[r, i])
+        for i in range(n_main, n):
+            out[r, i] = x[r, i] / (F32(1.0) + np.exp(-x[r, i]))
+
+
+@njit(**EXACT)
+def sigmoid(x):
+    return F32(1.0) / (F32(1.0) + np.exp(-x))
+
+
+@njit(**EXACT)
+def sigmoid_rows(x, out):
+    for r in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            out[r, i] = sigmoid(x[r, i])
+
+
+def fourth_section_pairs(n_pairs: int, sections, interleaved: bool) -> np.ndarray:
+    """Which of the n_pairs rotated pairs ggml_mrope_cache_init gives the fourth position id: interleaved
+    (IMROPE, qwen35) assigns pair i by (i % sum) % 3 within 3 * section bounds; otherwise (MROPE) the
+    sections follow each other."""
+    s0, s1, s2, s3 = sections
+    sector = np.arange(n_pairs) % (s0 + s1 + s2 + s3)
+    if interleaved:
+        return ~(((sector % 3 == 0) & (sector < 3 * s0)) | ((sector % 3 == 1) & (sector < 3 * s1)) |
+                 ((sector % 3 == 2) & (sector < 3 * s2)))
+    return sector >= s0 + s1 + s2
+
+
+def text_rope_angles(rope: tuple, rope_at_0: tuple, still: np.ndarray) -> tuple:
+    """M-RoPE cos/sin tables of text tokens: plain RoPE's (rope_angles) at the tokens' positions, except for
+    the pairs of the fourth section (`still`, fourth_section_pairs), which take the angles of position 0
+    (rope_at_0, one row)."""
+    cos, sin = rope[0].copy(), rope[1].copy()
+    cos[:, still], sin[:, still] = rope_at_0[0][0, still], rope_at_0[1][0, still]
+    return cos, sin

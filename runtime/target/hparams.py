@@ -14,6 +14,15 @@ YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
 
 
 @dataclass(frozen=True)
+class DeltaNetShape:
+    """Gated DeltaNet layers' sizes (`<arch>.ssm.*`, as llama.cpp's converter writes them for qwen35)."""
+    conv_kernel: int      # ssm.conv_kernel
+    head_dim: int         # ssm.state_size: k and v head size
+    n_k_heads: int        # ssm.group_count
+    n_v_heads: int        # ssm.time_step_rank
+
+
+@dataclass(frozen=True)
 class HParams:
     arch: str
     n_layer: int
@@ -39,10 +48,15 @@ class HParams:
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    n_ff_shexp: int = 0         # qwen35moe's shared expert (0: n_ff)
     expert_weights_scale: float = 0.0
     # sliding-window attention: a layer i with swa_layers[i] sees the last n_swa positions
     n_swa: int = 0
     swa_layers: tuple = ()
+    # Gated DeltaNet hybrids (qwen35): M-RoPE sections, the recurrent layers' sizes, which layers are recurrent
+    rope_sections: tuple = ()
+    delta_net: DeltaNetShape | None = None
+    recurrent_layers: tuple = ()
 
     @property
     def n_gqa(self) -> int:
@@ -97,7 +111,8 @@ def read_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
         raise ModelError(f"{gguf.path}: key and value head sizes differ; not supported")
     if n_head % n_head_kv:
         raise ModelError(f"{gguf.path}: {n_head} heads is not a multiple of {n_head_kv} KV heads")
-    n_layer = int(key("block_count", required=True))
+    # MTP / NextN blocks (stored after the trunk, counted in block_count) are not run by the main graph
+    n_layer = int(key("block_count", required=True)) - int(key("nextn_predict_layers", 0))
     rope_base = float(key("rope.freq_base", 10000.0))
     rope_dims = int(key("rope.dimension_count", head_dim))
     scaling = key("rope.scaling.type", "linear")
@@ -139,6 +154,33 @@ def read_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
         n_expert_used=n_expert_used,
         n_ff_exp=int(key("expert_feed_forward_length", n_ff // n_expert_used if n_expert_used else 0)),
         expert_weights_scale=float(key("expert_weights_scale", 0.0)),
+        n_ff_shexp=int(key("expert_shared_feed_forward_length", 0)) or n_ff,
         n_swa=int(key("attention.sliding_window", 0)),
         swa_layers=_swa_layers(gguf, f"{arch}.attention.sliding_window_pattern", n_layer, arch_entry.swa_pattern),
+        rope_sections=tuple(int(v) for v in _get(gguf, f"{arch}.rope.dimension_sections", ())),
+        **_delta_net(gguf, arch, n_layer),
     )
+
+
+def _delta_net(gguf, arch: str, n_layer: int) -> dict:
+    """The Gated DeltaNet fields of a hybrid (qwen35) model, as llama.cpp reads them; none otherwise."""
+    if _get(gguf, f"{arch}.ssm.conv_kernel") is None:
+        return {}
+
+    def key(name):
+        return int(_get(gguf, f"{arch}.ssm.{name}", required=True))
+
+    shape = DeltaNetShape(conv_kernel=key("conv_kernel"), head_dim=key("state_size"),
+                          n_k_heads=key("group_count"), n_v_heads=key("time_step_rank"))
+    if key("inner_size") != shape.n_v_heads * shape.head_dim:
+        raise ModelError(f"{gguf.path}: '{arch}.ssm.inner_size' is not time_step_rank x state_size; not supported")
+    if shape.n_v_heads % shape.n_k_heads:
+        raise ModelError(f"{gguf.path}: {shape.n_v_heads} value heads is not a multiple of {shape.n_k_heads} key heads")
+    recurrent = _get(gguf, f"{arch}.attention.recurrent_layers")
+    if recurrent is None:   # llama.cpp's fallback: every full_attention_interval-th layer is attention
+        interval = int(_get(gguf, f"{arch}.full_attention_interval", 4))
+        recurrent = [(i + 1) % interval != 0 for i in range(n_layer)]
+    if len(recurrent) < n_layer:
+        raise ModelError(f"{gguf.path}: '{arch}.attention.recurrent_layers' has {len(recurrent)} entries for "
+                         f"{n_layer} layers")
+    return {"delta_net": shape, "recurrent_layers": tuple(bool(r) for r in recurrent[:n_layer])}

@@ -24,6 +24,11 @@ class KVCache:
         self.v: list[np.ndarray] = []
         self.reserve(capacity)
 
+    @classmethod
+    def for_layers(cls, layers, hp, type: str = "f16") -> "KVCache":
+        """The cache of a model whose every layer is attention."""
+        return cls(len(layers), hp.n_head_kv, hp.head_dim, type=type)
+
     def reserve(self, n_tokens: int) -> None:
         """Make room for positions 0..n_tokens-1."""
         if n_tokens <= self.capacity:

@@ -26,6 +26,7 @@ class Layer:
     mixer: object
     ffn_norm: np.ndarray
     ffn: object
+    slot: int = 0       # the mixer's place in the cache: its index among the layers with the same kind of mixer
 
 
 class TargetModel:
@@ -45,8 +46,16 @@ class TargetModel:
         self.output = w.matrix("output.weight", hp.n_embd) if w.has("output.weight") else self.token_embd
         freq_factors = w.optional_vector("rope_freqs.weight")
         self.rope_freq_factors = np.zeros(0, np.float32) if freq_factors is None else freq_factors
+        # M-RoPE on text: pairs of the fourth section keep position 0's angles (none with Qwen3.5's sections)
+        self.rope_still = np.zeros(0, bool)
+        if self.arch.rope_sections:
+            self.rope_still = ops.fourth_section_pairs(hp.rope_dims // 2, hp.rope_sections,
+                                                       self.arch.rope_sections == "imrope")
         self.layers = [self._load_layer(i) for i in range(hp.n_layer)]
-        self.kv = KVCache(hp.n_layer, hp.n_head_kv, hp.head_dim, type=kv_type)
+        kinds = [type(layer.mixer) for layer in self.layers]
+        for i, layer in enumerate(self.layers):
+            layer.slot = kinds[:i].count(kinds[i])
+        self.kv = self.arch.cache(self.layers, hp, kv_type)
 
     def _load_layer(self, i: int) -> Layer:
         w, hp, arch = self.weights, self.hp, self.arch
@@ -85,15 +94,15 @@ class TargetModel:
             raise ValueError("logits must be 'all', 'last' or 'none'")
 
         self.kv.reserve(start + len(tokens))
-        rope = ops.rope_angles(positions, hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale),
-                               self.rope_freq_factors, np.float32(hp.rope_ext_factor),
-                               np.float32(hp.rope_attn_factor), np.array(hp.rope_corr_dims, np.float32))
+        rope = self._rope(positions)
+        if self.rope_still.any():
+            rope = ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), self.rope_still)
         features = np.empty((len(tokens), len(taps), hp.n_embd), np.float32)
         x = self.token_embd.rows(tokens)
         for i, layer in enumerate(self.layers):
             self._tap(features, taps, i, x)
             h = ops.rms_norm(x, layer.attn_norm, hp.rms_eps)
-            x = layer.mixer(h, positions, rope, self.kv, i, hp, stepwise) + x
+            x = layer.mixer(h, positions, rope, self.kv, layer.slot, hp, stepwise) + x
             x = layer.ffn(ops.rms_norm(x, layer.ffn_norm, hp.rms_eps), stepwise) + x
         self.kv.n_tokens = start + len(tokens)
         out = ops.rms_norm(x, self.output_norm, hp.rms_eps)
@@ -101,6 +110,12 @@ class TargetModel:
         if logits == "none":
             return None, features
         return self.output(out if logits == "all" else out[-1:], stepwise), features
+
+    def _rope(self, positions):
+        hp = self.hp
+        return ops.rope_angles(positions, hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale),
+                               self.rope_freq_factors, np.float32(hp.rope_ext_factor),
+                               np.float32(hp.rope_attn_factor), np.array(hp.rope_corr_dims, np.float32))
 
     @staticmethod
     def _tap(features, taps, layer, x):

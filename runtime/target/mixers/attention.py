@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit
 
 from ggtools.runtime.errors import ModelError
-from ggtools.runtime.kernels import workers
+from ggtools.runtime.kernels import ops, workers
 from ggtools.runtime.kernels.workers import claim, enter, leave
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16, to_f16_row
 from ggtools.runtime.kernels.matmul import dot_one_row
@@ -130,7 +130,9 @@ def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positi
 class Attention:
     """The attention mixer: Q, K, V projections (optional biases, qwen3's per-head q/k RMS norms), RoPE,
     the cache write, causal attention over the cache (optionally a sliding window, and gpt-oss's sinks),
-    the output projection (optional bias)."""
+    the output projection (optional bias). With output_gate (qwen35) the Q projection gives each head's
+    query followed by a gate, and the attention output is multiplied by sigmoid(gate) before the output
+    projection."""
     wq: Matrix
     wk: Matrix
     wv: Matrix
@@ -144,17 +146,18 @@ class Attention:
     bo: np.ndarray | None = None
     sinks: np.ndarray = field(default_factory=lambda: NO_SINKS)
     window: int = 0      # sliding window (0: full causal attention)
+    output_gate: bool = False
 
     def __post_init__(self):
         self.qkv = MatrixGroup(self.wq, self.wk, self.wv)
 
     @classmethod
-    def load(cls, w, hp, i: int) -> "Attention":
+    def load(cls, w, hp, i: int, output_gate: bool = False) -> "Attention":
         """Layer i's attention tensors (blk.i.attn_*) from a WeightFile."""
         p = f"blk.{i}."
         q_dim, kv_dim = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
         attn = cls(
-            wq=w.matrix(p + "attn_q.weight", hp.n_embd, q_dim),
+            wq=w.matrix(p + "attn_q.weight", hp.n_embd, q_dim * (2 if output_gate else 1)),
             wk=w.matrix(p + "attn_k.weight", hp.n_embd, kv_dim),
             wv=w.matrix(p + "attn_v.weight", hp.n_embd, kv_dim),
             wo=w.matrix(p + "attn_output.weight", q_dim, hp.n_embd),
@@ -163,6 +166,7 @@ class Attention:
             bv=w.optional_vector(p + "attn_v.bias", kv_dim),
             bo=w.optional_vector(p + "attn_output.bias", hp.n_embd),
             window=hp.n_swa if hp.swa_layers[i] else 0,
+            output_gate=output_gate,
         )
         sinks = w.optional_vector(p + "attn_sinks.weight", hp.n_head)
         if sinks is not None:
@@ -181,6 +185,9 @@ class Attention:
         for out, bias in ((q, self.bq), (k, self.bk), (v, self.bv)):
             if bias is not None:
                 out += bias
+        if self.output_gate:
+            heads = q.reshape(n_tokens, hp.n_head, 2, hp.head_dim)
+            q, gate = (np.ascontiguousarray(heads[:, :, j]).reshape(n_tokens, -1) for j in (0, 1))
         start = int(positions[0])
         roped = np.empty((n_tokens, hp.n_head, hp.head_dim), np.float32)
         prepare_attention(q, k, v, self.q_norm, self.k_norm, np.float32(hp.rms_eps), *rope, hp.rope_neox,
@@ -188,6 +195,9 @@ class Attention:
         n_ctx = start + n_tokens
         out = attention(roped, kv.k[slot], kv.v[slot], positions, n_ctx, hp.attn_scale, kv.f16, stepwise,
                         self.window, self.sinks)
+        if self.output_gate:
+            ops.sigmoid_rows(gate, gate)
+            out *= gate
         out = self.wo(out, stepwise)
         if self.bo is not None:
             out += self.bo
