@@ -11,9 +11,10 @@ operation (see ggmlmath for why):
   (quantize_row_q8_0/1) and the dot is ggml_vec_dot_qX_q8_Y: per block, 8 lanes each holding the
   exact integer dot of 4 consecutive values, accumulated with fma(d_w * d_x, lane, acc), then hsum8.
   tinyBLAS (used by llama.cpp for batches) has the same structure, so these are batch-invariant.
-  MXFP4 sums even and odd blocks apart (ggml_vec_dot_mxfp4_q8_0), or, for matrices llama.cpp repacks
-  (AVX2, rows a multiple of 8: its default extra buffer type), one fma per block of the block's integer
-  sum (the 8x8 gemv/gemm kernels); see simd.Block32Layout.
+  MXFP4 sums even and odd blocks apart (ggml_vec_dot_mxfp4_q8_0). Q4_0 and MXFP4 matrices that llama.cpp
+  repacks (AVX2, rows a multiple of 8: its default extra buffer type CPU_REPACK) are summed as its 8x8
+  gemv/gemm kernels sum them, for one row and for batches alike: one fma per block of the block's integer
+  sum; see simd.Block32Layout.
   Block values are stored lane-major (position i*8 + lane for value 4*lane + i) so the lane loop
   is unit-stride.
 - F32 / F16 / BF16: the input is rounded to the weight's type; one-row products follow
@@ -43,7 +44,7 @@ from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, do
                                   dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
                                   stored2_lanes8_4,
                                   dot_row_mxfp4_1, dot_row_mxfp4_4, dot_row_mxfp4r_1, dot_row_mxfp4r_4,
-                                  dot_row_q4_0_1, dot_row_q4_0_4,
+                                  dot_row_q4_0_1, dot_row_q4_0_4, dot_row_q4_0r_1, dot_row_q4_0r_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
 
@@ -63,7 +64,9 @@ BLOCK32_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4})
 F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 = (int(t) for t in (
     T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4))
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K))
-MXFP4_REPACKED = 1000 + MXFP4    # kernel id: MXFP4 summed as llama.cpp's repacked kernels sum it
+# kernel ids: a type summed as llama.cpp's repacked (CPU_REPACK) kernels sum it
+Q4_0_REPACKED, MXFP4_REPACKED = 1000 + Q4_0, 1000 + MXFP4
+REPACKED_KERNEL = {T.Q4_0: Q4_0_REPACKED, T.MXFP4: MXFP4_REPACKED}
 FIRST_EXPERT = np.zeros(1, np.int64)   # a plain matmul: one group of rows through "expert" 0
 
 U = np.uint64
@@ -452,6 +455,8 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
     if t + 4 <= xq.shape[0]:
         if qtype == Q4_0:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q4_0_4(data, so, n_blocks, xq, xd, xs, t)
+        elif qtype == Q4_0_REPACKED:
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q4_0r_4(data, so, n_blocks, xq, xd, xs, t)
         elif qtype == Q4_1:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q4_1_4(data, so, n_blocks, xq, xd, xs, t)
         elif qtype == Q5_0:
@@ -467,6 +472,8 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
         return 4
     if qtype == Q4_0:
         (out[t, r],) = dot_row_q4_0_1(data, so, n_blocks, xq, xd, xs, t)
+    elif qtype == Q4_0_REPACKED:
+        (out[t, r],) = dot_row_q4_0r_1(data, so, n_blocks, xq, xd, xs, t)
     elif qtype == Q4_1:
         (out[t, r],) = dot_row_q4_1_1(data, so, n_blocks, xq, xd, xs, t)
     elif qtype == Q5_0:
@@ -638,10 +645,10 @@ class Layout:
         # that its 4-row tiles cover (m % 4); other matrices (qwen35moe's one-row shared-expert gate) go to
         # vec_dot row by row
         self.tinyblas = n_cols % 8 == 0 and n_rows % 4 == 0
-        # the dot's summation order: MXFP4 matrices llama.cpp repacks (AVX2, rows a multiple of 8) use its
-        # repacked kernels' order
-        repacked = self.qtype == T.MXFP4 and HAVE_AVX2 and n_rows % 8 == 0
-        self.kernel_id = MXFP4_REPACKED if repacked else self.type_id
+        # the dot's summation order: matrices llama.cpp repacks (ggml_repack_get_optimal_repack_type: Q4_0 and
+        # MXFP4 on AVX2 with rows a multiple of 8) use its repacked kernels' order
+        repacked = self.qtype in REPACKED_KERNEL and HAVE_AVX2 and n_rows % 8 == 0
+        self.kernel_id = REPACKED_KERNEL[self.qtype] if repacked else self.type_id
 
 
 class MatmulPlan:

@@ -10,7 +10,8 @@ on how LLVM schedules them.
   sum the exact integer products of 4 consecutive values; acc = fma(d_w * d_x, lanes, acc); hsum8;
   plus the m_w * s_x sum for types with a min. On AVX2 CPUs this is ggml's own instruction sequence
   (maddubs, madd, convert; int8 inputs in value order); elsewhere a portable float version ("planes":
-  lane l of plane i holds value 4l + i; inputs lane-major) gives the same bits.
+  lane l of plane i holds value 4l + i; inputs lane-major) gives the same bits. dot_row_q4_0r / mxfp4r: the
+  same dots summed as llama.cpp's repacked 8x8 gemv / gemm sum them (Block32Layout's "block_sums").
 - stored2_lanes8_1 .. _4: tinyBLAS: lane l accumulates w[k] * x[k], k = l mod 8, with fma; hsum8; two weight rows
   read from their stored f16 / f32 bytes sharing the loads of x.
 - dot_4x8_main: ggml_vec_dot_f32 / f16: four 8-lane accumulators over steps of 32, reduce4x8 (dot_4x8_stored_1 / _2:
@@ -274,7 +275,8 @@ class Block32Layout:
       "pairs"       the same with even and odd blocks in two accumulators, hsum8(acc0 + acc1), and a last odd
                     block added as fma(d_w * d_x, its integer sum, total) (ggml_vec_dot_mxfp4_q8_0, AVX2);
       "block_sums"  one scalar chain s = fma(integer sum of the block, d_w * d_x, s) (the repacked 8x8 gemv /
-                    gemm kernels llama.cpp runs MXFP4 through on AVX2 when a matrix has a multiple of 8 rows).
+                    gemm kernels llama.cpp runs Q4_0 and MXFP4 through on AVX2 when a matrix has a multiple of 8
+                    rows).
     """
 
     def __init__(self, block_bytes, qs, nibbles, value_offset=0, m=None, qh=None, scale="f16", lut=None,
@@ -288,6 +290,7 @@ KVALUES_MXFP4 = tuple(int(v) for v in KVALUES_MXFP4_F32)   # ggml's kvalues_mxfp
 
 BLOCK32_LAYOUTS = {
     "q4_0": Block32Layout(18, qs=2, nibbles=True, value_offset=8),
+    "q4_0_repacked": Block32Layout(18, qs=2, nibbles=True, value_offset=8, accumulate="block_sums"),
     "q4_1": Block32Layout(20, qs=4, nibbles=True, m=2),
     "q5_0": Block32Layout(22, qs=6, nibbles=True, value_offset=16, qh=2),
     "q5_1": Block32Layout(24, qs=8, nibbles=True, m=2, qh=4),
@@ -600,5 +603,7 @@ dot_row_q5_0_1, dot_row_q5_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_0"], 1), _DOT_ROW(
 dot_row_q5_1_1, dot_row_q5_1_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 4)
 dot_row_q8_0_1, dot_row_q8_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 4)
 dot_row_mxfp4_1, dot_row_mxfp4_4 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 1), _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 4)
+dot_row_q4_0r_1 = _DOT_ROW(BLOCK32_LAYOUTS["q4_0_repacked"], 1)
+dot_row_q4_0r_4 = _DOT_ROW(BLOCK32_LAYOUTS["q4_0_repacked"], 4)
 dot_row_mxfp4r_1 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4_repacked"], 1)
 dot_row_mxfp4r_4 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4_repacked"], 4)
