@@ -132,7 +132,7 @@ def test_ggml_expf_is_accurate_and_saturates():
     assert silu(np.float32(0.0)) == 0.0 and abs(silu(np.float32(3.0)) - 3 / (1 + np.exp(-3.0))) < 1e-6
 
 
-@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "mxfp4_repacked"])
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "q4_0_repacked", "mxfp4_repacked"])
 @pytest.mark.parametrize("n_cols", [256, 224])
 def test_portable_block_dot_equals_the_avx2_one(name, n_cols):
     """Without AVX2 the block dots run on float planes (lane-major inputs); same bits. (224: an odd number of
@@ -162,7 +162,7 @@ def test_portable_block_dot_equals_the_avx2_one(name, n_cols):
     out = np.empty((2, 3, 5), np.float32)
     both(data, data.size // 3, n_cols // 32, prepared.xq, lanes, prepared.xd, prepared.xs, out)
     assert np.array_equal(out[0], out[1])
-    if name != "mxfp4_repacked":      # a 3-row matrix is not repacked
+    if not name.endswith("_repacked"):      # a 3-row matrix is not repacked
         assert np.abs(out[1] - run_matmul(qtype, data, 3, x).T).max() == 0
 
 
@@ -197,22 +197,26 @@ def test_matmul_bits_do_not_depend_on_the_thread_count(qtype):
 
 
 @pytest.mark.oracle
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.MXFP4], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_rows, n_cols", [(5, 256), (7, 224), (16, 256), (24, 96)])
-@pytest.mark.parametrize("n_in", [1, 6])
-def test_mxfp4_matmul_equals_ggml(n_rows, n_cols, n_in):
-    """Bit for bit with libggml-cpu: matrices with a multiple of 8 rows against the repacked 8x8 gemv llama.cpp
-    runs them through on AVX2, the others against ggml_vec_dot_mxfp4_q8_0 (even and odd block counts)."""
+@pytest.mark.parametrize("n_in", [1, 3, 6, 8])
+def test_repackable_matmul_equals_ggml(qtype, n_rows, n_cols, n_in):
+    """Bit for bit with libggml-cpu: matrices with a multiple of 8 rows against the repacked 8x8 kernels llama.cpp
+    runs them through on AVX2 (gemm for each 4 input rows, gemv for the rest: n_in 1, 3, 6, 8 take every mix), the
+    others against the type's vec_dot (even and odd block counts)."""
     from ggml_oracle import load_ggml_cpu
 
     ggml = load_ggml_cpu()
-    data, _ = make_weights(T.MXFP4, n_rows=n_rows, n_cols=n_cols, seed=n_rows)
+    data, _ = make_weights(qtype, n_rows=n_rows, n_cols=n_cols, seed=n_rows)
     x = (np.random.default_rng(n_cols).standard_normal((n_in, n_cols)) * 3).astype(np.float32)
     rows = data.reshape(n_rows, -1)
-    layout = matmul.Layout(T.MXFP4, n_rows, n_cols)
+    layout = matmul.Layout(qtype, n_rows, n_cols)
     if n_rows % 8 == 0 and matmul.HAVE_AVX2:
-        assert layout.kernel_id == matmul.MXFP4_REPACKED
-        want = ggml.gemv_mxfp4_repacked(rows, x)
+        assert layout.kernel_id == matmul.REPACKED_KERNEL[qtype]
+        want = ggml.matmul_repacked(qtype, rows, x)
+        if n_cols >= 256:   # on rows this long the two orders give different bits: the comparison tells them apart
+            assert not np.array_equal(want, ggml.vec_dot(qtype, rows, x))
     else:
-        want = ggml.vec_dot(T.MXFP4, rows, x)
-    got = run_matmul(T.MXFP4, data, n_rows, x)
+        want = ggml.vec_dot(qtype, rows, x)
+    got = run_matmul(qtype, data, n_rows, x)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
