@@ -43,8 +43,9 @@ from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
 from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_4x8_stored_1,
                                   dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
                                   stored2_lanes8_4,
-                                  dot_row_mxfp4_1, dot_row_mxfp4_4, dot_row_mxfp4r_1, dot_row_mxfp4r_4,
-                                  dot_row_q4_0_1, dot_row_q4_0_4, dot_row_q4_0r_1, dot_row_q4_0r_4,
+                                  dot_row_mxfp4_1, dot_row_mxfp4_4,
+                                  dot_row_q4_0_1, dot_row_q4_0_4, dot_rows8_q4_0_1, dot_rows8_q4_0_4,
+                                  dot_rows8_mxfp4_1, dot_rows8_mxfp4_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
 
@@ -455,8 +456,6 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
     if t + 4 <= xq.shape[0]:
         if qtype == Q4_0:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q4_0_4(data, so, n_blocks, xq, xd, xs, t)
-        elif qtype == Q4_0_REPACKED:
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q4_0r_4(data, so, n_blocks, xq, xd, xs, t)
         elif qtype == Q4_1:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q4_1_4(data, so, n_blocks, xq, xd, xs, t)
         elif qtype == Q5_0:
@@ -465,15 +464,11 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q5_1_4(data, so, n_blocks, xq, xd, xs, t)
         elif qtype == MXFP4:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_mxfp4_4(data, so, n_blocks, xq, xd, xs, t)
-        elif qtype == MXFP4_REPACKED:
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_mxfp4r_4(data, so, n_blocks, xq, xd, xs, t)
         else:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q8_0_4(data, so, n_blocks, xq, xd, xs, t)
         return 4
     if qtype == Q4_0:
         (out[t, r],) = dot_row_q4_0_1(data, so, n_blocks, xq, xd, xs, t)
-    elif qtype == Q4_0_REPACKED:
-        (out[t, r],) = dot_row_q4_0r_1(data, so, n_blocks, xq, xd, xs, t)
     elif qtype == Q4_1:
         (out[t, r],) = dot_row_q4_1_1(data, so, n_blocks, xq, xd, xs, t)
     elif qtype == Q5_0:
@@ -482,10 +477,30 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
         (out[t, r],) = dot_row_q5_1_1(data, so, n_blocks, xq, xd, xs, t)
     elif qtype == MXFP4:
         (out[t, r],) = dot_row_mxfp4_1(data, so, n_blocks, xq, xd, xs, t)
-    elif qtype == MXFP4_REPACKED:
-        (out[t, r],) = dot_row_mxfp4r_1(data, so, n_blocks, xq, xd, xs, t)
     else:
         (out[t, r],) = dot_row_q8_0_1(data, so, n_blocks, xq, xd, xs, t)
+    return 1
+
+
+@njit(inline="always", **EXACT)
+def dot_rows8_repacked(qtype, data, so, row_bytes, n_blocks, xq, xd, t, out, r):
+    """out[t:t+4, r:r+8] (or out[t, r:r+8] when t + 4 > rows) = the 8 weight rows at data[so], data[so + row_bytes],
+    ... . xq rows, summed as llama.cpp's repacked kernels sum them; returns the input rows done."""
+    if t + 4 <= xq.shape[0]:
+        if qtype == Q4_0_REPACKED:
+            sums = dot_rows8_q4_0_4(data, so, row_bytes, n_blocks, xq, xd, t)
+        else:
+            sums = dot_rows8_mxfp4_4(data, so, row_bytes, n_blocks, xq, xd, t)
+        for j in range(4):
+            for k in range(8):
+                out[t + j, r + k] = sums[j * 8 + k]
+        return 4
+    if qtype == Q4_0_REPACKED:
+        one = dot_rows8_q4_0_1(data, so, row_bytes, n_blocks, xq, xd, t)
+    else:
+        one = dot_rows8_mxfp4_1(data, so, row_bytes, n_blocks, xq, xd, t)
+    for k in range(8):
+        out[t, r + k] = one[k]
     return 1
 
 
@@ -494,8 +509,10 @@ def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, e
     """Task k = (group g, template task j): template tasks (byte offset of a weight row in buf, rows, output
     column, bytes per expert), claimed through counter (workers.py): out[t, column + i] = weight row i of
     expert experts[g] . input row t, for the input rows of group g, groups[g] <= t < groups[g + 1]
-    (a plain matmul is one group of all rows through expert 0)."""
+    (a plain matmul is one group of all rows through expert 0). Repacked kinds take weight rows 8 at a time (their
+    matrices' row counts, and so every task's, are multiples of 8)."""
     n_blocks = xq.shape[1] // 32
+    repacked = qtype == Q4_0_REPACKED or qtype == MXFP4_REPACKED
     n_template = tasks.shape[0]
     enter(counter)
     while True:
@@ -506,10 +523,14 @@ def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, e
         offset, column = U(tasks[j, 0] + experts[g] * tasks[j, 3]), tasks[j, 2]
         t0, t1 = groups[g], groups[g + 1]
         gq, gd, gs, g_out = xq[t0:t1], xd[t0:t1], xs[t0:t1], out[t0:t1]
-        for i in range(tasks[j, 1]):
+        for i in range(0, tasks[j, 1], 8 if repacked else 1):
             t = 0
             while t < t1 - t0:
-                t += dot_row_block32(qtype, buf, offset + U(i) * row_bytes, n_blocks, gq, gd, gs, t, g_out, column + i)
+                so = offset + U(i) * row_bytes
+                if repacked:
+                    t += dot_rows8_repacked(qtype, buf, so, row_bytes, n_blocks, gq, gd, t, g_out, column + i)
+                else:
+                    t += dot_row_block32(qtype, buf, so, n_blocks, gq, gd, gs, t, g_out, column + i)
     leave(counter)
 
 

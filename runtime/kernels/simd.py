@@ -10,8 +10,9 @@ on how LLVM schedules them.
   sum the exact integer products of 4 consecutive values; acc = fma(d_w * d_x, lanes, acc); hsum8;
   plus the m_w * s_x sum for types with a min. On AVX2 CPUs this is ggml's own instruction sequence
   (maddubs, madd, convert; int8 inputs in value order); elsewhere a portable float version ("planes":
-  lane l of plane i holds value 4l + i; inputs lane-major) gives the same bits. dot_row_q4_0r / mxfp4r: the
-  same dots summed as llama.cpp's repacked 8x8 gemv / gemm sum them (Block32Layout's "block_sums").
+  lane l of plane i holds value 4l + i; inputs lane-major) gives the same bits.
+- dot_rows8_q4_0_1 / _4, dot_rows8_mxfp4_1 / _4: llama.cpp's repacked 8x8 gemv / gemm (the matrices its CPU_REPACK
+  buffer takes): 8 weight rows at a time, one fma per block of each row's exact integer sum.
 - stored2_lanes8_1 .. _4: tinyBLAS: lane l accumulates w[k] * x[k], k = l mod 8, with fma; hsum8; two weight rows
   read from their stored f16 / f32 bytes sharing the loads of x.
 - dot_4x8_main: ggml_vec_dot_f32 / f16: four 8-lane accumulators over steps of 32, reduce4x8 (dot_4x8_stored_1 / _2:
@@ -270,13 +271,10 @@ class Block32Layout:
 
     scale: "f16" (an fp16 d at byte 0) or "e8m0_half" (MXFP4: a byte e, d = 2^(e - 128), the values doubled).
     lut: the 16 signed values a nibble indexes (MXFP4), else nibbles are values (minus value_offset).
-    accumulate: how block products are summed, as ggml does for the type:
+    accumulate: how vec_dot sums block products for the type (the repacked kernels' order is _dot_rows8_with's):
       "lanes"       acc = fma(d_w * d_x, lanes, acc) over blocks, then hsum8 (ggml_vec_dot_q*_q8_*);
       "pairs"       the same with even and odd blocks in two accumulators, hsum8(acc0 + acc1), and a last odd
-                    block added as fma(d_w * d_x, its integer sum, total) (ggml_vec_dot_mxfp4_q8_0, AVX2);
-      "block_sums"  one scalar chain s = fma(integer sum of the block, d_w * d_x, s) (the repacked 8x8 gemv /
-                    gemm kernels llama.cpp runs Q4_0 and MXFP4 through on AVX2 when a matrix has a multiple of 8
-                    rows).
+                    block added as fma(d_w * d_x, its integer sum, total) (ggml_vec_dot_mxfp4_q8_0, AVX2).
     """
 
     def __init__(self, block_bytes, qs, nibbles, value_offset=0, m=None, qh=None, scale="f16", lut=None,
@@ -290,14 +288,11 @@ KVALUES_MXFP4 = tuple(int(v) for v in KVALUES_MXFP4_F32)   # ggml's kvalues_mxfp
 
 BLOCK32_LAYOUTS = {
     "q4_0": Block32Layout(18, qs=2, nibbles=True, value_offset=8),
-    "q4_0_repacked": Block32Layout(18, qs=2, nibbles=True, value_offset=8, accumulate="block_sums"),
     "q4_1": Block32Layout(20, qs=4, nibbles=True, m=2),
     "q5_0": Block32Layout(22, qs=6, nibbles=True, value_offset=16, qh=2),
     "q5_1": Block32Layout(24, qs=8, nibbles=True, m=2, qh=4),
     "q8_0": Block32Layout(34, qs=2, nibbles=False),
     "mxfp4": Block32Layout(17, qs=1, nibbles=True, scale="e8m0_half", lut=KVALUES_MXFP4, accumulate="pairs"),
-    "mxfp4_repacked": Block32Layout(17, qs=1, nibbles=True, scale="e8m0_half", lut=KVALUES_MXFP4,
-                                    accumulate="block_sums"),
 }
 
 V16S = ir.VectorType(ir.IntType(16), 16)
@@ -409,13 +404,6 @@ def _dot_row_block32_with(decode_block, row_lanes):
                         terms.append((lanes, builder.fmul(d_w, d_x)))
                     return terms, block_ptr
 
-                if layout.accumulate == "block_sums":
-                    sums = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
-                    with cgutils.for_range(builder, nb) as loop:
-                        for j, (lanes, d) in enumerate(block(loop.index)[0]):    # hsum8 of exact integers: exact
-                            sums[j] = _fma1(builder, _hsum8(builder, lanes), d, sums[j])
-                    return _tuple(context, builder, [sums[j] for j in range(n_rows)], n_rows)
-
                 zero8 = ir.Constant(V8F, [0.0] * 8)
                 acc = _Accumulators(builder, n_rows, zero8)
                 if layout.accumulate == "pairs":
@@ -464,6 +452,64 @@ def _plane_products(builder, planes, xp):
 _dot_row_block32 = _dot_row_block32_with(_block_planes, _plane_products)
 
 
+def _row_sums8(builder, vectors):
+    """One 8-lane vector whose lane k is the sum of vectors[k]'s lanes (k < 8): pairwise, as phadd does. The
+    lanes hold integers (or floats of exact integers), so any order gives the same sums."""
+    add = builder.add if isinstance(vectors[0].type.element, ir.IntType) else builder.fadd
+
+    def pairs(a, b, first, second):
+        return add(builder.shuffle_vector(a, b, ir.Constant(V8I, first)),
+                   builder.shuffle_vector(a, b, ir.Constant(V8I, second)))
+
+    even, odd = [0, 2, 8, 10, 4, 6, 12, 14], [1, 3, 9, 11, 5, 7, 13, 15]
+    level = [pairs(vectors[k], vectors[k + 1], even, odd) for k in range(0, 8, 2)]
+    level = [pairs(level[k], level[k + 1], even, odd) for k in (0, 2)]
+    return pairs(level[0], level[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+
+
+def _dot_rows8_with(decode_block, row_lanes):
+    """llama.cpp's repacked 8x8 gemv / gemm (ggml_gemv/gemm_q4_0_8x8_q8_0, _mxfp4_8x8_q8_0): the 8 weight rows at
+    data[row_offset + k * row_bytes] with input rows t..t+n_rows-1 of (xq, xd). Per block, lane k gets weight row
+    k's exact integer sum (row_lanes' 8 partial sums, reduced by _row_sums8) and acc = fma(sums, d_w * d_x, acc),
+    d_w the 8 rows' scales: one fma chain per output, as ggml's kernels keep them. Results: weight row k . input
+    row t + j at j * 8 + k."""
+    def build(layout, n_rows):
+        def typer(typingctx, data, row_offset, row_bytes, n_blocks, xq, xd, t):
+            def codegen(context, builder, signature, args):
+                data_a, row_off, stride_v, nb_v, xq_a, xd_a, t_v = args
+                data_t, _, _, _, xq_t, xd_t, _ = signature.args
+                first = _element_ptr(context, builder, data_t, data_a, row_off)
+                row_ptrs = [builder.gep(first, [builder.mul(_i64(builder, stride_v), ir.Constant(I64, k))])
+                            for k in range(8)]
+                rows = [builder.add(_i64(builder, t_v), ir.Constant(I64, j)) for j in range(n_rows)]
+                acc = _Accumulators(builder, n_rows, ir.Constant(V8F, [0.0] * 8))
+                with cgutils.for_range(builder, _i64(builder, nb_v)) as loop:
+                    b = loop.index
+                    at = builder.mul(b, ir.Constant(I64, layout.block_bytes))
+                    block_ptrs = [builder.gep(p, [at]) for p in row_ptrs]
+                    decoded = [decode_block(builder, p, layout) for p in block_ptrs]
+                    d_w = ir.Constant(V8F, ir.Undefined)
+                    for k, p in enumerate(block_ptrs):
+                        d_w = builder.insert_element(d_w, _load_scale(builder, p, layout), ir.Constant(I32, k))
+                    o = builder.mul(b, ir.Constant(I64, 32))
+                    for j, row in enumerate(rows):
+                        xp = _element_ptr(context, builder, xq_t, xq_a, row, o)
+                        sums = _row_sums8(builder, [row_lanes(builder, w, xp) for w in decoded])
+                        if sums.type != V8F:
+                            sums = builder.sitofp(sums, V8F)
+                        d_x = builder.load(_element_ptr(context, builder, xd_t, xd_a, row, b))
+                        acc[j] = _fma8(builder, sums, builder.fmul(d_w, _splat(builder, d_x)), acc[j])
+                values = [_lane(builder, acc[j], k) for j in range(n_rows) for k in range(8)]
+                return _tuple(context, builder, values, 8 * n_rows)
+
+            return types.UniTuple(types.float32, 8 * n_rows)(data, row_offset, row_bytes, n_blocks, xq, xd, t), codegen
+        return intrinsic(typer)
+    return build
+
+
+_dot_rows8 = _dot_rows8_with(_block_planes, _plane_products)
+
+
 # ---- the same dot on AVX2's integer instructions ---------------------------------------------------
 
 def _block_bytes(builder, block_ptr, layout):
@@ -494,18 +540,23 @@ def _avx2_weights(builder, block_ptr, layout):
     return w, (_x86(builder, "llvm.x86.avx2.psign.b", V32B, [w, w]) if signed else w), signed
 
 
-def _avx2_products(builder, decoded, xp):
+def _avx2_lane_sums(builder, decoded, xp):
     """ggml's own sequence on int8 inputs in value order: maddubs (|w| against sign-adjusted x for
-    signed types), madd with ones, convert."""
+    signed types), madd with ones: <8 x i32>."""
     w, w_abs, signed = decoded
     x = builder.load(builder.bitcast(xp, V32B.as_pointer()), align=1)
     if signed:
         x = _x86(builder, "llvm.x86.avx2.psign.b", V32B, [x, w])
     pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, [w_abs, x])
-    return builder.sitofp(_x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, ir.Constant(V16S, [1] * 16)]), V8F)
+    return _x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, ir.Constant(V16S, [1] * 16)])
+
+
+def _avx2_products(builder, decoded, xp):
+    return builder.sitofp(_avx2_lane_sums(builder, decoded, xp), V8F)
 
 
 _dot_row_block32_avx2 = _dot_row_block32_with(_avx2_weights, _avx2_products)
+_dot_rows8_avx2 = _dot_rows8_with(_avx2_weights, _avx2_lane_sums)
 
 
 # ---- attention: many dots against one vector, ggml_v_expf ------------------------------------------
@@ -603,7 +654,6 @@ dot_row_q5_0_1, dot_row_q5_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_0"], 1), _DOT_ROW(
 dot_row_q5_1_1, dot_row_q5_1_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 4)
 dot_row_q8_0_1, dot_row_q8_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 4)
 dot_row_mxfp4_1, dot_row_mxfp4_4 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 1), _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 4)
-dot_row_q4_0r_1 = _DOT_ROW(BLOCK32_LAYOUTS["q4_0_repacked"], 1)
-dot_row_q4_0r_4 = _DOT_ROW(BLOCK32_LAYOUTS["q4_0_repacked"], 4)
-dot_row_mxfp4r_1 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4_repacked"], 1)
-dot_row_mxfp4r_4 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4_repacked"], 4)
+_DOT_ROWS8 = _dot_rows8_avx2 if HAVE_AVX2 else _dot_rows8
+dot_rows8_q4_0_1, dot_rows8_q4_0_4 = _DOT_ROWS8(BLOCK32_LAYOUTS["q4_0"], 1), _DOT_ROWS8(BLOCK32_LAYOUTS["q4_0"], 4)
+dot_rows8_mxfp4_1, dot_rows8_mxfp4_4 = _DOT_ROWS8(BLOCK32_LAYOUTS["mxfp4"], 1), _DOT_ROWS8(BLOCK32_LAYOUTS["mxfp4"], 4)
