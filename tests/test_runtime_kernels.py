@@ -184,20 +184,21 @@ def test_portable_repacked_dot_equals_the_avx2_one(name):
     qtype = T[name.upper()]
     data, x, prepared, lanes = avx2_and_portable_inputs(qtype, 16, 224)
     layout = simd.BLOCK32_LAYOUTS[name]
-    portable, avx2 = simd._dot_rows8(layout, 1), simd._dot_rows8_avx2(layout, 1)
+    portable = simd._dot_row_block32(layout, 1, weight_rows=8)
+    avx2 = simd._dot_row_block32_avx2(layout, 1, weight_rows=8)
 
     @njit
-    def both(data, row_bytes, n_blocks, xq8, xq, xd, out):
+    def both(data, row_bytes, n_blocks, xq8, xq, xd, xs, out):
         for g in range(2):
             for t in range(out.shape[1]):
                 so = np.uint64(8 * g * row_bytes)
-                sums = portable(data, so, np.uint64(row_bytes), n_blocks, xq, xd, t)
-                sums8 = avx2(data, so, np.uint64(row_bytes), n_blocks, xq8, xd, t)
+                sums = portable(data, so, n_blocks, xq, xd, xs, t)
+                sums8 = avx2(data, so, n_blocks, xq8, xd, xs, t)
                 for k in range(8):
                     out[0, t, 8 * g + k], out[1, t, 8 * g + k] = sums[k], sums8[k]
 
     out = np.empty((2, 5, 16), np.float32)
-    both(data, data.size // 16, 224 // 32, prepared.xq, lanes, prepared.xd, out)
+    both(data, data.size // 16, 224 // 32, prepared.xq, lanes, prepared.xd, prepared.xs, out)
     assert np.array_equal(out[0], out[1])
     assert np.array_equal(out[1], run_matmul(qtype, data, 16, x))
 

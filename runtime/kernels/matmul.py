@@ -483,22 +483,22 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
 
 
 @njit(inline="always", **EXACT)
-def dot_rows8_repacked(qtype, data, so, row_bytes, n_blocks, xq, xd, t, out, r):
-    """out[t:t+4, r:r+8] (or out[t, r:r+8] when t + 4 > rows) = the 8 weight rows at data[so], data[so + row_bytes],
-    ... . xq rows, summed as llama.cpp's repacked kernels sum them; returns the input rows done."""
+def dot_rows8_repacked(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
+    """out[t:t+4, r:r+8] (or out[t, r:r+8] when t + 4 > rows) = the 8 weight rows from data[so] on . xq rows,
+    summed as llama.cpp's repacked kernels sum them; returns the input rows done."""
     if t + 4 <= xq.shape[0]:
         if qtype == Q4_0_REPACKED:
-            sums = dot_rows8_q4_0_4(data, so, row_bytes, n_blocks, xq, xd, t)
+            sums = dot_rows8_q4_0_4(data, so, n_blocks, xq, xd, xs, t)
         else:
-            sums = dot_rows8_mxfp4_4(data, so, row_bytes, n_blocks, xq, xd, t)
+            sums = dot_rows8_mxfp4_4(data, so, n_blocks, xq, xd, xs, t)
         for j in range(4):
             for k in range(8):
                 out[t + j, r + k] = sums[j * 8 + k]
         return 4
     if qtype == Q4_0_REPACKED:
-        one = dot_rows8_q4_0_1(data, so, row_bytes, n_blocks, xq, xd, t)
+        one = dot_rows8_q4_0_1(data, so, n_blocks, xq, xd, xs, t)
     else:
-        one = dot_rows8_mxfp4_1(data, so, row_bytes, n_blocks, xq, xd, t)
+        one = dot_rows8_mxfp4_1(data, so, n_blocks, xq, xd, xs, t)
     for k in range(8):
         out[t, r + k] = one[k]
     return 1
@@ -528,7 +528,7 @@ def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, e
             while t < t1 - t0:
                 so = offset + U(i) * row_bytes
                 if repacked:
-                    t += dot_rows8_repacked(qtype, buf, so, row_bytes, n_blocks, gq, gd, t, g_out, column + i)
+                    t += dot_rows8_repacked(qtype, buf, so, n_blocks, gq, gd, gs, t, g_out, column + i)
                 else:
                     t += dot_row_block32(qtype, buf, so, n_blocks, gq, gd, gs, t, g_out, column + i)
     leave(counter)

@@ -73,6 +73,11 @@ def _fma1(builder, a, b, c):
     return builder.call(fn, [a, b, c])
 
 
+def _input_rows(builder, t, n_rows):
+    """The row indices t, t + 1, ..., t + n_rows - 1 (i64) of the input rows a kernel dots at once."""
+    return [builder.add(_i64(builder, t), ir.Constant(I64, j)) for j in range(n_rows)]
+
+
 def _lane(builder, v, i):
     return builder.extract_element(v, ir.Constant(I32, i))
 
@@ -148,7 +153,7 @@ def _dot_lanes8_pair(n_rows):
             first = _row_base(context, builder, data_t, data_a, dec_t, dec_a, from_dec, off_v)
             bases = [first, builder.gep(first, [_i64(builder, stride_v)])]
             n = _i64(builder, builder.extract_value(context.make_array(x_t)(context, builder, x_a).shape, 1))
-            rows = [builder.add(_i64(builder, t_v), ir.Constant(I64, j)) for j in range(n_rows)]
+            rows = _input_rows(builder, t_v, n_rows)
             acc = _Accumulators(builder, 2 * n_rows, ir.Constant(V8F, [0.0] * 8))
             with cgutils.for_range(builder, builder.udiv(n, ir.Constant(I64, 8))) as loop:
                 o = builder.mul(loop.index, ir.Constant(I64, 8))
@@ -167,7 +172,7 @@ def _dot_lanes8_pair(n_rows):
 def _sums_4x8(context, builder, load_w, x_t, x_a, t_v, n_v, n_rows):
     """ggml_vec_dot_f32 / f16's main part for input rows t..t+n_rows-1 sharing each load_w(offset, j) (the
     weights' 8 floats at offset + 8 j): four 8-lane accumulators per row over steps of 32, reduce4x8."""
-    rows = [builder.add(_i64(builder, t_v), ir.Constant(I64, j)) for j in range(n_rows)]
+    rows = _input_rows(builder, t_v, n_rows)
     acc = _Accumulators(builder, 4 * n_rows, ir.Constant(V8F, [0.0] * 8))
     with cgutils.for_range(builder, builder.udiv(_i64(builder, n_v), ir.Constant(I64, 32))) as loop:
         o = builder.mul(loop.index, ir.Constant(I64, 32))
@@ -271,7 +276,7 @@ class Block32Layout:
 
     scale: "f16" (an fp16 d at byte 0) or "e8m0_half" (MXFP4: a byte e, d = 2^(e - 128), the values doubled).
     lut: the 16 signed values a nibble indexes (MXFP4), else nibbles are values (minus value_offset).
-    accumulate: how vec_dot sums block products for the type (the repacked kernels' order is _dot_rows8_with's):
+    accumulate: how vec_dot sums block products for the type (the repacked kernels' order is _repacked_dots'):
       "lanes"       acc = fma(d_w * d_x, lanes, acc) over blocks, then hsum8 (ggml_vec_dot_q*_q8_*);
       "pairs"       the same with even and odd blocks in two accumulators, hsum8(acc0 + acc1), and a last odd
                     block added as fma(d_w * d_x, its integer sum, total) (ggml_vec_dot_mxfp4_q8_0, AVX2).
@@ -379,17 +384,24 @@ def _block_planes(builder, block_ptr, layout):
 def _dot_row_block32_with(decode_block, row_lanes):
     """ggml's dot of the weight row at data[row_offset] (n_blocks blocks, decoded in registers) with input
     rows t..t+n_rows-1 of (xq, xd, xs): per block, decode_block(builder, block_ptr, layout) once and
-    row_lanes(builder, decoded, x_ptr) -> <8 x float> per row (exact integer sums of 4 products each), summed
-    as layout.accumulate says, plus the m_w * s_x sum for types with a min."""
-    def build(layout, n_rows):
+    row_lanes(builder, decoded, x_ptr) -> 8 lanes per row (<8 x i32> or <8 x float>: exact integer sums of 4
+    products each), summed as layout.accumulate says, plus the m_w * s_x sum for types with a min. With
+    weight_rows=8: the 8 rows from data[row_offset] on, in llama.cpp's repacked order (_repacked_dots); results
+    weight row k . input row t + j at j * 8 + k."""
+    def build(layout, n_rows, weight_rows=1):
+        n_results = n_rows * weight_rows
+
         def typer(typingctx, data, row_offset, n_blocks, xq, xd, xs, t):
             def codegen(context, builder, signature, args):
                 data_a, row_off, nb_v, xq_a, xd_a, xs_a, t_v = args
                 data_t, _, _, xq_t, xd_t, xs_t, _ = signature.args
                 row_ptr = _element_ptr(context, builder, data_t, data_a, row_off)
-                t_v = _i64(builder, t_v)
-                rows = [builder.add(t_v, ir.Constant(I64, j)) for j in range(n_rows)]
+                rows = _input_rows(builder, t_v, n_rows)
                 nb = _i64(builder, nb_v)
+                if weight_rows == 8:
+                    dots = _repacked_dots(context, builder, layout, (decode_block, row_lanes), row_ptr, nb, rows,
+                                          (xq_t, xq_a), (xd_t, xd_a))
+                    return _tuple(context, builder, dots, n_results)
 
                 def block(b):
                     """[(lanes, d_w * d_x) per row] of block b."""
@@ -399,7 +411,8 @@ def _dot_row_block32_with(decode_block, row_lanes):
                     o = builder.mul(b, ir.Constant(I64, 32))
                     terms = []
                     for row in rows:
-                        lanes = row_lanes(builder, decoded, _element_ptr(context, builder, xq_t, xq_a, row, o))
+                        lanes = _as_float(builder, row_lanes(builder, decoded,
+                                                             _element_ptr(context, builder, xq_t, xq_a, row, o)))
                         d_x = builder.load(_element_ptr(context, builder, xd_t, xd_a, row, b))
                         terms.append((lanes, builder.fmul(d_w, d_x)))
                     return terms, block_ptr
@@ -438,9 +451,40 @@ def _dot_row_block32_with(decode_block, row_lanes):
                 results = [builder.fadd(_hsum8(builder, acc[j]), summs[j]) for j in range(n_rows)]
                 return _tuple(context, builder, results, n_rows)
 
-            return types.UniTuple(types.float32, n_rows)(data, row_offset, n_blocks, xq, xd, xs, t), codegen
+            return types.UniTuple(types.float32, n_results)(data, row_offset, n_blocks, xq, xd, xs, t), codegen
         return intrinsic(typer)
     return build
+
+
+def _as_float(builder, lanes):
+    return builder.sitofp(lanes, V8F) if lanes.type != V8F else lanes
+
+
+def _repacked_dots(context, builder, layout, block_dot, row_ptr, n_blocks, rows, xq, xd):
+    """llama.cpp's repacked 8x8 gemv / gemm (ggml_gemv/gemm_q4_0_8x8_q8_0, _mxfp4_8x8_q8_0) for the 8 weight rows
+    from row_ptr on and the input rows `rows` of xq, xd ((type, array) pairs): per block, lane k gets weight row
+    k's exact integer sum (block_dot = (decode_block, row_lanes), whose 8 partial sums _row_sums8 adds up) and
+    acc = fma(sums, d_w * d_x, acc), d_w the 8 rows' scales: one fma chain per output, as ggml's kernels keep
+    them. Returns the dots, input row major."""
+    decode_block, row_lanes = block_dot
+    row_bytes = builder.mul(n_blocks, ir.Constant(I64, layout.block_bytes))
+    row_ptrs = [builder.gep(row_ptr, [builder.mul(row_bytes, ir.Constant(I64, k))]) for k in range(8)]
+    acc = _Accumulators(builder, len(rows), ir.Constant(V8F, [0.0] * 8))
+    with cgutils.for_range(builder, n_blocks) as loop:
+        b = loop.index
+        at = builder.mul(b, ir.Constant(I64, layout.block_bytes))
+        block_ptrs = [builder.gep(p, [at]) for p in row_ptrs]
+        decoded = [decode_block(builder, p, layout) for p in block_ptrs]
+        d_w = ir.Constant(V8F, ir.Undefined)
+        for k, p in enumerate(block_ptrs):
+            d_w = builder.insert_element(d_w, _load_scale(builder, p, layout), ir.Constant(I32, k))
+        o = builder.mul(b, ir.Constant(I64, 32))
+        for j, row in enumerate(rows):
+            xp = _element_ptr(context, builder, *xq, row, o)
+            sums = _as_float(builder, _row_sums8(builder, [row_lanes(builder, w, xp) for w in decoded]))
+            d_x = builder.load(_element_ptr(context, builder, *xd, row, b))
+            acc[j] = _fma8(builder, sums, builder.fmul(d_w, _splat(builder, d_x)), acc[j])
+    return [_lane(builder, acc[j], k) for j in range(len(rows)) for k in range(8)]
 
 
 def _plane_products(builder, planes, xp):
@@ -467,47 +511,6 @@ def _row_sums8(builder, vectors):
     return pairs(level[0], level[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
 
 
-def _dot_rows8_with(decode_block, row_lanes):
-    """llama.cpp's repacked 8x8 gemv / gemm (ggml_gemv/gemm_q4_0_8x8_q8_0, _mxfp4_8x8_q8_0): the 8 weight rows at
-    data[row_offset + k * row_bytes] with input rows t..t+n_rows-1 of (xq, xd). Per block, lane k gets weight row
-    k's exact integer sum (row_lanes' 8 partial sums, reduced by _row_sums8) and acc = fma(sums, d_w * d_x, acc),
-    d_w the 8 rows' scales: one fma chain per output, as ggml's kernels keep them. Results: weight row k . input
-    row t + j at j * 8 + k."""
-    def build(layout, n_rows):
-        def typer(typingctx, data, row_offset, row_bytes, n_blocks, xq, xd, t):
-            def codegen(context, builder, signature, args):
-                data_a, row_off, stride_v, nb_v, xq_a, xd_a, t_v = args
-                data_t, _, _, _, xq_t, xd_t, _ = signature.args
-                first = _element_ptr(context, builder, data_t, data_a, row_off)
-                row_ptrs = [builder.gep(first, [builder.mul(_i64(builder, stride_v), ir.Constant(I64, k))])
-                            for k in range(8)]
-                rows = [builder.add(_i64(builder, t_v), ir.Constant(I64, j)) for j in range(n_rows)]
-                acc = _Accumulators(builder, n_rows, ir.Constant(V8F, [0.0] * 8))
-                with cgutils.for_range(builder, _i64(builder, nb_v)) as loop:
-                    b = loop.index
-                    at = builder.mul(b, ir.Constant(I64, layout.block_bytes))
-                    block_ptrs = [builder.gep(p, [at]) for p in row_ptrs]
-                    decoded = [decode_block(builder, p, layout) for p in block_ptrs]
-                    d_w = ir.Constant(V8F, ir.Undefined)
-                    for k, p in enumerate(block_ptrs):
-                        d_w = builder.insert_element(d_w, _load_scale(builder, p, layout), ir.Constant(I32, k))
-                    o = builder.mul(b, ir.Constant(I64, 32))
-                    for j, row in enumerate(rows):
-                        xp = _element_ptr(context, builder, xq_t, xq_a, row, o)
-                        sums = _row_sums8(builder, [row_lanes(builder, w, xp) for w in decoded])
-                        if sums.type != V8F:
-                            sums = builder.sitofp(sums, V8F)
-                        d_x = builder.load(_element_ptr(context, builder, xd_t, xd_a, row, b))
-                        acc[j] = _fma8(builder, sums, builder.fmul(d_w, _splat(builder, d_x)), acc[j])
-                values = [_lane(builder, acc[j], k) for j in range(n_rows) for k in range(8)]
-                return _tuple(context, builder, values, 8 * n_rows)
-
-            return types.UniTuple(types.float32, 8 * n_rows)(data, row_offset, row_bytes, n_blocks, xq, xd, t), codegen
-        return intrinsic(typer)
-    return build
-
-
-_dot_rows8 = _dot_rows8_with(_block_planes, _plane_products)
 
 
 # ---- the same dot on AVX2's integer instructions ---------------------------------------------------
@@ -551,12 +554,7 @@ def _avx2_lane_sums(builder, decoded, xp):
     return _x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, ir.Constant(V16S, [1] * 16)])
 
 
-def _avx2_products(builder, decoded, xp):
-    return builder.sitofp(_avx2_lane_sums(builder, decoded, xp), V8F)
-
-
-_dot_row_block32_avx2 = _dot_row_block32_with(_avx2_weights, _avx2_products)
-_dot_rows8_avx2 = _dot_rows8_with(_avx2_weights, _avx2_lane_sums)
+_dot_row_block32_avx2 = _dot_row_block32_with(_avx2_weights, _avx2_lane_sums)
 
 
 # ---- attention: many dots against one vector, ggml_v_expf ------------------------------------------
@@ -654,6 +652,5 @@ dot_row_q5_0_1, dot_row_q5_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_0"], 1), _DOT_ROW(
 dot_row_q5_1_1, dot_row_q5_1_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 4)
 dot_row_q8_0_1, dot_row_q8_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 4)
 dot_row_mxfp4_1, dot_row_mxfp4_4 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 1), _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 4)
-_DOT_ROWS8 = _dot_rows8_avx2 if HAVE_AVX2 else _dot_rows8
-dot_rows8_q4_0_1, dot_rows8_q4_0_4 = _DOT_ROWS8(BLOCK32_LAYOUTS["q4_0"], 1), _DOT_ROWS8(BLOCK32_LAYOUTS["q4_0"], 4)
-dot_rows8_mxfp4_1, dot_rows8_mxfp4_4 = _DOT_ROWS8(BLOCK32_LAYOUTS["mxfp4"], 1), _DOT_ROWS8(BLOCK32_LAYOUTS["mxfp4"], 4)
+dot_rows8_q4_0_1, dot_rows8_q4_0_4 = (_DOT_ROW(BLOCK32_LAYOUTS["q4_0"], n, weight_rows=8) for n in (1, 4))
+dot_rows8_mxfp4_1, dot_rows8_mxfp4_4 = (_DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], n, weight_rows=8) for n in (1, 4))
