@@ -51,12 +51,12 @@ def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None,
         with open(plan.src, "rb") as fh, GGUFWriter(plan.dst, force=force, version=src.version) as w:
             _declare(w, src, plan)
             for action in plan.tensors:
-                t = src.tensor[action.name]
+                t = src.tensor[action.source]
                 if action.action == COPY:
                     w.copy_from(fh.fileno(), t.data_start, t.nbytes)
                     on_bytes(t.nbytes)
                 else:
-                    produced[t.name] = _convert(w, src, t, action.dst_type, on_bytes, chunk_values)
+                    produced[action.name] = _convert(w, src, t, action.dst_type, on_bytes, chunk_values)
             w.finish()
             result = (_verify(plan, src, produced, w.temp_path) if verify
                       else describe_output(w.temp_path, name=plan.dst))
@@ -69,14 +69,21 @@ def _declare(w: GGUFWriter, src: GGUFFile, plan: ShardPlan):
         if kv.key in edits.removed:
             continue
         if kv.key in edits.changes:
-            w.add_kv(kv.key, *edits.changes[kv.key])
+            _add_change(w, kv.key, edits.changes[kv.key])
         else:
             w.add_kv_record(kv)
-    for key, value in edits.changes.items():
+    for key, change in edits.changes.items():
         if key not in src.kv:
-            w.add_kv(key, *value)
+            _add_change(w, key, change)
     for a in plan.tensors:
         w.add_tensor_info(a.name, a.ne, a.dst_type, a.bytes_out)
+
+
+def _add_change(w: GGUFWriter, key, change):
+    if len(change) == 1:
+        w.add_kv_record(change[0])
+    else:
+        w.add_kv(key, *change)
 
 
 def _convert(w, src, t, dst_type, on_bytes, chunk_values) -> str:
@@ -106,7 +113,7 @@ def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str], path) -> S
 
     def compare_copy(t, offset, chunk):
         if actions[t.name].action == COPY:
-            s = src.tensor[t.name]
+            s = src.tensor[actions[t.name].source]
             n = os.preadv(src.fd, [memoryview(source)[:len(chunk)]], s.data_start + offset)
             if n != len(chunk) or not same_bytes(source, chunk, n):
                 raise RewriteError(f"{plan.dst}: copied tensor '{t.name}' differs from the source near byte "

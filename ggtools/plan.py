@@ -27,32 +27,52 @@ class TensorAction:
     reason: str
     bytes_in: int
     bytes_out: int
+    src_name: str | None = None     # the source tensor's name, when the output renames it
+
+    @property
+    def source(self) -> str:
+        return self.src_name or self.name
 
     @property
     def action(self) -> str:
         return COPY if self.src_type == self.dst_type else CONVERT
 
     def as_dict(self):
-        return {"name": self.name, "ne": list(self.ne), "action": self.action,
+        return {"name": self.name, "source": self.source, "ne": list(self.ne), "action": self.action,
                 "from": ggml_type_name(self.src_type), "to": ggml_type_name(self.dst_type),
                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "reason": self.reason}
 
 
-def copy_action(t: TensorInfo, reason: str) -> TensorAction:
-    return TensorAction(t.name, t.ne, t.type_id, t.type_id, reason, t.nbytes, t.nbytes)
+def copy_action(t: TensorInfo, reason: str, name: str | None = None) -> TensorAction:
+    """Copy t byte for byte (as `name` when given)."""
+    return TensorAction(name or t.name, t.ne, t.type_id, t.type_id, reason, t.nbytes, t.nbytes, _renamed(t, name))
 
 
-def convert_action(t: TensorInfo, dst_type: int, reason: str) -> TensorAction:
+def convert_action(t: TensorInfo, dst_type: int, reason: str, name: str | None = None) -> TensorAction:
+    """Convert t to dst_type (as `name` when given)."""
     if dst_type == t.type_id:
-        return copy_action(t, reason + " (already that type)")
+        return copy_action(t, reason + " (already that type)", name)
     out = row_bytes(dst_type, t.ne[0]) * t.n_rows
-    return TensorAction(t.name, t.ne, t.type_id, int(dst_type), reason, t.nbytes, out)
+    return TensorAction(name or t.name, t.ne, t.type_id, int(dst_type), reason, t.nbytes, out, _renamed(t, name))
+
+
+def _renamed(t: TensorInfo, name: str | None) -> str | None:
+    return t.name if name and name != t.name else None
+
+
+@dataclass(frozen=True)
+class KVRecord:
+    """A KV copied byte for byte out of another file (e.g. a target's tokenizer), which may be closed by now."""
+    key: str
+    vtype: VT
+    raw: bytes
+    value: object = None     # only read for general.alignment
 
 
 @dataclass
 class KVEdits:
     """Metadata changes: keys set in place (or appended when new) and keys removed."""
-    changes: dict[str, tuple] = field(default_factory=dict)   # key -> (value type, value, element type)
+    changes: dict[str, tuple] = field(default_factory=dict)   # key -> (value type, value, element type) | (KVRecord,)
     removed: set[str] = field(default_factory=set)
 
     def drop(self, key):
@@ -64,8 +84,15 @@ class KVEdits:
         self.changes[key] = (vtype, value, elem_type)
         self.removed.discard(key)
 
+    def copy(self, kv):
+        """Set kv's key to kv's record, byte for byte (kv: a parsed KV or a KVRecord)."""
+        value = kv.value if kv.key == "general.alignment" else None
+        self.changes[kv.key] = (KVRecord(kv.key, kv.vtype, bytes(kv.raw), value),)
+        self.removed.discard(kv.key)
+
     def record(self, key) -> bytes:
-        return encode_kv(key, *self.changes[key])
+        change = self.changes[key]
+        return change[0].raw if len(change) == 1 else encode_kv(key, *change)
 
     def __bool__(self):
         return bool(self.changes or self.removed)
@@ -106,7 +133,7 @@ class Plan:
 
     def shard_fingerprint(self, shard: ShardPlan) -> str:
         """Identifies what a shard's output must be: same fingerprint, same bytes."""
-        data = {"job": self.job, "src": os.path.basename(shard.src), "tensors": [asdict(a) for a in shard.tensors],
+        data = {"job": self.job, "src": os.path.basename(shard.src), "tensors": [_fields(a) for a in shard.tensors],
                 "kv_set": {k: shard.kv_edits.record(k).hex() for k in sorted(shard.kv_edits.changes)},
                 "kv_remove": sorted(shard.kv_edits.removed)}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()
@@ -128,3 +155,8 @@ class Plan:
                 e[1] += a.bytes_in
                 e[2] += a.bytes_out
         return out
+
+
+def _fields(a: TensorAction) -> dict:
+    # src_name only when set, so that fingerprints of plans without renames stay what they were
+    return {k: v for k, v in asdict(a).items() if k != "src_name" or v is not None}

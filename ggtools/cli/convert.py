@@ -85,3 +85,42 @@ def _show(plan, as_json, quiet):
 def _warn(warnings):
     for w in warnings:
         click.echo(f"warning: {w}", err=True)
+
+
+@command.command("gguf-layout")
+@click.argument("draft", type=click.Path(exists=True, dir_okay=False))
+@click.option("--to", "to", required=True, type=click.Choice(PROFILES), help="The layout to move the drafter to.")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output GGUF.")
+@click.option("--target", type=click.Path(exists=True, dir_okay=False),
+              help="The target GGUF: its tokenizer, which the llama.cpp layout carries (needed when the drafter has "
+                   "none).")
+@click.option("--dry-run", is_flag=True, help="Print the plan (each tensor copied or converted, and why); write "
+                                              "nothing.")
+@click.option("--force", is_flag=True, help="Overwrite an existing output.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable plan.")
+def gguf_layout(draft, to, out, target, dry_run, force, as_json):
+    """Move a DFlash drafter GGUF to another runtime's layout: arch, key names, tensor names, where the mask id
+    lives and the target-layer id convention (llama.cpp: HF id + 1; lucebox: HF id). Tensors are byte-copied where
+    the destination's runtime takes their encoding and converted otherwise; the plan says which, and why.
+    Values are moved as they are: to check and repair them, use `ggtools doctor` (`--fix --to` does both).
+
+    \b
+    Examples:
+      ggtools convert gguf-layout draft-lucebox.gguf --to llama.cpp --target Qwen3.5-27B.gguf -o draft.gguf
+      ggtools convert gguf-layout dflash.gguf --to lucebox -o draft-lucebox.gguf --dry-run
+    """
+    from ggtools.jobs.doctor import move_layout
+    plan, notes = move_layout(draft, out, to, target=target, force=force, dry_run=dry_run)
+    if as_json:
+        emit_json(plan.as_dict() | {"notes": notes, "written": None if dry_run else out})
+        return
+    if dry_run:
+        show_plan(plan)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    if not dry_run:
+        actions = plan.shards[0].tensors
+        converted = sorted({a.reason for a in actions if a.action == "convert"})
+        n_conv = sum(a.action == "convert" for a in actions)
+        click.echo(f"wrote {out} ({to} layout): {len(actions) - n_conv} tensors byte-copied, {n_conv} converted"
+                   + (f" ({'; '.join(converted)})" if converted else ""))

@@ -4,18 +4,11 @@ import json
 
 import click
 
+from ggtools.byte_sizes import human_bytes  # noqa: F401  (re-exported for the commands)
+
 
 def emit_json(data):
     click.echo(json.dumps(data, indent=1, ensure_ascii=False))
-
-
-def human_bytes(n) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
 
 
 def table(rows, headers, align=None) -> str:

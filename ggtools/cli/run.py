@@ -2,15 +2,13 @@ import sys
 
 import click
 
+from ggtools.cli.draft_options import draft_options, draft_options_given, draft_setup
 from ggtools.cli.render import emit_json, human_bytes
+from ggtools.dflash.profiles import LLAMACPP
 from ggtools.dflash.target import OpenTarget
 from ggtools.runtime.generate import run
 from ggtools.runtime.spec_run import run_speculative
-from ggtools.runtime.speculative import DraftSettings
 from ggtools.runtime.stats import DEFINITIONS
-
-DEFAULT_RING_CAP = 4096     # lucebox's default draft context (draft_ctx_max)
-
 
 def _parse_ids(text: str) -> list[int]:
     try:
@@ -25,13 +23,7 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--prompt", help="Prompt text, tokenized with the GGUF's own vocabulary (special tokens parsed).")
 @click.option("--prompt-ids", help="Prompt as token ids, e.g. '1,415,2936' (any vocabulary).")
 @click.option("-n", "--n-predict", "n", default=64, show_default=True, type=click.IntRange(min=0), help="Tokens to generate.")
-@click.option("--ring-cap", type=click.IntRange(min=1), help=f"Draft KV: a ring of N context slots (default {DEFAULT_RING_CAP}).")
-@click.option("--full-kv", is_flag=True, help="Draft KV: keep every committed position.")
-@click.option("--n-max", type=click.IntRange(min=0), help="Drafts per step (default: block size - 1).")
-@click.option("--cut", type=click.Choice(["none", "prob", "margin"]), default="none", show_default=True,
-              help="Early cut: prob = stop at p(top1) < P (llama.cpp); margin = stop at top1 - top2 < 3*P (DFlash2: lattice scores).")
-@click.option("--p-min", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Threshold P of the cut.")
-@click.option("--n-min", type=click.IntRange(min=0), default=0, show_default=True, help="Fewer surviving drafts than this: offer none (llama.cpp).")
+@draft_options
 @click.option("--min-acceptance", type=click.FloatRange(0, 1), help="Exit 1 when acceptance (accepted/drafted) is below this.")
 @click.option("--no-baseline", is_flag=True, help="Skip target-only decoding (no speedup, no output check).")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
@@ -58,20 +50,17 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
         raise click.UsageError("give exactly one of --prompt and --prompt-ids")
     ids = _parse_ids(prompt_ids) if prompt_ids is not None else None
     if draft is None:
-        if ring_cap or full_kv or n_max is not None or cut != "none" or min_acceptance is not None:
+        if draft_options_given(ring_cap, full_kv, n_max, cut) or min_acceptance is not None:
             raise click.UsageError("--ring-cap, --full-kv, --n-max, --cut and --min-acceptance need --draft")
         _show_target_only(run(target, prompt=prompt, prompt_ids=ids, n=n, threads=threads,
                               stop_at_eog=not ignore_eos), as_json)
         return
-    if ring_cap and full_kv:
-        raise click.UsageError("give at most one of --ring-cap and --full-kv")
     warnings = _pair_warnings(target)
     if not as_json:
         for w in warnings:
             click.echo(f"warning: {w}", err=True)
-    result = run_speculative(target, draft, [prompt if ids is None else ids], n,
-                             ring_cap=None if full_kv else (ring_cap or DEFAULT_RING_CAP),
-                             settings=DraftSettings(n_max=n_max, cut=cut, p_min=p_min, n_min=n_min),
+    ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
+    result = run_speculative(target, draft, [prompt if ids is None else ids], n, ring_cap=ring_cap, settings=settings,
                              threads=threads, stop_at_eog=not ignore_eos, compare=not no_baseline)
     failures = _failures(result, min_acceptance, no_baseline)
     if as_json:
@@ -84,7 +73,7 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
 def _pair_warnings(target) -> list[str]:
     """What keeps this pair from running elsewhere though it runs here (this runtime taps every target arch)."""
     with OpenTarget(target) as t:
-        if t.arch and not t.exposes_layer_inputs:
+        if t.arch and t.arch not in LLAMACPP.tap_archs:
             return [f"target arch '{t.arch}' does not expose layer inputs in llama.cpp (DFlash aborts there with "
                     "\"layer input tensor is null\"); this runtime runs the pair"]
     return []

@@ -31,9 +31,9 @@ def command(paths, pair, deep, as_json, write_manifest, manifest, jobs):
       ggtools validate --pair Qwen3-8B-Q8_0.gguf dflash-draft.gguf
     """
     if pair:
-        from ggtools.cli.pair import show_pair_report
-        from ggtools.jobs.pair import pair_check
-        show_pair_report(pair_check(*pair), *pair, as_json)
+        from ggtools.cli.doctor import show_report
+        from ggtools.jobs.doctor import pair_check
+        show_report(pair_check(*pair), as_json, ok_line="pair OK")
     if not paths:
         raise click.UsageError("give at least one PATH (or --pair TARGET DRAFT)")
     if write_manifest and manifest:

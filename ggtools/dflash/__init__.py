@@ -7,7 +7,13 @@
 - tensors.py      TensorJob (one output tensor) and its chunked encoding
 - metadata.py     KVList (ordered KVs) and the general.* keys llama.cpp's converter derives
 - target.py       what a drafter needs to know about its target GGUF
-- llamacpp.py     profile `llama.cpp` (arch dflash)
-- lucebox.py      profile `lucebox` (arch qwen35-dflash-draft)
-- loaders.py      llama.cpp's and lucebox's drafter loader rules and messages (pair-check)
+- profiles.py     the profile facts: arch names, key and tensor names, id convention, encodings, tap archs
+- llamacpp.py     the converter of profile `llama.cpp` (arch dflash)
+- lucebox.py      the converter of profile `lucebox` (arch qwen35-dflash-draft)
+- draftfile.py    DraftFile: a drafter GGUF read through its profile
+- findings.py     Finding / Effect: what doctor reports, per runtime
+- loaders.py      llama.cpp's and lucebox's drafter loader rules, quoting what each prints
+- pair_rules.py   the drafter + target rules, per runtime
+- source_check.py a drafter GGUF against its Hugging Face checkpoint (values and tensors)
+- rewrite.py      the KV edits and tensor actions that repair a drafter or move it to another layout
 """

@@ -1,6 +1,7 @@
-"""Profile `llama.cpp`: what llama.cpp's own converter (`convert_hf_to_gguf.py`, class DFlashModel at
-0c1e570) writes for a DFlash / DFlash2 checkpoint: arch `dflash`, its tensor names, dtype rules and keys in
-the same order, with the same types.
+"""The `llama.cpp` profile's converter: what llama.cpp's own converter (`convert_hf_to_gguf.py`, class
+DFlashModel at 0c1e570) writes for a DFlash / DFlash2 checkpoint: its dtype rules and keys in the same order,
+with the same types. The facts (arch, key and tensor names, id convention) come from the profile object `p`
+each function is given (profiles.LLAMACPP).
 
 Where ggtools deliberately differs: the tokenizer comes from the target GGUF (`tokenizer.*` copied verbatim)
 instead of the target's HF directory; the mask id may come from the config's top level or an explicit
@@ -8,54 +9,39 @@ override (the reference reads only dflash_config, leaving drafters that draft no
 target is recognised by `rope.dimension_sections` in its GGUF.
 """
 
-import re
-
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as VT
 from gguf import LlamaFileType
 
 from ggtools.dflash.checkpoint import Checkpoint
 from ggtools.dflash.config import DraftConfig
-from ggtools.dflash.metadata import KVList
+from ggtools.dflash.metadata import KVList, general_kvs
 from ggtools.dflash.safetensors import CheckpointError
 from ggtools.dflash.tensors import TensorJob
 
-ARCH = "dflash"
-MASK_KEY = "tokenizer.ggml.mask_token_id"
 OUTTYPES = {"f32": (T.F32, LlamaFileType.ALL_F32), "f16": (T.F16, LlamaFileType.MOSTLY_F16),
             "bf16": (T.BF16, LlamaFileType.MOSTLY_BF16), "q8_0": (T.Q8_0, LlamaFileType.MOSTLY_Q8_0)}
-
-NAMES = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight",
-         "norm.weight": "output_norm.weight", "embed_tokens.weight": "token_embd.weight",
-         "lm_head.weight": "output.weight",
-         "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
-         "candidate_selector.predecessor_codebook.weight": "selector_predecessor.weight",
-         "candidate_selector.successor_codebook.weight": "selector_successor.weight"}
-LAYER_NAMES = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-               "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "self_attn.q_norm.weight": "attn_q_norm.weight",
-               "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.gate_proj": "ffn_gate",
-               "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-               "attention_conv.base_kernel": "attn_conv_base",
-               "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
-               "mlp_conv.base_kernel": "ffn_conv_base", "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight"}
 ROPE_PERMUTED = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.q_norm.weight",
                  "self_attn.k_norm.weight")
-_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 
 
-def gguf_name(hf_name: str) -> str:
-    if hf_name in NAMES:
-        return NAMES[hf_name]
-    m = _LAYER.fullmatch(hf_name)
-    if m:
-        bid, rest = m.groups()
-        if rest in LAYER_NAMES:
-            return f"blk.{bid}.{LAYER_NAMES[rest]}"
-        base, _, suffix = rest.rpartition(".")
-        if base in LAYER_NAMES and suffix in ("weight", "bias"):
-            return f"blk.{bid}.{LAYER_NAMES[base]}.{suffix}"
-    raise CheckpointError("llama.cpp profile", f"cannot map tensor '{hf_name}'")
+def plan(p, ckpt: Checkpoint, cfg: DraftConfig, outtype: str, target, name):
+    """(resolved outtype, tensor jobs, metadata, notes) for profile p (the llama.cpp profile's facts)."""
+    resolved = auto_outtype(ckpt) if outtype == "auto" else outtype
+    jobs = plan_tensors(p, ckpt, cfg, resolved)
+    kvs = KVList()
+    general_kvs(kvs, p.arch, ckpt.path, name, sum(j.n_elements for j in jobs))
+    metadata(p, kvs, ckpt, cfg, OUTTYPES[resolved][1], target)
+    return resolved, jobs, kvs, []
+
+
+def plan_tensors(p, ckpt: Checkpoint, cfg: DraftConfig, outtype: str) -> list[TensorJob]:
+    return tensor_jobs(p, ckpt, cfg, auto_outtype(ckpt) if outtype == "auto" else outtype)
+
+
+def tensor_order(p, name: str) -> tuple:
+    """llama.cpp's converter writes tensors in HF name order (within one safetensors part)."""
+    return (p.hf_name(name) or name,)
 
 
 def auto_outtype(ckpt: Checkpoint) -> str:
@@ -66,14 +52,16 @@ def auto_outtype(ckpt: Checkpoint) -> str:
     return "f16"
 
 
-def tensor_jobs(ckpt: Checkpoint, cfg: DraftConfig, outtype: str) -> list[TensorJob]:
+def tensor_jobs(p, ckpt: Checkpoint, cfg: DraftConfig, outtype: str) -> list[TensorJob]:
     want = OUTTYPES[outtype][0]
     permute = not ckpt.config.get("rope_is_neox_style", True)
     jobs = []
     for hf_name, src in ckpt.tensors.items():
         if hf_name == "embed_tokens.weight" and not ckpt.config.get("has_embed_tokens", True):
             continue
-        name = gguf_name(hf_name)
+        name = p.gguf_name(hf_name)
+        if name is None:
+            raise CheckpointError(src.path, "the llama.cpp profile has no place for it", f"tensor '{src.name}'")
         dst, reason = _type(name, src.shape, want)
         head_dim = cfg.head_dim if permute and hf_name.endswith(ROPE_PERMUTED) else None
         jobs.append(TensorJob(src, name, dst, reason, permute_head_dim=head_dim))
@@ -90,23 +78,19 @@ def _type(name, shape, want) -> tuple[T, str]:
     return want, f"outtype {want.name}"
 
 
-def file_type(outtype: str) -> LlamaFileType:
-    return OUTTYPES[outtype][1]
-
-
-def metadata(kvs: KVList, ckpt: Checkpoint, cfg: DraftConfig, ftype: LlamaFileType, target) -> KVList:
+def metadata(p, kvs: KVList, ckpt: Checkpoint, cfg: DraftConfig, ftype: LlamaFileType, target) -> KVList:
     """Everything after the general.* keys, in the converter's order: TextModel hparams, file type, the
     DFlash keys, the quantization version, then the target's tokenizer and the mask id."""
     h, dc = ckpt.config, ckpt.dflash_config
     rope = rope_parameters(h)
-    _text_model_hparams(kvs, h, rope, ftype)
-    _dflash_hparams(kvs, h, dc, rope, cfg, target)
+    _text_model_hparams(kvs, p.key, h, rope, ftype)
+    _dflash_hparams(kvs, p, h, dc, rope, cfg, target)
     kvs.put("general.quantization_version", VT.UINT32, 2)
     if target is not None:
         for kv in target.tokenizer_kvs:
             kvs.copy(kv)
     if cfg.mask_token_id is not None:
-        kvs.put(MASK_KEY, VT.UINT32, cfg.mask_token_id)
+        kvs.put(p.key("mask"), VT.UINT32, cfg.mask_token_id)
     return kvs
 
 
@@ -138,15 +122,16 @@ def _find(h, keys):
 
 
 def _u32(kvs, key, value):
-    kvs.put(f"{ARCH}.{key}", VT.UINT32, int(value))
+    kvs.put(key, VT.UINT32, int(value))
 
 
 def _f32(kvs, key, value):
-    kvs.put(f"{ARCH}.{key}", VT.FLOAT32, float(value))
+    kvs.put(key, VT.FLOAT32, float(value))
 
 
-def _text_model_hparams(kvs, h, rope, ftype):
-    _u32(kvs, "block_count", _find(h, ("n_layers", "num_hidden_layers", "n_layer", "num_layers")))
+def _text_model_hparams(kvs, k, h, rope, ftype):
+    """k: the profile's key namer."""
+    _u32(kvs, k("block_count"), _find(h, ("n_layers", "num_hidden_layers", "n_layer", "num_layers")))
     for key, names in (
             ("context_length", ("max_position_embeddings", "n_ctx", "n_positions", "max_length",
                                 "max_sequence_length", "model_max_length")),
@@ -156,81 +141,82 @@ def _text_model_hparams(kvs, h, rope, ftype):
             ("attention.head_count", ("num_attention_heads", "n_head", "n_heads")),
             ("attention.head_count_kv", ("num_key_value_heads", "n_kv_heads"))):
         if (v := _find(h, names)) is not None:
-            _u32(kvs, key, v)
+            _u32(kvs, k(key), v)
     if h.get("is_causal") is False:
-        kvs.put(f"{ARCH}.attention.causal", VT.BOOL, False)
+        kvs.put(k("attention.causal"), VT.BOOL, False)
     rp = rope.get("full_attention", rope)
-    _rope_scaling(kvs, rp)
+    _rope_scaling(kvs, k, rp)
     if "mrope_section" in rope:
         sections = (list(rope["mrope_section"]) + [0, 0, 0, 0])[:4]
-        kvs.put(f"{ARCH}.rope.dimension_sections", VT.ARRAY, sections, VT.INT32)
+        kvs.put(k("rope.dimension_sections"), VT.ARRAY, sections, VT.INT32)
     if (theta := rp.get("rope_theta")) is not None:
-        _f32(kvs, "rope.freq_base", theta)
+        _f32(kvs, k("rope.freq_base"), theta)
     if (local := rope.get("sliding_attention", {}).get("rope_theta")) is not None:
-        _f32(kvs, "rope.freq_base_swa", local)
+        _f32(kvs, k("rope.freq_base_swa"), local)
     if (eps := _find(h, ("rms_norm_eps", "norm_eps"))) is not None:
-        _f32(kvs, "attention.layer_norm_rms_epsilon", eps)
+        _f32(kvs, k("attention.layer_norm_rms_epsilon"), eps)
     if (eps := _find(h, ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"))) is not None:
-        _f32(kvs, "attention.layer_norm_epsilon", eps)
+        _f32(kvs, k("attention.layer_norm_epsilon"), eps)
     if _find(h, ("num_local_experts", "num_experts", "n_routed_experts")) is not None:
         raise CheckpointError("config.json", "a mixture-of-experts drafter is not a DFlash v1/v2 drafter",
                               "num_experts")
     if (head_dim := h.get("head_dim")) is not None:
-        _u32(kvs, "attention.key_length", head_dim)
-        _u32(kvs, "attention.value_length", head_dim)
+        _u32(kvs, k("attention.key_length"), head_dim)
+        _u32(kvs, k("attention.value_length"), head_dim)
     kvs.put("general.file_type", VT.UINT32, int(ftype))
 
 
-def _rope_scaling(kvs, rp):
+def _rope_scaling(kvs, k, rp):
     rope_type, factor = rp.get("rope_type"), rp.get("factor")
     if rope_type == "linear" and factor is not None:
-        kvs.put(f"{ARCH}.rope.scaling.type", VT.STRING, "linear")
-        _f32(kvs, "rope.scaling.factor", factor)
+        kvs.put(k("rope.scaling.type"), VT.STRING, "linear")
+        _f32(kvs, k("rope.scaling.factor"), factor)
     elif rope_type == "yarn" and factor is not None:
-        kvs.put(f"{ARCH}.rope.scaling.type", VT.STRING, "yarn")
-        _f32(kvs, "rope.scaling.factor", factor)
+        kvs.put(k("rope.scaling.type"), VT.STRING, "yarn")
+        _f32(kvs, k("rope.scaling.factor"), factor)
         if "original_max_position_embeddings" not in rp:
             raise CheckpointError("config.json", "YaRN rope scaling needs original_max_position_embeddings",
                                   "rope_scaling")
-        _u32(kvs, "rope.scaling.original_context_length", rp["original_max_position_embeddings"])
+        _u32(kvs, k("rope.scaling.original_context_length"), rp["original_max_position_embeddings"])
         for key, value in (("yarn_ext_factor", rp.get("extrapolation_factor")),
                            ("yarn_attn_factor", rp.get("attention_factor", rp.get("attn_factor"))),
                            ("yarn_beta_fast", rp.get("beta_fast")), ("yarn_beta_slow", rp.get("beta_slow"))):
             if value is not None:
-                _f32(kvs, f"rope.scaling.{key}", value)
+                _f32(kvs, k(f"rope.scaling.{key}"), value)
     elif rope_type in ("su", "longrope"):
-        kvs.put(f"{ARCH}.rope.scaling.type", VT.STRING, "longrope")
+        kvs.put(k("rope.scaling.type"), VT.STRING, "longrope")
 
 
-def _dflash_hparams(kvs, h, dc, rope, cfg: DraftConfig, target):
+def _dflash_hparams(kvs, p, h, dc, rope, cfg: DraftConfig, target):
+    k = p.key
     head_dim = h.get("head_dim") or h["hidden_size"] // h["num_attention_heads"]
     if (partial := rope.get("partial_rotary_factor")) is not None:
-        _u32(kvs, "rope.dimension_count", int(head_dim * partial))
+        _u32(kvs, k("rope.dimension_count"), int(head_dim * partial))
     if (value_scale := dc.get("attention_value_scale")) is not None:
-        _f32(kvs, "attention.value_scale", value_scale)
-    _u32(kvs, "block_size", cfg.block_size)
+        _f32(kvs, k("attention.value_scale"), value_scale)
+    _u32(kvs, k("block_size"), cfg.block_size)
     if cfg.v2:
         for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
-            _u32(kvs, key, cfg.v2[key])
+            _u32(kvs, k(key), cfg.v2[key])
     if (mult := dc.get("output_multiplier", h.get("output_multiplier"))) is not None:
-        _f32(kvs, "logit_scale", mult)
+        _f32(kvs, k("logit_scale"), mult)
     softcap = dc.get("final_logit_softcapping", h.get("final_logit_softcapping"))
     if softcap is not None and float(softcap) > 0:
-        _f32(kvs, "final_logit_softcapping", softcap)
+        _f32(kvs, k("final_logit_softcapping"), softcap)
     if (scale := dc.get("input_embedding_scale", h.get("input_embedding_scale"))) is not None:
-        _f32(kvs, "embedding_scale", scale)
-    kvs.put(f"{ARCH}.target_layers", VT.ARRAY, [i + 1 for i in cfg.target_layer_ids], VT.INT32)
-    _sliding_window(kvs, h, dc, cfg)
+        _f32(kvs, k("embedding_scale"), scale)
+    kvs.put(k("target_ids"), VT.ARRAY, p.stored_ids(cfg.target_layer_ids), VT.INT32)
+    _sliding_window(kvs, k, h, dc, cfg)
     causal = h.get("is_causal")
     if causal is None:
         causal = dc.get("causal")
     if causal is not None:
-        kvs.put(f"{ARCH}.attention.causal", VT.BOOL, bool(causal))
+        kvs.put(k("attention.causal"), VT.BOOL, bool(causal))
     if target is not None and target.uses_mrope:
-        kvs.put(f"{ARCH}.rope.dimension_sections", VT.ARRAY, [head_dim // 2, 0, 0, 0], VT.INT32)
+        kvs.put(k("rope.dimension_sections"), VT.ARRAY, [head_dim // 2, 0, 0, 0], VT.INT32)
 
 
-def _sliding_window(kvs, h, dc, cfg):
+def _sliding_window(kvs, k, h, dc, cfg):
     use = h.get("use_sliding_window", False) or dc.get("use_swa", False)
     window = dc.get("swa_window_size") or h.get("sliding_window")
     if not (use and window):
@@ -239,6 +225,6 @@ def _sliding_window(kvs, h, dc, cfg):
         pattern = [True] * cfg.n_layer
     else:
         pattern = [lt == "sliding_attention" for lt in h.get("layer_types") or []]
-    _u32(kvs, "attention.sliding_window", window)
+    _u32(kvs, k("attention.sliding_window"), window)
     if pattern:
-        kvs.put(f"{ARCH}.attention.sliding_window_pattern", VT.ARRAY, pattern, VT.BOOL)
+        kvs.put(k("attention.sliding_window_pattern"), VT.ARRAY, pattern, VT.BOOL)

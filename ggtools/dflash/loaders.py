@@ -1,129 +1,123 @@
-"""The rules each runtime's drafter loader applies to a drafter GGUF, with the message it prints when one fails.
+"""The rules each runtime's drafter loader applies to a drafter GGUF, as findings quoting what it prints.
 
 llama.cpp at 0c1e570 (`src/models/dflash.cpp`, `llama-model.cpp`, `llama-model-loader.cpp`, `llama-vocab.cpp`,
-`common/speculative.cpp`) for arch `dflash`; lucebox at 62880e20 (`server/src/draft/draft_gguf_loader.cpp`) for
-`qwen35-dflash-draft` and its aliases. A check that fails is a Finding with the loader's own words (quoted) and
-the fix. `Drafter` carries what the pair checks need (hidden size, layer ids, fc width, mask id).
+`llama-batch.cpp`, `common/speculative.cpp`) for arch `dflash`; lucebox at 62880e20
+(`server/src/draft/draft_gguf_loader.cpp`) for `qwen35-dflash-draft` and its aliases. Quotes are the runtime's
+format strings filled in, so a test can find each one in the runtime's source.
 """
 
-from dataclasses import dataclass, field
+from ggtools.dflash.draftfile import DraftFile
+from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, failed, ok
+from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, PROFILES, V2_KEYS
 
-from ggtools.gguf import GGUFFile
-
-LLAMA_ARCH = "dflash"
-LUCEBOX_ARCHS = ("qwen35-dflash-draft", "dflash-draft", "gemma4-dflash-draft")
 LLAMA_REQUIRED_KEYS = ("context_length", "embedding_length", "block_count", "attention.layer_norm_rms_epsilon")
-LUCEBOX_LAYER = ("attn_norm", "ffn_norm|post_attention_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                 "attn_q_norm", "attn_k_norm", "ffn_gate", "ffn_up", "ffn_down")
+LUCEBOX_LAYER = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
+                 "ffn_gate", "ffn_up", "ffn_down")
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
+LAYER_INPUT_ASSERT = 'GGML_ASSERT(t_layer_inp[il] != nullptr && "layer input tensor is null") failed'
+RECONVERT = "ggtools convert dflash HF_DIR -o OUT --profile {profile}"
+DFLASH_SPEC = "common_speculative_impl_draft_dflash"     # the __func__ llama.cpp's DFlash drafter logs under
 
 
-@dataclass
-class Finding:
-    check: str
-    severity: str                    # "error" | "warning" | "ok"
-    message: str
-    loader_error: str | None = None  # what the runtime prints (or does) when it meets this
-    fix: str | None = None
-
-    def as_dict(self):
-        return {k: v for k, v in vars(self).items() if v is not None}
-
-
-@dataclass
-class Drafter:
-    profile: str                     # "llama.cpp" | "lucebox"
-    arch: str
-    hidden: int | None
-    hf_ids: list[int] | None         # target layer ids in HF convention (stored - 1 for llama.cpp)
-    stored_ids: list[int] | None
-    fc_in: int | None                # fc.weight ne[0]
-    mask_id: int | None
-    n_vocab: int | None              # the drafter's own tokenizer size (llama.cpp profile)
-    findings: list[Finding] = field(default_factory=list)
+def loader_findings(d: DraftFile, runtime: str) -> list[Finding]:
+    """What `runtime`'s drafter loader (llama.cpp or lucebox) does with this file."""
+    if d.profile is None or d.profile.runtime != runtime:
+        return [arch_finding(d, runtime)]
+    out = _llamacpp(d) if runtime == LLAMACPP.runtime else _lucebox(d)
+    if not failed(out):
+        out.insert(0, ok("loader", f"{runtime}'s drafter loader takes its keys and all {len(d.file.tensors)} "
+                                   "tensors"))
+    return out
 
 
-def profile_of(arch: str | None) -> str | None:
-    if arch == LLAMA_ARCH:
-        return "llama.cpp"
-    if arch in LUCEBOX_ARCHS:
-        return "lucebox"
-    return None
+def arch_finding(d: DraftFile, runtime: str) -> Finding:
+    said = {LLAMACPP.runtime: f"unknown model architecture: '{d.arch}'",
+            LUCEBOX.runtime: f"unexpected draft arch: {d.arch} (expected {', '.join(LUCEBOX.archs[:-1])}, or "
+                             f"{LUCEBOX.archs[-1]})"}[runtime]
+    dest = next(p for p in PROFILES.values() if p.runtime == runtime)
+    if d.profile is None:
+        return Finding("arch", ERROR, f"general.architecture '{d.arch}' is not a DFlash drafter arch",
+                       (Effect(runtime, said),), RECONVERT.format(profile=dest.name))
+    target = " --target TARGET.gguf" if dest.tokenizer else ""
+    return Finding("arch", ERROR, f"arch '{d.arch}' is the {d.profile.name} layout; {runtime} reads the {dest.name} "
+                   f"layout (arch {dest.arch})", (Effect(runtime, said),),
+                   f"ggtools convert gguf-layout {d.path} --to {dest.name} -o OUT{target}")
 
 
-def check_drafter(f: GGUFFile) -> Drafter:
-    profile = profile_of(f.architecture)
-    if profile == "llama.cpp":
-        return check_llamacpp(f)
-    if profile == "lucebox":
-        return check_lucebox(f)
-    d = Drafter("unknown", f.architecture or "?", None, None, None, None, None, None)
-    d.findings.append(Finding(
-        "arch", "error", f"general.architecture '{f.architecture}' is not a DFlash drafter arch",
-        f"llama.cpp: \"unknown model architecture: '{f.architecture}'\"; lucebox: \"unexpected draft arch: "
-        f"{f.architecture} (expected qwen35-dflash-draft, dflash-draft, or gemma4-dflash-draft)\"",
-        "convert the HF drafter with `ggtools convert dflash --profile llama.cpp|lucebox`"))
-    return d
+def _finding(runtime, check, message, says, fix, symptom=None, severity=ERROR) -> Finding:
+    return Finding(check, severity, message, (Effect(runtime, says, symptom),), fix)
 
 
 # ---- llama.cpp -----------------------------------------------------------------------------------------------
 
-def check_llamacpp(f: GGUFFile) -> Drafter:
-    A = LLAMA_ARCH
-    out = []
-    for k in LLAMA_REQUIRED_KEYS:
-        if f"{A}.{k}" not in f.kv:
-            out.append(Finding("keys", "error", f"{A}.{k} is missing", f"key not found in model: {A}.{k}",
-                               f"ggtools patch set DRAFT {A}.{k}=<type>:<value> --in-place"))
-    stored = _int_array(f, f"{A}.target_layers")
-    if stored is None:
-        kv = f.kv.get(f"{A}.target_layers")
-        out.append(Finding("target_layers", "error", f"{A}.target_layers is missing or not an integer array",
-                           "DFlash model requires 'target_layers' in GGUF metadata" if kv is None or not kv.is_array
-                           else f"{A}.target_layers has wrong array element type {kv.elem_type.name}",
-                           f"ggtools patch set DRAFT '{A}.target_layers=i32[]:<HF target_layer_ids + 1>' --in-place"))
+def _llama(check, message, says, fix, symptom=None, severity=ERROR) -> Finding:
+    return _finding(LLAMACPP.runtime, check, message, says, fix, symptom, severity)
+
+
+def _llamacpp(d: DraftFile) -> list[Finding]:
+    f, A = d.file, d.arch
+    out = [_llama("keys", f"{A}.{k} is missing", f"key not found in model: {A}.{k}",
+                  f"ggtools patch set {d.path} {A}.{k}=<type>:<value> -o OUT")
+           for k in LLAMA_REQUIRED_KEYS if f"{A}.{k}" not in f.kv]
+    kv = f.kv.get(d.key("target_ids"))
+    if d.stored_ids is None:
+        out.append(_llama("target_layers", f"{kv.key if kv else d.key('target_ids')} is missing or not an integer "
+                          "array", "DFlash model requires 'target_layers' in GGUF metadata" if kv is None or
+                          not kv.is_array else f"{kv.key} has wrong array element type {kv.elem_type.name}",
+                          f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"))
     act = f.get(f"{A}.hidden_activation")
     if act is not None and act not in ACTIVATIONS:
-        out.append(Finding("activation", "error", f"hidden activation '{act}'",
-                           f"unsupported DFlash hidden activation: {act}", "silu or gelu only"))
+        out.append(_llama("activation", f"hidden activation '{act}'", f"unsupported DFlash hidden activation: {act}",
+                          "silu or gelu only: reconvert the drafter"))
     if (f.get(f"{A}.attention.sliding_window") or 0) > 0 and f"{A}.attention.sliding_window_pattern" not in f.kv:
-        out.append(Finding("sliding_window", "error", "sliding_window > 0 without sliding_window_pattern",
-                           f"array key not found in model: {A}.attention.sliding_window_pattern",
-                           "write the per-layer BOOL pattern, or remove the sliding window"))
-    if f.get(f"{A}.block_size") is None:
-        out.append(Finding("block_size", "warning", f"{A}.block_size is missing: llama.cpp assumes 16",
-                           "DFlash: block_size=16 (log line; no error)",
-                           f"ggtools patch set DRAFT {A}.block_size=u32:<trained block size> --in-place"))
-    out += _llamacpp_tensors(f, stored)
-    n_vocab = _count(f, "tokenizer.ggml.tokens")
-    mask = f.get("tokenizer.ggml.mask_token_id")
-    out += _llamacpp_mask(mask, n_vocab)
-    _loader_ok(out, "llama.cpp dflash loader", len(f.tensors))
-    fc = f.tensor.get("fc.weight")
-    hf = [i - 1 for i in stored] if stored is not None else None
-    return Drafter("llama.cpp", A, f.get(f"{A}.embedding_length"), hf, stored, fc.ne[0] if fc else None,
-                   mask, n_vocab, out)
+        out.append(_llama("sliding_window", "sliding_window > 0 without sliding_window_pattern",
+                          f"array key not found in model: {A}.attention.sliding_window_pattern",
+                          RECONVERT.format(profile=LLAMACPP.name)))
+    if d.value("block_size") is None:
+        out.append(_llama("block_size", f"{d.key('block_size')} is missing: llama.cpp assumes "
+                          f"{LLAMACPP.default_block_size}",
+                          speculative_log_line(d, LLAMACPP.default_block_size),
+                          f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT", "a drafter trained with another "
+                          "block size drafts from untrained positions", WARNING))
+    out += _llamacpp_tensors(d)
+    out += llamacpp_tokenizer(d)
+    return out
 
 
-def _llamacpp_mask(mask, n_vocab) -> list[Finding]:
-    fix = "ggtools patch mask-token DRAFT --id <mask token id of the target vocabulary> --in-place"
-    if n_vocab is None:
-        return [Finding("tokenizer", "error", "the drafter has no tokenizer (tokenizer.ggml.tokens)",
-                        "mask token id -1: batch validation fails with \"invalid token[1] = -1\", no drafts",
-                        "reconvert with `ggtools convert dflash --target-gguf TARGET` (embeds the target's tokenizer)")]
-    if mask is None:
-        return [Finding("mask_token_id", "error", "tokenizer.ggml.mask_token_id is missing: the noise block is "
-                        "filled with token -1 and the drafter drafts nothing (llama.cpp#26761)",
-                        "decode: invalid token[1] = -1", fix)]
-    if not isinstance(mask, int) or mask >= n_vocab:
-        return [Finding("mask_token_id", "error", f"mask token id {mask} is outside the drafter's {n_vocab}-token "
-                        "vocabulary", f"bad special token: 'tokenizer.ggml.mask_token_id' = {mask}, using default "
-                        "id -1", fix)]
-    return [Finding("mask_token_id", "ok", f"mask token id {mask} in the drafter's {n_vocab}-token vocabulary")]
+def speculative_log_line(d: DraftFile, block_size) -> str:
+    """The line llama.cpp's DFlash drafter logs when it starts (common/speculative.cpp)."""
+    mask = d.mask[0] if d.mask[1] == d.key("mask") else -1
+    anchor = str(d.file.get("dflash.sample_from_anchor", True)).lower()
+    return (f"{DFLASH_SPEC}: - block_size={block_size}, mask_token_id={mask}, "
+            f"n_extract={len(d.stored_ids or [])}, sample_from_anchor={anchor}")
 
 
-def _llamacpp_tensors(f, stored) -> list[Finding]:
-    A = LLAMA_ARCH
+def llamacpp_tokenizer(d: DraftFile) -> list[Finding]:
+    """The drafter's own vocabulary, and the mask id in it: llama.cpp fills the noise block with that id."""
+    if d.n_vocab is None or "tokenizer.ggml.model" not in d.file.kv:
+        return [_llama("tokenizer", "the drafter has no tokenizer (tokenizer.ggml.model / tokens): llama.cpp reads "
+                       "the mask token from the drafter's own vocabulary", "key not found in model: "
+                       "tokenizer.ggml.model", f"ggtools doctor {d.path} --target TARGET.gguf --fix -o OUT",
+                       "the drafter does not load")]
+    mask, where = d.mask
+    key = d.key("mask")
+    if where != key:
+        found = f"; the id {mask} is only in {where}, where the converter kept it before its refactor" if where else ""
+        fix = (f"ggtools doctor {d.path} --fix -o OUT" if where else
+               f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT (or ggtools patch mask-token {d.path} --id N "
+               "-o OUT)")
+        return [_llama("mask_token_id", f"{key} is missing{found}", "init: invalid token[1] = -1", fix,
+                       "every draft batch is rejected: the drafter silently drafts nothing (llama.cpp#26761)")]
+    if not isinstance(mask, int) or mask >= d.n_vocab:
+        return [_llama("mask_token_id", f"mask token id {mask} is outside the drafter's {d.n_vocab}-token vocabulary",
+                       f"load: bad special token: '{key}' = {mask}, using default id -1",
+                       f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT",
+                       "the mask id becomes -1: every draft batch is rejected (\"invalid token[1] = -1\")")]
+    return [ok("mask_token_id", f"mask token id {mask} in the drafter's {d.n_vocab}-token vocabulary")]
+
+
+def _llamacpp_tensors(d: DraftFile) -> list[Finding]:
+    f, A = d.file, d.arch
     H, n_layer = f.get(f"{A}.embedding_length"), f.get(f"{A}.block_count")
     if not isinstance(H, int) or not isinstance(n_layer, int):
         return []
@@ -131,9 +125,10 @@ def _llamacpp_tensors(f, stored) -> list[Finding]:
     n_kv = f.get(f"{A}.attention.head_count_kv") or n_head
     dk = f.get(f"{A}.attention.key_length") or (H // n_head if n_head else 0)
     dv = f.get(f"{A}.attention.value_length") or dk
-    V = _count(f, "tokenizer.ggml.tokens") or 0
+    V = d.n_vocab or 0
     n_ff = f.get(f"{A}.feed_forward_length")
-    required = {"fc.weight": (len(stored or []) * H, H), "enc.output_norm.weight": (H,), "output_norm.weight": (H,)}
+    required = {"fc.weight": (len(d.stored_ids or []) * H, H), "enc.output_norm.weight": (H,),
+                "output_norm.weight": (H,)}
     optional = {"token_embd.weight": (H, V), "output.weight": (H, V), "fc.scale": (1,), "rope_freqs.weight": (dk // 2,),
                 "d2t": None, "markov_w1.weight": None, "markov_w2.weight": None, "markov_w2.scale": None,
                 "conf_proj.weight": None, "conf_proj.bias": None}
@@ -146,12 +141,12 @@ def _llamacpp_tensors(f, stored) -> list[Finding]:
     for i in range(n_layer):
         required |= {f"blk.{i}.{t}.weight": ne for t, ne in layer.items()}
         optional |= {f"blk.{i}.{t}.weight": ne for t, ne in layer_optional.items()}
-    out = _llamacpp_v2(f, H, n_layer, V, required)
+    out = _llamacpp_v2(d, H, n_layer, V, required)
+    reconvert = RECONVERT.format(profile=LLAMACPP.name)
     for name, ne in required.items():
         t = f.tensor.get(name)
         if t is None:
-            out.append(Finding("tensors", "error", f"tensor {name} is missing", f"missing tensor '{name}'",
-                               "reconvert the drafter with `ggtools convert dflash`"))
+            out.append(_llama("tensors", f"tensor {name} is missing", f"missing tensor '{name}'", reconvert))
         elif ne is not None and tuple(t.ne) != tuple(ne):
             out.append(_wrong_shape(name, ne, t.ne))
     for name, ne in optional.items():
@@ -161,46 +156,46 @@ def _llamacpp_tensors(f, stored) -> list[Finding]:
     extra = [t.name for t in f.tensors if t.name not in required and t.name not in optional]
     if extra:
         n = len(f.tensors)
-        out.append(Finding("tensors", "error", f"tensors the dflash loader does not take: {extra[:5]}",
-                           f"done_getting_tensors: wrong number of tensors; expected {n}, got {n - len(extra)}",
-                           "remove them (they belong to another arch or profile)"))
+        out.append(_llama("tensors", f"tensors the dflash loader does not take: {extra[:5]}",
+                          f"done_getting_tensors: wrong number of tensors; expected {n}, got {n - len(extra)}",
+                          reconvert))
     return out
 
 
-def _llamacpp_v2(f, H, n_layer, V, required) -> list[Finding]:
-    """DFlash2 iff selector_hidden.weight exists: metadata, lattice constraints, and its tensors become required."""
-    A = LLAMA_ARCH
-    if "selector_hidden.weight" not in f.tensor:
+def _llamacpp_v2(d: DraftFile, H, n_layer, V, required) -> list[Finding]:
+    """DFlash2 iff selector_hidden.weight exists: its keys, lattice constraints, and its tensors become required."""
+    if not d.is_dflash2:
         return []
+    f, A = d.file, d.arch
     keys = {k: f.get(f"{A}.{k}") or 0 for k in ("selector_rank", "block_size", "selector_top_k",
                                                     "conv_kernel_size", "conv_group_size")}
     if min(keys.values()) <= 0:
         missing = [k for k, v in keys.items() if v <= 0]
-        return [Finding("dflash2", "error", f"DFlash2 metadata missing or zero: {missing}",
-                        "DFlash2 model is missing conv/selector metadata",
-                        "reconvert with `ggtools convert dflash` (all four of conv_kernel_size, conv_group_size, "
-                        "selector_rank, selector_top_k, and block_size)")]
+        return [_llama("dflash2", f"DFlash2 keys missing or zero: {missing}", "DFlash2 model is missing "
+                       "conv/selector metadata", f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT")]
     gs, kt, R, K = keys["conv_group_size"], keys["selector_top_k"], keys["selector_rank"], keys["conv_kernel_size"]
     if H % gs:
-        return [Finding("dflash2", "error", f"hidden size {H} is not divisible by conv_group_size {gs}",
-                        "DFlash2 hidden size must be divisible by conv_group_size", "fix conv_group_size")]
+        return [_llama("dflash2", f"hidden size {H} is not divisible by conv_group_size {gs}",
+                       "DFlash2 hidden size must be divisible by conv_group_size",
+                       f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT")]
     if H < kt * (kt + 1):
-        return [Finding("dflash2", "error", f"hidden size {H} < selector_top_k {kt} x {kt + 1}",
-                        "DFlash2 hidden size is too small for the selector lattice", "fix selector_top_k")]
+        return [_llama("dflash2", f"hidden size {H} < selector_top_k {kt} x {kt + 1}",
+                       "DFlash2 hidden size is too small for the selector lattice",
+                       f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT")]
     required |= {"selector_predecessor.weight": (R, V), "selector_successor.weight": (R, V),
                  "selector_hidden.weight": (H, R)}
     for i in range(n_layer):
         for side in ("attn", "ffn"):
             required[f"blk.{i}.{side}_conv_base"] = (H, K, 2)
             required[f"blk.{i}.{side}_conv_proj.weight"] = (H, 2 * K * (H // gs))
-    return [Finding("dflash2", "ok", f"DFlash2 lattice: H {H} % group {gs} == 0, H >= top_k {kt} x {kt + 1}")]
+    return [ok("dflash2", f"DFlash2 keys {', '.join(V2_KEYS)}; lattice: H {H} % group {gs} == 0, "
+                          f"H >= top_k {kt} x {kt + 1}")]
 
 
 def _wrong_shape(name, want, got) -> Finding:
-    return Finding("tensors", "error", f"tensor {name} has ne {list(got)}, the loader wants {list(want)}",
-                   f"check_tensor_dims: tensor '{name}' has wrong shape; expected {_shape(want)}, got "
-                   f"{_shape(tuple(got) + (1,) * (4 - len(got)))}",
-                   "reconvert the drafter with `ggtools convert dflash` for this target")
+    return _llama("tensors", f"tensor {name} has ne {list(got)}, the loader wants {list(want)}",
+                  f"check_tensor_dims: tensor '{name}' has wrong shape; expected {_shape(want)}, got "
+                  f"{_shape(tuple(got) + (1,) * (4 - len(got)))}", RECONVERT.format(profile=LLAMACPP.name))
 
 
 def _shape(ne) -> str:
@@ -209,114 +204,99 @@ def _shape(ne) -> str:
 
 # ---- lucebox -------------------------------------------------------------------------------------------------
 
-def check_lucebox(f: GGUFFile) -> Drafter:
-    A = f.architecture
+def _lb(check, message, says, fix, symptom=None, severity=ERROR) -> Finding:
+    return _finding(LUCEBOX.runtime, check, message, says, fix, symptom, severity)
+
+
+def _lucebox(d: DraftFile) -> list[Finding]:
+    f, A = d.file, d.arch
     u32 = {k: _u32(f, f"{A}.{k}") for k in ("embedding_length", "block_count", "feed_forward_length",
                                             "attention.head_count", "attention.head_count_kv",
-                                            "attention.key_length", "dflash.block_size", "dflash.n_target_layers")}
+                                            "attention.key_length")}
     H, L, ff = u32["embedding_length"], u32["block_count"], u32["feed_forward_length"]
     nh, nkv, hd = u32["attention.head_count"], u32["attention.head_count_kv"], u32["attention.key_length"]
     dims = f"n_embd={H} n_layer={L} n_ff={ff} n_head={nh} n_head_kv={nkv} head_dim={hd}"
     out = []
     if 0 in (H, L, ff, nh, nkv, hd):
-        out.append(Finding("hparams", "error", "a hyperparameter is missing or zero",
-                           f"draft GGUF: missing hparams: {dims}", f"write the missing {A}.* u32 keys"))
+        out.append(_lb("hparams", "a hyperparameter is missing or zero", f"draft GGUF: missing hparams: {dims}",
+                       f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"))
     elif L > 1024 or H > 1 << 17 or ff > 1 << 19 or nh > 1024 or nkv > 1024 or hd > 1024 or nkv > nh or nh % nkv:
-        out.append(Finding("hparams", "error", "hyperparameters out of range",
-                           f"draft GGUF: hparams out of range: {dims}", "fix the head counts"))
-    ids = _int_array(f, f"{A}.dflash.target_layer_ids", int32_only=True)
-    out += _lucebox_tensors(f, L, nh, nkv, hd, H)
-    out += _lucebox_ids(f, A, ids, u32["dflash.n_target_layers"], H)
-    if u32["dflash.block_size"] == 0:
-        out.append(Finding("block_size", "error", f"{A}.dflash.block_size is missing or zero",
-                           "no loader error; draft init fails later (block_size 0)",
-                           f"ggtools patch set DRAFT {A}.dflash.block_size=u32:16 --in-place"))
+        out.append(_lb("hparams", "hyperparameters out of range", f"draft GGUF: hparams out of range: {dims}",
+                       f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"))
+    out += _lucebox_tensors(d, L, nh, nkv, hd, H)
+    out += _lucebox_ids(d, H)
+    if _u32(f, d.key("block_size")) == 0:
+        out.append(_lb("block_size", f"{d.key('block_size')} is missing or zero", None,
+                       f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT", "no loader error; drafting with block "
+                       "size 0 fails when the draft step is set up"))
     if not f.get(f"{A}.rope.freq_base"):
-        out.append(Finding("rope", "error", f"{A}.rope.freq_base is missing",
-                           "[draft-gguf] WARNING: rope.freq_base not found in GGUF, draft RoPE will be wrong",
-                           f"ggtools patch set DRAFT {A}.rope.freq_base=f32:<rope_theta> --in-place"))
-    if "selector_hidden.weight" in f.tensor or any("conv_base" in t.name for t in f.tensors):
-        out.append(Finding("dflash2", "error", "DFlash2 tensors in a lucebox drafter",
-                           "ignored by the loader: lucebox has no DFlash2 support (drafts as v1, ~0% acceptance)",
-                           "use the llama.cpp profile for DFlash2 drafters"))
-    _loader_ok(out, "lucebox draft_gguf_loader", len(f.tensors))
-    fc = f.tensor.get("dflash.fc.weight") or f.tensor.get("dflash_fc.weight")
-    mask = f.get(f"{A}.dflash.mask_token_id")
-    return Drafter("lucebox", A, H or None, ids, ids, fc.ne[0] if fc else None, mask, None, out)
+        out.append(_lb("rope_theta", f"{A}.rope.freq_base is missing",
+                       "[draft-gguf] WARNING: rope.freq_base not found in GGUF, draft RoPE will be wrong",
+                       f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"))
+    if d.file.tensor.get("selector_hidden.weight") or any("conv_base" in t.name for t in f.tensors):
+        out.append(_lb("dflash2", "DFlash2 tensors in a lucebox drafter", None,
+                       RECONVERT.format(profile=LLAMACPP.name), "the loader ignores them: lucebox has no DFlash2 "
+                       "support and drafts it as v1 (about 0% acceptance)"))
+    return out
 
 
-def _lucebox_tensors(f, L, nh, nkv, hd, H) -> list[Finding]:
-    def has(*names):
-        return any(n in f.tensor for n in names)
-
+def _lucebox_tensors(d: DraftFile, L, nh, nkv, hd, H) -> list[Finding]:
+    f, p = d.file, d.profile
+    reconvert = RECONVERT.format(profile=LUCEBOX.name)
     out = []
-    if not (has("dflash.fc.weight", "dflash_fc.weight") and has("dflash.hidden_norm.weight", "dflash_hidden_norm.weight")
-            and has("output_norm.weight")):
-        out.append(Finding("tensors", "error", "fc, hidden_norm or output_norm is missing",
-                           "draft GGUF: missing top-level tensors (dflash.fc|dflash_fc / dflash.hidden_norm|"
-                           "dflash_hidden_norm / output_norm)", "reconvert with `ggtools convert dflash --profile lucebox`"))
+    if None in (d.tensor("fc.weight"), d.tensor("hidden_norm.weight"), d.tensor("norm.weight")):
+        out.append(_lb("tensors", "fc, hidden_norm or output_norm is missing",
+                       "draft GGUF: missing top-level tensors (dflash.fc|dflash_fc / dflash.hidden_norm|"
+                       "dflash_hidden_norm / output_norm)", reconvert))
     for i in range(L):
-        if not all(has(*(f"blk.{i}.{a}.weight" for a in t.split("|"))) for t in LUCEBOX_LAYER):
-            out.append(Finding("tensors", "error", f"layer {i} lacks one of {list(LUCEBOX_LAYER)}",
-                               f"draft GGUF: layer {i} missing tensors", "reconvert with `ggtools convert dflash`"))
+        if any(p.find_tensor(f.tensor, f"blk.{i}.{t}.weight") is None for t in LUCEBOX_LAYER):
+            out.append(_lb("tensors", f"layer {i} lacks one of {list(LUCEBOX_LAYER)}",
+                           f"draft GGUF: layer {i} missing tensors", reconvert))
             return out
     gates = sum(f"blk.{i}.attn_gate.weight" in f.tensor for i in range(L))
     if gates not in (0, L):
-        out.append(Finding("tensors", "error", f"attn_gate in {gates} of {L} layers",
-                           f"draft GGUF: incomplete attention gate tensors: {gates}/{L} layers", "all layers or none"))
+        out.append(_lb("tensors", f"attn_gate in {gates} of {L} layers",
+                       f"draft GGUF: incomplete attention gate tensors: {gates}/{L} layers", reconvert))
     q, k = f.tensor.get("blk.0.attn_q.weight"), f.tensor.get("blk.0.attn_k.weight")
     if q is not None and k is not None and L:
         for got, want, what in ((q.ne[1], nh * hd, "attn_q.weight->ne[1]={} != expected_q_dim={}"),
                                 (k.ne[1], nkv * hd, "attn_k.weight->ne[1]={} != expected_kv_dim={}"),
                                 (q.ne[0], H, "attn_q.weight->ne[0]={} != n_embd={}")):
             if got != want:
-                out.append(Finding("tensors", "error", f"blk.0 shapes do not match the head counts",
-                                   "GGUF shape mismatch: blk.0 " + what.format(got, want), "fix the hparams"))
+                out.append(_lb("tensors", "blk.0 shapes do not match the head counts",
+                               "GGUF shape mismatch: blk.0 " + what.format(got, want),
+                               f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"))
                 break
     return out
 
 
-def _lucebox_ids(f, A, ids, n_tgt, H) -> list[Finding]:
+def _lucebox_ids(d: DraftFile, H) -> list[Finding]:
+    f = d.file
     out = []
-    fc = f.tensor.get("dflash.fc.weight") or f.tensor.get("dflash_fc.weight")
-    kv = f.kv.get(f"{A}.dflash.target_layer_ids")
+    fc_in = d.fc_in
+    kv = f.kv.get(d.key("target_ids"))
+    ids = d.stored_ids if kv is not None and kv.is_array and kv.elem_type.name == "INT32" else None
     if ids is None:
         why = "missing" if kv is None else f"not an INT32 array ({kv.type_label}), so the loader ignores it"
-        out.append(Finding("target_layer_ids", "error", f"{A}.dflash.target_layer_ids is {why}: lucebox then "
-                           "derives ids 1 + k*((n_layer-2)/(N-1)), silently wrong for most drafters",
-                           "no loader error", f"ggtools patch set DRAFT '{A}.dflash.target_layer_ids=i32[]:<HF ids>' "
-                           "--in-place"))
-    n = n_tgt or (len(ids) if ids else 0)
-    if fc is not None and H and n and fc.ne[0] != n * H:
-        if fc.ne[0] % H == 0:
-            out.append(Finding("fc", "warning", f"n_target_layers {n} disagrees with fc width {fc.ne[0]}",
-                               f"[draft] dflash.n_target_layers metadata ({n}) != fc-derived capture count "
-                               f"({fc.ne[0] // H}); using the weights", "fix dflash.n_target_layers"))
+        out.append(_lb("target_layers", f"{d.key('target_ids')} is {why}", None,
+                       f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT", "no loader error: lucebox derives ids "
+                       "1 + k*((n_layer-2)/(N-1)), silently wrong for most drafters"))
+    n = _u32(f, d.key("n_target_ids")) or (len(ids) if ids else 0)
+    if fc_in is not None and H and n and fc_in != n * H:
+        if fc_in % H == 0:
+            out.append(_lb("fc", f"n_target_layers {n} disagrees with fc width {fc_in}",
+                           f"[draft] dflash.n_target_layers metadata ({n}) != fc-derived capture count "
+                           f"({fc_in // H}); using the weights", f"ggtools doctor {d.path} --fix -o OUT",
+                           severity=WARNING))
         else:
-            out.append(Finding("fc", "error", f"fc width {fc.ne[0]} is not n_target_layers x n_embd",
-                               f"GGUF shape mismatch: dflash.fc.weight->ne[0]={fc.ne[0]} != n_target_layers*n_embd"
-                               f"={n}*{H}={n * H}", "reconvert the drafter"))
-    if ids is not None and fc is not None and H and fc.ne[0] != len(ids) * H:
-        out.append(Finding("target_layer_ids", "error", f"{len(ids)} target layer ids but fc takes "
-                           f"{fc.ne[0]} = {fc.ne[0] / H:g} x {H} inputs", "no loader error at 62880e20",
-                           "write the ids the drafter was trained with"))
+            out.append(_lb("fc", f"fc width {fc_in} is not n_target_layers x n_embd",
+                           f"GGUF shape mismatch: dflash.fc.weight->ne[0]={fc_in} != n_target_layers*n_embd"
+                           f"={n}*{H}={n * H}", RECONVERT.format(profile=LUCEBOX.name)))
+    if ids is not None and fc_in is not None and H and fc_in != len(ids) * H:
+        out.append(_lb("target_layers", f"{len(ids)} target layer ids but fc takes {fc_in} = {fc_in / H:g} x {H} "
+                       "inputs", None, f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT",
+                       "no loader error at 62880e20: the draft reads the wrong features"))
     return out
-
-
-# ---- helpers -------------------------------------------------------------------------------------------------
-
-def _loader_ok(findings, loader, n_tensors):
-    if not any(f.severity == "error" for f in findings):
-        findings.insert(0, Finding("loader", "ok", f"{loader}: required keys and all {n_tensors} tensors as it wants"))
-
-def _int_array(f, key, int32_only=False) -> list[int] | None:
-    kv = f.kv.get(key)
-    if kv is None or not kv.is_array:
-        return None
-    allowed = ("INT32",) if int32_only else ("INT32", "UINT32")
-    if kv.elem_type.name not in allowed:
-        return None
-    return [int(v) for v in kv.value]
 
 
 def _u32(f, key) -> int:
@@ -324,6 +304,26 @@ def _u32(f, key) -> int:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
-def _count(f, key) -> int | None:
-    kv = f.kv.get(key)
-    return kv.count if kv is not None and kv.is_array else None
+# ---- draft size ----------------------------------------------------------------------------------------------
+
+LLAMACPP_DEFAULT_N_MAX = 3       # common.h: common_params_speculative_draft.n_max (--spec-draft-n-max)
+
+
+def draft_size_findings(d: DraftFile, n_max: int | None, runtimes) -> list[Finding]:
+    """A draft size above block size - 1: llama.cpp clamps it (and says so), ggtools' runtime refuses it."""
+    block = d.int_value("block_size") or d.profile.default_block_size
+    if not block:
+        return []             # the block-size rules report it
+    out = []
+    asked = n_max if n_max is not None else LLAMACPP_DEFAULT_N_MAX
+    if LLAMACPP.runtime in runtimes and asked > block - 1:
+        out.append(_llama("n_max", f"draft size n_max {asked}{'' if n_max is not None else ' (llama.cpp default)'} "
+                          f"> block size {block} - 1", f"{DFLASH_SPEC}: requested draft size (n_max={asked}, n_min=0) exceeds the "
+                          f"trained block size {block} -- clamping to {block - 1}",
+                          f"--spec-draft-n-max {block - 1} (or fix the block size: ggtools doctor {d.path} --hf "
+                          "HF_DIR --fix -o OUT)", f"drafts {block - 1} tokens per step, not {asked}", WARNING))
+    if "ggtools" in runtimes and n_max is not None and n_max > block - 1:
+        out.append(_finding("ggtools", "n_max", f"draft size n_max {n_max} > block size {block} - 1",
+                            f"--n-max {n_max}: the drafter's block of {block} drafts at most {block - 1} tokens "
+                            "per step", f"ggtools run ... --n-max {block - 1}"))
+    return out

@@ -4,12 +4,6 @@ from dataclasses import dataclass, field
 
 from ggtools.gguf import KV, GGUFFile, ShardSet
 
-# Target archs whose llama.cpp graph sets t_layer_inp (the per-layer inputs DFlash taps), at 0c1e570.
-TAP_ARCHS = frozenset({
-    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "openai-moe",
-    "minimax-m2", "minimax-01", "mimo2", "nemotron-h", "bailingmoe3", "hunyuan-vl", "muse-glimmer", "nanbeige",
-    "lfm2", "deepseek4"})
-
 
 @dataclass
 class TargetInfo:
@@ -25,10 +19,6 @@ class TargetInfo:
     def tokenizer_kvs(self) -> list[KV]:
         """The target's tokenizer (tokenizer.*), in its order; valid while the target stays open."""
         return [kv for kv in self.file.kvs if kv.key.startswith("tokenizer.")]
-
-    @property
-    def exposes_layer_inputs(self) -> bool:
-        return self.arch in TAP_ARCHS
 
 
 class OpenTarget:

@@ -10,18 +10,18 @@ including F16 overflow found while writing, nothing is left behind.
 import contextlib
 from dataclasses import dataclass, field
 
-from ggtools.dflash import llamacpp, lucebox
 from ggtools.dflash.checkpoint import Checkpoint, open_checkpoint
 from ggtools.dflash.config import DraftConfig, draft_config
 from ggtools.dflash.layout import check_layout
-from ggtools.dflash.metadata import KVList, general_kvs
+from ggtools.dflash.metadata import KVList
+from ggtools.dflash.profiles import PROFILES, Profile
 from ggtools.dflash.target import OpenTarget, TargetInfo
+from ggtools.dflash.safetensors import CheckpointError
 from ggtools.dflash.tensors import TensorJob, encode_chunks
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFWriter, ggml_type_name
 from ggtools.plan import Plan, ShardPlan, TensorAction
 
-PROFILES = ("llama.cpp", "lucebox")
 OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
 
 
@@ -88,48 +88,42 @@ def plan_convert(hf_dir, out, *, profile="llama.cpp", target: TargetInfo | None 
         raise ConvertError(f"unknown profile '{profile}' (one of {', '.join(PROFILES)})")
     if outtype not in OUTTYPES:
         raise ConvertError(f"unknown outtype '{outtype}' (one of {', '.join(OUTTYPES)})")
+    p = PROFILES[profile]
     ckpt = open_checkpoint(hf_dir)
-    if profile == "lucebox":
-        lucebox.check_supported(ckpt)
-        if outtype != "auto":
-            raise ConvertError("--outtype applies to the llama.cpp profile; the lucebox profile stores BF16 "
-                               "and F16 sources as F16 and F32 as F32 (quantize afterwards with ggtools quantize)")
+    if ckpt.version == 2 and not p.dflash2:
+        raise CheckpointError(ckpt.config_path, f"DFlash2DraftModel: {p.runtime} has no DFlash2 support (no conv "
+                                                "or candidate-selector tensors in its loader); use --profile "
+                                                "llama.cpp", "architectures")
+    if outtype != "auto" and not p.takes_outtype:
+        raise ConvertError(f"--outtype applies to the llama.cpp profile; the {p.name} profile stores BF16 "
+                           "and F16 sources as F16 and F32 as F32 (quantize afterwards with ggtools quantize)")
     cfg = draft_config(ckpt, mask_token_id=mask_token_id, guess_target_layers=guess_target_layers)
     check_layout(ckpt, cfg)
-    warnings = check_against_target(ckpt, cfg, target, profile)
-    _resolve_missing_mask(ckpt, cfg, profile, warnings)
+    warnings = check_against_target(ckpt, cfg, target, p)
+    _resolve_missing_mask(ckpt, cfg, p, warnings)
     if cfg.ids_from.startswith("guessed"):
         warnings.append(f"target layer ids guessed with build_target_layer_ids: {cfg.target_layer_ids}")
-    kvs = KVList()
-    if profile == "lucebox":
-        jobs, notes = lucebox.tensor_jobs(ckpt, cfg)
-        lucebox.metadata(kvs, ckpt, cfg)
-        return ConvertPlan(ckpt.path, str(out), profile, "auto", cfg, kvs, jobs, warnings + notes)
-    if target is None:
-        raise ConvertError("the llama.cpp profile embeds the target's tokenizer (llama.cpp reads the mask token "
+    if p.tokenizer and target is None:
+        raise ConvertError(f"the {p.name} profile embeds the target's tokenizer ({p.runtime} reads the mask token "
                            "from the drafter's own vocabulary): pass --target-gguf TARGET.gguf")
-    resolved = llamacpp.auto_outtype(ckpt) if outtype == "auto" else outtype
-    jobs = llamacpp.tensor_jobs(ckpt, cfg, resolved)
-    general_kvs(kvs, llamacpp.ARCH, ckpt.path, name, sum(j.n_elements for j in jobs))
-    llamacpp.metadata(kvs, ckpt, cfg, llamacpp.file_type(resolved), target)
-    return ConvertPlan(ckpt.path, str(out), profile, resolved, cfg, kvs, jobs, warnings)
+    resolved, jobs, kvs, notes = p.plan_conversion(ckpt, cfg, outtype, target, name)
+    return ConvertPlan(ckpt.path, str(out), p.name, resolved, cfg, kvs, jobs, warnings + notes)
 
 
-def _resolve_missing_mask(ckpt, cfg, profile, warnings):
+def _resolve_missing_mask(ckpt, cfg, p: Profile, warnings):
     if cfg.mask_token_id is not None:
         return
-    if profile == "lucebox":
-        # lucebox's loader takes the mask id from the target model; its converter writes this default.
-        cfg.mask_token_id, cfg.mask_from = lucebox.DEFAULT_MASK_TOKEN_ID, "lucebox's default (none in config.json)"
-        warnings.append(f"no mask_token_id in config.json: wrote lucebox's default {cfg.mask_token_id} "
-                        "(lucebox reads the mask id from the target, not from the drafter)")
+    if p.default_mask_id is not None:
+        cfg.mask_token_id, cfg.mask_from = p.default_mask_id, f"{p.name}'s default (none in config.json)"
+        warnings.append(f"no mask_token_id in config.json: wrote {p.name}'s default {cfg.mask_token_id} "
+                        f"({p.runtime} reads the mask id from the target, not from the drafter)")
         return
     raise ConvertError(f"{ckpt.config_path}: no mask_token_id (neither dflash_config.mask_token_id nor a "
                        "top-level mask_token_id): the drafter would draft nothing (llama.cpp fills the block "
                        "with token -1, see llama.cpp#26761); pass --mask-token-id N")
 
 
-def check_against_target(ckpt: Checkpoint, cfg: DraftConfig, target: TargetInfo | None, profile: str) -> list[str]:
+def check_against_target(ckpt: Checkpoint, cfg: DraftConfig, target: TargetInfo | None, p: Profile) -> list[str]:
     """Errors for what cannot work with this target; warnings for what works only on some runtimes."""
     where, warnings = ckpt.config_path, []
     vocab = target.vocab if target is not None else cfg.vocab
@@ -137,7 +131,7 @@ def check_against_target(ckpt: Checkpoint, cfg: DraftConfig, target: TargetInfo 
         source = f"the target's vocabulary ({vocab} tokens in {target.path})" if target else \
             f"vocab_size {vocab} in {where}"
         raise ConvertError(f"mask token id {cfg.mask_token_id} ({cfg.mask_from}) is outside {source}")
-    if cfg.version == 2 and profile == "llama.cpp":
+    if cfg.version == 2:
         kt = cfg.v2["selector_top_k"]
         if cfg.hidden < kt * (kt + 1):
             raise ConvertError(f"{where}: hidden_size {cfg.hidden} < selector_top_k {kt} x {kt + 1}: llama.cpp "
@@ -155,12 +149,12 @@ def check_against_target(ckpt: Checkpoint, cfg: DraftConfig, target: TargetInfo 
         if cfg.num_target_layers is not None and cfg.num_target_layers != target.n_layer:
             warnings.append(f"num_target_layers {cfg.num_target_layers} in config.json, but the target has "
                             f"{target.n_layer} layers: is this the drafter for this target?")
-        if profile == "llama.cpp" and max(cfg.target_layer_ids) + 1 > target.n_layer - 1:
+        if p.ids_offset and max(p.stored_ids(cfg.target_layer_ids)) > target.n_layer - 1:
             warnings.append(f"target layer id {max(cfg.target_layer_ids)} is the target's last layer: llama.cpp "
                             "at 0c1e570 aborts (t_layer_inp[n_layer] is never set); newer revisions accept it")
-    if profile == "llama.cpp" and target.arch and not target.exposes_layer_inputs:
-        warnings.append(f"target arch '{target.arch}' does not expose layer inputs in llama.cpp: DFlash aborts "
-                        "with \"layer input tensor is null\"")
+    if target.arch and target.arch not in p.tap_archs:
+        warnings.append(f"target arch '{target.arch}' does not expose layer inputs in {p.runtime}: "
+                        f"{p.name}-profile drafting fails for it")
     return warnings
 
 
@@ -179,8 +173,8 @@ def write(plan: ConvertPlan, *, force=False, allow_overflow=False, on_bytes=None
                     overflow[j.src.name] = overflow.get(j.src.name, 0) + n_over
         if overflow and not allow_overflow:
             raise ConvertError(overflow_message(plan, overflow) + "; nothing written. Pass --allow-overflow "
-                               "to write them as inf" + ("" if plan.profile == "lucebox" else
-                                                         ", or keep the range with --outtype bf16 or f32"))
+                               "to write them as inf" + (", or keep the range with --outtype bf16 or f32"
+                                                         if PROFILES[plan.profile].takes_outtype else ""))
     warnings = list(plan.warnings)
     if overflow:
         warnings.append(overflow_message(plan, overflow) + " (written as inf: --allow-overflow)")

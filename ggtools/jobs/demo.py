@@ -3,8 +3,9 @@
 The HF drafter shipped in ggtools/data/demo is copied to a work directory, converted (llama.cpp profile, the
 embedded target GGUF for tokenizer and checks), quantized (q8_0, q4-mix, q2_k), validated and pair-checked,
 then every variant decodes a few held-out prompts speculatively with the draft-KV ring (f16 also with a full
-draft KV), each against target-only decoding of the same prompts in the same run. The prompts are windows of
-standard-library modules the pair never trained on (demo_pair.json: corpus.held_out, eval.prompts).
+draft KV), each against target-only decoding of the same prompts in the same run (jobs/accept.py's `measure`,
+as `ggtools accept`). The prompts are windows of standard-library modules the pair never trained on
+(demo_pair.json: corpus.held_out, eval.prompts).
 """
 
 import json
@@ -16,13 +17,12 @@ from importlib import resources
 from pathlib import Path
 
 from ggtools.errors import GGToolsError
+from ggtools.jobs.accept import Candidate, measure
 from ggtools.jobs.convert import convert_dflash
-from ggtools.jobs.pair import pair_check
+from ggtools.jobs.doctor import pair_check
 from ggtools.jobs.quantize import plan_quantize
 from ggtools.jobs.validate import validate
-from ggtools.runtime.target.model import TargetModel
-from ggtools.runtime.spec_run import SpecRun, run_speculative
-from ggtools.runtime.tokenizer import Tokenizer
+from ggtools.runtime import DraftSettings, SpecRun, TargetModel, Tokenizer
 from ggtools.shard_runner import run_plan
 
 SCHEMES = ("q8_0", "q4-mix", "q2_k")
@@ -93,23 +93,21 @@ def run_demo(work_dir, *, prompts: int = 6, n: int = 64, ring_cap: int = 64, thr
     variants = build_drafters(work, target, log)
     model = TargetModel(target, threads=threads)
     try:
-        chosen = held_out_prompts(Tokenizer.from_gguf(model.weights.meta), prompts)
+        tokenizer = Tokenizer.from_gguf(model.weights.meta)
+        chosen = held_out_prompts(tokenizer, prompts)
         report = DemoReport(str(work), [name for name, _ in chosen], rounds)
-        ids = [p for _, p in chosen]
-        log(f"decoding {len(ids)} held-out prompts x {n} tokens per variant, draft KV ring of {ring_cap} slots, "
-            f"{threads} thread(s), {rounds} rounds; every output is checked against target-only greedy decoding")
+        log(f"decoding {len(chosen)} held-out prompts x {n} tokens per variant, draft KV ring of {ring_cap} slots, "
+            f"{threads} thread(s), {rounds} rounds; every output is checked against target-only greedy decoding "
+            "(once per prompt and round, shared by the variants)")
         f16 = variants[0]
         report.variants = [Variant("f16, full KV", f16.path, f16.bytes, f16.checks)] + variants
-        for _ in range(rounds):
-            for v in report.variants:
-                run = run_speculative(model, v.path, ids, n, ring_cap=None if v.name.endswith("full KV") else ring_cap)
-                report.target_tokens_per_second = max(report.target_tokens_per_second,
-                                                      run.target_only_tokens_per_second)
-                if v.run is None or run.speculative_tokens_per_second > v.run.speculative_tokens_per_second \
-                        or not run.outputs_match_target:
-                    v.run = run
-        for v in report.variants:
-            v.speedup = v.run.speculative_tokens_per_second / report.target_tokens_per_second
+        candidates = [Candidate(v.name, v.path, None if v.name.endswith("full KV") else ring_cap)
+                      for v in report.variants]
+        m = measure(model, candidates, [ids for _, ids in chosen], n, settings=DraftSettings(), stop_ids=tokenizer.eog,
+                    rounds=rounds)
+        report.target_tokens_per_second = m.target_tokens_per_second
+        for v, run in zip(report.variants, m.runs):
+            v.run, v.speedup = run, run.speculative_tokens_per_second / m.target_tokens_per_second
             log(f"  {v.name}: acceptance {v.run.acceptance_rate:.3f}, tau {v.run.stats['tau_zlab']:.2f}, "
                 f"speedup {v.speedup:.2f}x")
         return report

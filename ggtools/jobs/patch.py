@@ -10,13 +10,14 @@ import shutil
 
 from gguf import GGUFValueType as VT
 
+from ggtools.dflash.profiles import LLAMACPP, LUCEBOX
 from ggtools.engine import rewrite_shard
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile, ShardSet
 from ggtools.gguf.values import encode_kv, value_type
 from ggtools.plan import KVEdits, ShardPlan, copy_action
 
-MASK_KEY = "tokenizer.ggml.mask_token_id"
+MASK_KEY = LLAMACPP.key("mask")
 
 
 class PatchError(GGToolsError):
@@ -60,7 +61,7 @@ def _scalar(vtype: VT, raw: str):
 def mask_token_edits(f: GGUFFile, token_id: int | None, target: str | None) -> KVEdits:
     """Set tokenizer.ggml.mask_token_id (u32) from --id, else from dflash.mask_token_id / <arch>.dflash..."""
     if token_id is None:
-        for key in ("dflash.mask_token_id", f"{f.architecture}.dflash.mask_token_id"):
+        for key in (*LLAMACPP.legacy_mask_keys, LUCEBOX.key("mask", f.architecture)):
             if key in f.kv:
                 token_id = f.kv[key].value
                 break

@@ -1,21 +1,17 @@
 """DraftHParams: a DFlash drafter GGUF's hyperparameters and tensor names, from either profile.
 
-- llama.cpp profile (arch `dflash`): keys `dflash.*`, target layers stored as HF id + 1, mask id in
-  `tokenizer.ggml.mask_token_id`, `fc.weight` / `enc.output_norm.weight`; DFlash2 iff `selector_hidden.weight`.
-- lucebox profile (arch `qwen35-dflash-draft` and aliases): keys `<arch>.*`, raw HF ids in
-  `<arch>.dflash.target_layer_ids`, mask id in `<arch>.dflash.mask_token_id`, `dflash.fc.weight` /
-  `dflash.hidden_norm.weight` (or the `dflash_` aliases); v1 only.
+Where each value lives (key names, the target-layer id convention, the mask id's key, tensor names and their
+aliases) is the profile's fact (ggtools.dflash.profiles): llama.cpp (arch `dflash`) or lucebox
+(`qwen35-dflash-draft` and aliases). DFlash2 iff `selector_hidden.weight`.
 
 `taps` are in the runtime's convention (TargetModel.forward: the residual stream entering layer j), which is
-HF id + 1: the llama.cpp ids as stored, the lucebox ids + 1.
+HF id + 1.
 """
 
 from dataclasses import dataclass, field
 
+from ggtools.dflash.profiles import PROFILES, profile_of
 from ggtools.runtime.errors import ModelError
-
-LLAMA_ARCH = "dflash"
-LUCEBOX_ARCHS = ("qwen35-dflash-draft", "dflash-draft", "gemma4-dflash-draft")
 
 
 @dataclass(frozen=True)
@@ -57,19 +53,13 @@ class DraftHParams:
         return len(self.taps) * self.n_embd
 
 
-def profile_of(arch: str | None) -> str:
-    if arch == LLAMA_ARCH:
-        return "llama.cpp"
-    if arch in LUCEBOX_ARCHS:
-        return "lucebox"
-    raise ModelError(f"architecture '{arch}' is not a DFlash drafter (expected {LLAMA_ARCH} or one of "
-                     f"{', '.join(LUCEBOX_ARCHS)})")
-
-
 def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None) -> DraftHParams:
     """gguf: the drafter's GGUFFile; tensor_names: the names it holds; mask_id overrides the stored one."""
     arch = gguf.architecture
-    profile = profile_of(arch)
+    p = profile_of(arch)
+    if p is None:
+        raise ModelError(f"architecture '{arch}' is not a DFlash drafter (expected one of "
+                         f"{', '.join(a for p in PROFILES.values() for a in p.archs)})")
 
     def key(name, default=None, required=False):
         value = gguf.get(f"{arch}.{name}")
@@ -93,21 +83,25 @@ def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None) -> DraftH
     pattern = key("attention.sliding_window_pattern") if window else None
     if pattern is not None and len(pattern) != n_layer:
         raise ModelError(f"{gguf.path}: sliding_window_pattern has {len(pattern)} entries for {n_layer} layers")
-    if profile == "llama.cpp":
-        taps, block, stored_mask, names = _llamacpp(gguf, key)
-    else:
-        taps, block, stored_mask, names = _lucebox(gguf, key, tensor_names)
+    stored = gguf.get(p.key("target_ids", arch))
+    if stored is None:
+        raise ModelError(f"{gguf.path}: missing '{p.key('target_ids', arch)}' (the target layers the drafter "
+                         "was trained on)")
+    block = gguf.get(p.key("block_size", arch), p.default_block_size)
+    stored_mask = next((gguf.get(k) for k in (p.key("mask", arch), *p.legacy_mask_keys) if k in gguf.kv), None)
     mask = stored_mask if mask_id is None else mask_id
     if mask is None:
-        raise ModelError(f"{gguf.path}: no mask token id (llama.cpp profile: tokenizer.ggml.mask_token_id; "
-                         "lucebox: <arch>.dflash.mask_token_id); the noise block cannot be built")
+        raise ModelError(f"{gguf.path}: no mask token id ({p.name} profile: {p.key('mask', arch)}); the noise "
+                         "block cannot be built")
     if not block or block < 2:
         raise ModelError(f"{gguf.path}: block size {block}: a drafter needs at least 2 (anchor + one mask)")
-    names["ffn_norm"] = "ffn_norm"
-    if profile == "lucebox" and "blk.0.ffn_norm.weight" not in tensor_names:
-        names["ffn_norm"] = "post_attention_norm"
+    names = {role: _stem(p.find_tensor(tensor_names, p.gguf_name(hf)) or p.gguf_name(hf))
+             for role, hf in (("fc", "fc.weight"), ("hidden_norm", "hidden_norm.weight"))}
+    ffn_norm = p.find_tensor(tensor_names, "blk.0.ffn_norm.weight") or "blk.0.ffn_norm.weight"
+    names["ffn_norm"] = _stem(ffn_norm.removeprefix("blk.0."))
+    taps = [i + 1 for i in p.hf_ids(stored)]
     return DraftHParams(
-        profile=profile, n_layer=n_layer, n_embd=n_embd, n_ff=int(key("feed_forward_length", required=True)),
+        profile=p.name, n_layer=n_layer, n_embd=n_embd, n_ff=int(key("feed_forward_length", required=True)),
         n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)), head_dim=head_dim,
         rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
         rope_base=float(key("rope.freq_base", 10000.0)), rope_dims=int(key("rope.dimension_count", head_dim)),
@@ -115,26 +109,12 @@ def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None) -> DraftH
         embedding_scale=float(key("embedding_scale", 1.0)), causal=bool(key("attention.causal", False)),
         sliding_window=window,
         rope_sections=tuple(int(v) for v in key("rope.dimension_sections", ())),
-        sliding_layers=tuple(bool(p) for p in pattern) if pattern is not None else (bool(window),) * n_layer,
+        sliding_layers=tuple(bool(sliding) for sliding in pattern) if pattern is not None else (bool(window),) * n_layer,
         v2=_dflash2(gguf, key, tensor_names), names=names)
 
 
-def _llamacpp(gguf, key):
-    stored = key("target_layers", required=True)
-    mask = gguf.get("tokenizer.ggml.mask_token_id", key("mask_token_id"))
-    return [int(i) for i in stored], key("block_size", 16), mask, {"fc": "fc", "hidden_norm": "enc.output_norm"}
-
-
-def _lucebox(gguf, key, tensor_names):
-    ids = key("dflash.target_layer_ids")
-    if ids is None:
-        raise ModelError(f"{gguf.path}: missing '{gguf.architecture}.dflash.target_layer_ids' (lucebox would "
-                         "derive ids, silently wrong for most drafters)")
-    names = {}
-    for role, options in (("fc", ("dflash.fc", "dflash_fc")),
-                          ("hidden_norm", ("dflash.hidden_norm", "dflash_hidden_norm"))):
-        names[role] = next((n for n in options if f"{n}.weight" in tensor_names), options[0])
-    return [int(i) + 1 for i in ids], key("dflash.block_size"), key("dflash.mask_token_id"), names
+def _stem(name: str) -> str:
+    return name.removesuffix(".weight")
 
 
 def _dflash2(gguf, key, tensor_names) -> DFlash2Params | None:

@@ -1,0 +1,80 @@
+import sys
+
+import click
+
+from ggtools.cli.draft_options import draft_options, draft_setup
+from ggtools.cli.render import emit_json, table
+from ggtools.jobs.accept import DEFAULT_MAX_DROP, accept
+from ggtools.jobs.accept_plot import check_plot_path, write_plot
+from ggtools.jobs.accept_report import (ALIGN, HEADERS, check_destination, definition_lines, failure_lines,
+                                        setting_line, summary_rows, verdict_line, write_markdown)
+
+
+@click.command("accept")
+@click.option("--target", required=True, metavar="GGUF", help="Target GGUF (first shard of a split model).")
+@click.option("--draft", "drafts", multiple=True, required=True, metavar="GGUF|DIR",
+              help="Drafter GGUF, or an HF DFlash checkpoint directory (converted on the fly, llama.cpp profile, "
+                   "into a temporary file). Repeat for each variant.")
+@click.option("--prompts", metavar="FILE", help="Prompts: JSONL ({\"prompt\": ...} or {\"prompt_ids\": [...]}, optional \"id\") or "
+              "plain text, one prompt per blank-line-separated paragraph (default: the built-in set of 12).")
+@click.option("-n", "--n-predict", "n", default=64, show_default=True, type=click.IntRange(min=2),
+              help="New tokens per prompt.")
+@click.option("--baseline", metavar="DRAFT", help="The drafter the others are compared with (default: the first --draft).")
+@click.option("--max-drop", default=DEFAULT_MAX_DROP, show_default=True, type=click.FloatRange(0, 1, max_open=True),
+              help="Fail a drafter whose tau falls more than this (relative) below the baseline's.")
+@click.option("--min-tau", type=click.FloatRange(min=0), help="Fail a drafter whose tau is below this.")
+@draft_options
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@click.option("--ignore-eos", is_flag=True, help="Do not stop at an end-of-generation token.")
+@click.option("--json", "as_json", is_flag=True, help="Every field as JSON on stdout (docs/accept.md).")
+@click.option("--report", type=click.Path(dir_okay=False), help="Also write the report as Markdown (CI job summary).")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Also write a figure (.png or .svg; needs ggtools[plot]).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, full_kv, n_max, cut, p_min, n_min,
+            threads, ignore_eos, as_json, report, plot, quiet):
+    """Acceptance gate: decode a prompt set with each drafter against the target and judge every drafter
+    against a baseline. Every output is checked against target-only greedy decoding, which runs once per
+    prompt for all drafters.
+
+    Exit 1, naming each failing drafter and the number that failed, when a drafter's tau (z-lab's) falls more
+    than --max-drop below the baseline's, is below --min-tau, or its output differs from greedy; exit 2 for
+    bad input.
+
+    \b
+    Examples:
+      ggtools accept --target target.gguf --draft drafter-f16.gguf --draft drafter-q8_0.gguf --draft drafter-q2_k.gguf
+      ggtools accept --target target.gguf --draft hf-drafter/ --draft drafter-q4-mix.gguf --prompts prompts.jsonl \\
+          --min-tau 2 --report summary.md --plot acceptance.png
+      ggtools accept --target target.gguf --draft a.gguf --draft b.gguf --baseline b.gguf --full-kv --json
+    """
+    ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
+    if report:
+        check_destination(report, "--report")
+    if plot:
+        check_plot_path(plot)
+    result = accept(target, list(drafts), prompts=prompts, n=n, baseline=baseline, max_drop=max_drop, min_tau=min_tau,
+                    ring_cap=ring_cap, settings=settings, threads=threads,
+                    stop_at_eog=not ignore_eos, progress=not quiet)
+    if report:
+        write_markdown(result, report)
+    if plot:
+        write_plot(result, plot)
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        _show(result)
+    sys.exit(result.exit_code)
+
+
+def _show(result):
+    click.echo(setting_line(result))
+    click.echo()
+    click.echo(table(summary_rows(result), HEADERS, ALIGN))
+    click.echo()
+    for line in definition_lines():
+        click.echo(f"  {line}")
+    click.echo()
+    for line in failure_lines(result):
+        click.echo(f"FAIL: {line}", err=True)
+    click.echo(verdict_line(result), err=bool(result.failed))
+

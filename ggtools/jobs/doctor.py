@@ -1,0 +1,246 @@
+"""doctor: every known fault of a drafter GGUF, for the runtimes that will read it, and the repair the evidence
+given supports.
+
+What it checks follows from what it is given:
+- the file alone: each runtime's loader rules (llama.cpp and lucebox: dflash/loaders.py; ggtools: its own
+  drafter loader, run on the file), the mask id, tokenizer, block size, DFlash2 keys, the draft size;
+- --hf: every value and every tensor against the checkpoint the drafter came from (dflash/source_check.py);
+- --target: the pair (dflash/pair_rules.py). `pair-check` is doctor with a target.
+
+`doctor_fix` writes a repaired copy (dflash/rewrite.py through the engine: atomic, tensors byte-copied and
+verified), fixing only what the evidence supports: the mask id from the file's older key or the checkpoint,
+the tokenizer from the target, RoPE base, target layer ids, block size, eps, head dims and DFlash2 keys from the
+checkpoint alone. With `to` it also moves the file to that layout; `move_layout` is the move alone.
+"""
+
+import contextlib
+from dataclasses import dataclass, field
+
+from ggtools.dflash.checkpoint import open_checkpoint
+from ggtools.dflash.draftfile import DraftFile
+from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, failed, ok
+from ggtools.dflash.loaders import draft_size_findings, loader_findings
+from ggtools.dflash.pair_rules import pair_findings, rope_against_target, rope_effects
+from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, PROFILES
+from ggtools.dflash.rewrite import DrafterRewrite, move, repair
+from ggtools.dflash.source_check import source_findings
+from ggtools.dflash.target import OpenTarget, TargetInfo
+from ggtools.engine import rewrite_shard
+from ggtools.errors import GGToolsError
+from ggtools.gguf import ShardSet
+from ggtools.plan import Plan, ShardPlan
+
+RUNTIMES = (LLAMACPP.runtime, LUCEBOX.runtime, "ggtools")
+
+
+class DoctorError(GGToolsError):
+    exit_code = 2
+
+
+@dataclass
+class DoctorReport:
+    draft: str
+    profile: str | None
+    runtimes: list[str]
+    findings: list[Finding]
+    target: str | None = None
+    hf: str | None = None
+    fixes: dict = field(default_factory=dict)        # role -> value the evidence supports (what --fix writes)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return failed(self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.errors else 0
+
+    def as_dict(self) -> dict:
+        return {"draft": self.draft, "profile": self.profile, "runtimes": self.runtimes, "target": self.target,
+                "hf": self.hf, "ok": not self.errors, "findings": [f.as_dict() for f in self.findings],
+                "fixable": {k: _plain(v) for k, v in self.fixes.items()}}
+
+
+@dataclass
+class FixResult:
+    before: DoctorReport
+    after: DoctorReport | None       # the written file, checked again (None for a dry run)
+    plan: Plan
+    fixed: dict                      # role -> value written
+    notes: list[str]
+
+    @property
+    def exit_code(self) -> int:
+        return self.after.exit_code if self.after else 0
+
+    def as_dict(self) -> dict:
+        return {"before": self.before.as_dict(), "after": self.after.as_dict() if self.after else None,
+                "fixed": {k: _plain(v) for k, v in self.fixed.items()}, "notes": self.notes,
+                "plan": self.plan.as_dict()}
+
+
+def doctor(draft, *, target=None, hf=None, runtimes=None, n_max=None) -> DoctorReport:
+    with _open(draft) as d, (OpenTarget(target) if target else contextlib.nullcontext()) as t:
+        return examine(d, t, hf, runtimes, n_max)
+
+
+def examine(d: DraftFile, t: TargetInfo | None, hf, runtimes=None, n_max=None) -> DoctorReport:
+    runtimes = list(runtimes or _default_runtimes(d))
+    bad = [r for r in runtimes if r not in RUNTIMES]
+    if bad:
+        raise DoctorError(f"unknown runtime {bad[0]!r} (one of {', '.join(RUNTIMES)})")
+    findings, fixes = [], {}
+    for r in runtimes:
+        findings += ggtools_loader_findings(d) if r == "ggtools" else loader_findings(d, r)
+    # the rules beyond the loader's apply to the runtimes that read this layout (else to the layout's own)
+    readable = [r for r in runtimes if r == "ggtools" or (d.profile and d.profile.runtime == r)] or \
+        ([d.profile.runtime] if d.profile else [])
+    if d.profile is not None:
+        findings += draft_size_findings(d, n_max, readable)
+        if t is not None:
+            findings += pair_findings(d, t, readable, runtime_tap_archs(), _ggtools_refusal(t))
+        if hf:
+            more, fixes = source_findings(d, open_checkpoint(hf), readable)
+            findings += more
+        else:
+            findings += _rope_in_doubt(d, t, readable)
+    fixes |= _file_fixes(d, fixes)
+    return DoctorReport(d.path, d.profile.name if d.profile else None, runtimes, findings,
+                        t.path if t else None, str(hf) if hf else None, fixes)
+
+
+def pair_check(target_path, draft_path) -> DoctorReport:
+    """The pair rules and each runtime's loader rules: doctor with a target."""
+    return doctor(draft_path, target=target_path)
+
+
+def _default_runtimes(d: DraftFile) -> list[str]:
+    """The runtime whose layout the file is in (both for a file in neither); ggtools' own only when asked."""
+    if d.profile is None:
+        return [LLAMACPP.runtime, LUCEBOX.runtime]
+    return [d.profile.runtime]
+
+
+def runtime_tap_archs() -> dict:
+    """runtime -> the target archs whose layer inputs it taps; ggtools' from its own runtime."""
+    from ggtools.runtime.target.archs import ARCHS
+    return {LLAMACPP.runtime: LLAMACPP.tap_archs, LUCEBOX.runtime: LUCEBOX.tap_archs,
+            "ggtools": frozenset(ARCHS)}
+
+
+def _ggtools_refusal(t: TargetInfo) -> dict:
+    """What ggtools' runtime says when it refuses this target (its own words, from running its reader)."""
+    from ggtools.runtime.errors import ModelError
+    from ggtools.runtime.target.archs import arch_of
+    from ggtools.runtime.target.hparams import read_hparams
+    try:
+        read_hparams(t.file, t.vocab or 0, arch_of(t.file))
+    except ModelError as e:
+        return {"ggtools": str(e)}
+    return {}
+
+
+def ggtools_loader_findings(d: DraftFile) -> list[Finding]:
+    """ggtools' own drafter loader (runtime/drafter/hparams.py), run on the file."""
+    from ggtools.runtime.drafter.hparams import read_draft_hparams
+    from ggtools.runtime.errors import ModelError
+    try:
+        hp = read_draft_hparams(d.file, set(d.file.tensor))
+    except ModelError as e:
+        return [Finding("loader", ERROR, "ggtools' drafter loader refuses the file", (Effect("ggtools", str(e)),),
+                        f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT")]
+    return [ok("loader", f"ggtools' drafter loader reads it ({hp.profile} layout, taps {list(hp.taps)})")]
+
+
+def _rope_in_doubt(d: DraftFile, t: TargetInfo | None, runtimes) -> list[Finding]:
+    """Without the checkpoint a RoPE base can only be put in doubt (reported, never rewritten): by the target's
+    own base when it states one, else by being what lucebox's converter writes when config.json keeps the base
+    under rope_parameters."""
+    if t is not None and t.file.get(f"{t.arch}.rope.freq_base") is not None:
+        rope = rope_against_target(d, t, runtimes)
+        return [rope] if rope else []
+    theta = d.value("rope.freq_base")
+    if d.profile is not LUCEBOX or theta != 1e6:
+        return []
+    return [Finding("rope_theta", WARNING, f"{d.key('rope.freq_base')} is 1e6, what lucebox's converter writes when "
+                    "config.json keeps the base under rope_parameters; unproven without the checkpoint (not "
+                    "rewritten)", rope_effects(theta, runtimes), f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT")]
+
+
+def _file_fixes(d: DraftFile, fixes: dict) -> dict:
+    """What the file itself proves: a mask id kept under an older key, an id count that disagrees with the ids."""
+    out = {}
+    if d.profile is None:
+        return out
+    mask, where = d.mask
+    if mask is not None and where != d.key("mask") and "mask" not in fixes:
+        out["mask"] = mask
+    ids = d.hf_ids
+    if ids is not None and d.profile.has_key("n_target_ids") and d.value("n_target_ids") != len(ids):
+        out.setdefault("n_target_ids", len(fixes.get("target_ids", ids)))
+    return out
+
+
+# ---- writing ---------------------------------------------------------------------------------------------------
+
+def doctor_fix(draft, out, *, target=None, hf=None, to=None, runtimes=None, n_max=None, force=False,
+               dry_run=False) -> FixResult:
+    """Write the repaired (and, with `to`, moved) drafter to out; check the result again."""
+    with _open(draft) as d, (OpenTarget(target) if target else contextlib.nullcontext()) as t:
+        before = examine(d, t, hf, runtimes, n_max)
+        dest = PROFILES[to] if to else d.profile
+        tokenizer = _tokenizer_fix(d, t, dest)
+        rw = _rewrite(d, dest, before.fixes, tokenizer)
+        plan = _write(d, rw, out, force, dry_run)
+    fixed = dict(before.fixes) | ({"tokenizer": f"{len(tokenizer)} keys from {t.path}"} if tokenizer else {})
+    after = None if dry_run else doctor(out, target=target, hf=hf, runtimes=runtimes if not to else None,
+                                        n_max=n_max)
+    return FixResult(before, after, plan, fixed, rw.notes)
+
+
+def move_layout(draft, out, to, *, target=None, force=False, dry_run=False) -> tuple[Plan, list[str]]:
+    """`convert gguf-layout`: the drafter in another profile's layout, values unchanged. Returns the plan and notes."""
+    with _open(draft) as d, (OpenTarget(target) if target else contextlib.nullcontext()) as t:
+        if d.profile is PROFILES[to]:
+            raise DoctorError(f"{d.path}: already in the {to} layout (arch {d.arch})")
+        rw = move(d, PROFILES[to], tokenizer=t.tokenizer_kvs if t else ())
+        return _write(d, rw, out, force, dry_run), rw.notes
+
+
+def _tokenizer_fix(d: DraftFile, t: TargetInfo | None, dest) -> list:
+    """The target's tokenizer, where the written layout carries one and the drafter's lacks or differs from it."""
+    if t is None or dest is None or not dest.tokenizer:
+        return []
+    mine, theirs = d.file.kv.get("tokenizer.ggml.tokens"), t.file.kv.get("tokenizer.ggml.tokens")
+    if theirs is None or (mine is not None and bytes(mine.raw) == bytes(theirs.raw)):
+        return []
+    return t.tokenizer_kvs
+
+
+def _rewrite(d: DraftFile, dest, fixes, tokenizer) -> DrafterRewrite:
+    if d.profile is None:
+        raise DoctorError(f"{d.path}: arch '{d.arch}' is not a DFlash drafter layout: nothing to repair "
+                          "(convert the checkpoint with `ggtools convert dflash`)")
+    if dest is d.profile:
+        return repair(d, fixes, tokenizer)
+    return move(d, dest, fixes, tokenizer)
+
+
+def _write(d: DraftFile, rw: DrafterRewrite, out, force, dry_run) -> Plan:
+    shard = ShardPlan(d.path, str(out), rw.tensors, rw.edits)
+    plan = Plan(f"drafter to the {rw.dest.name} layout", [shard])
+    if not dry_run:
+        rewrite_shard(shard, force=force)
+    return plan
+
+
+@contextlib.contextmanager
+def _open(draft):
+    with ShardSet(draft) as s:
+        if s.is_split:
+            raise DoctorError(f"{draft}: a drafter is one file; this is a {len(s.paths)}-shard set")
+        yield DraftFile.read(s.first)
+
+
+def _plain(v):
+    return v.tolist() if hasattr(v, "tolist") else v
