@@ -1,7 +1,8 @@
-"""TargetModel: a target GGUF run on the CPU, as llama.cpp runs it.
+"""TargetModel: a target GGUF run by one backend's ops: numba on the CPU (the default, as llama.cpp runs it) or torch.
 
 Each layer is `x += mixer(norm(x)); x += ffn(norm(x))`; which mixer and which FFN a layer has comes from the
-architecture table (archs.py).
+architecture table (archs.py), loaded as the backend's pieces. This loop, the inputs' checks and the RoPE angles
+are the same for every backend; arrays are the backend's, logits come back as numpy on the host.
 
     model = TargetModel("target.gguf")
     logits, features = model.forward(prompt_ids, taps=[1, 5])   # appends to model.kv
@@ -13,18 +14,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggtools.runtime.errors import ModelError
-from ggtools.runtime.kernels import ops, workers
+from ggtools.runtime.kernels import ops
+from ggtools.runtime.numba_backend import NumbaOps
 from ggtools.runtime.target.archs import arch_of
 from ggtools.runtime.target.hparams import read_hparams
+from ggtools.runtime.target.hybrid_cache import HybridCache
 from ggtools.runtime.target.kvcache import KVCache
-from ggtools.runtime.weights import WeightFile
 
 
 @dataclass
 class Layer:
-    attn_norm: np.ndarray
+    attn_norm: object
     mixer: object
-    ffn_norm: np.ndarray
+    ffn_norm: object
     ffn: object
     slot: int = 0       # the mixer's place in the cache: its index among the layers with the same kind of mixer
 
@@ -32,16 +34,18 @@ class Layer:
 class TargetModel:
     """A target model with its own KV cache (`kv`). Not thread-safe; one sequence at a time."""
 
-    def __init__(self, path, threads: int | None = None, kv_type: str = "f16"):
-        """path: a target GGUF (the first shard of a split model); threads: worker threads (process-wide,
-        default all cores); kv_type: "f16" (llama.cpp's default cache type) or "f32"."""
-        self.threads = (workers.set_threads(threads) if threads else workers.pool()).n_threads
-        self.weights = w = WeightFile(path)
+    def __init__(self, path, threads: int | None = None, kv_type: str = "f16", ops=None):
+        """path: a target GGUF (the first shard of a split model); threads: numba's worker threads (process-wide,
+        default all cores); kv_type: "f16" (llama.cpp's default cache type) or "f32"; ops: the backend
+        (default NumbaOps(threads); backends.make_ops for torch)."""
+        self.ops = ops = ops or NumbaOps(threads)
+        self.threads = ops.threads
+        self.weights = w = ops.open_weights(path)
         self.path = str(path)
         self.arch = arch_of(w.meta)
         self.token_embd = w.matrix("token_embd.weight")
         self.hp = hp = read_hparams(w.meta, n_vocab=self.token_embd.n_rows, arch_entry=self.arch)
-        self.output_norm = w.vector("output_norm.weight", hp.n_embd)
+        self.output_norm = ops.vector(w.vector("output_norm.weight", hp.n_embd))
         # tied embeddings: llama.cpp uses token_embd as the head when output.weight is absent
         self.output = w.matrix("output.weight", hp.n_embd) if w.has("output.weight") else self.token_embd
         freq_factors = w.optional_vector("rope_freqs.weight")
@@ -50,12 +54,12 @@ class TargetModel:
         kinds = [type(layer.mixer) for layer in self.layers]
         for i, layer in enumerate(self.layers):
             layer.slot = kinds[:i].count(kinds[i])
-        self.kv = self.arch.cache(self.layers, hp, kv_type)
+        self.kv = (HybridCache if self.arch.hybrid else KVCache).for_layers(self.layers, hp, kv_type, ops.arrays)
 
     def _load_layer(self, i: int) -> Layer:
-        w, hp, arch = self.weights, self.hp, self.arch
-        return Layer(w.vector(f"blk.{i}.attn_norm.weight", hp.n_embd), arch.mixer(w, hp, i),
-                     w.vector(f"blk.{i}.{arch.ffn_norm}.weight", hp.n_embd), arch.ffn(w, hp, i))
+        w, hp, arch, ops = self.weights, self.hp, self.arch, self.ops
+        return Layer(ops.vector(w.vector(f"blk.{i}.attn_norm.weight", hp.n_embd)), arch.mixer(ops.pieces, w, hp, i),
+                     ops.vector(w.vector(f"blk.{i}.{arch.ffn_norm}.weight", hp.n_embd)), arch.ffn(ops.pieces, w, hp, i))
 
     @property
     def n_vocab(self) -> int:
@@ -70,7 +74,8 @@ class TargetModel:
         stepwise: compute every row with the kernels llama.cpp uses for a one-token batch, so the
         results are bit-identical to feeding the tokens one at a time (speculative verification);
         by default a batch uses llama.cpp's batch kernels, as its prompt processing does.
-        Returns (logits (rows, n_vocab) float32 or None, features (T, len(taps), n_embd) float32)."""
+        Returns (logits (rows, n_vocab) numpy float32 or None, features (T, len(taps), n_embd) float32, the
+        backend's array)."""
         hp = self.hp
         tokens = np.asarray(tokens, np.int64).reshape(-1)
         start = self.kv.n_tokens
@@ -93,19 +98,21 @@ class TargetModel:
         if self.arch.rope_sections:
             rope = ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), hp.rope_sections,
                                         self.arch.rope_sections == "imrope")
-        features = np.empty((len(tokens), len(taps), hp.n_embd), np.float32)
+        backend = self.ops
+        rope = backend.tables(rope)
+        features = backend.empty((len(tokens), len(taps), hp.n_embd))
         x = self.token_embd.rows(tokens)
         for i, layer in enumerate(self.layers):
             self._tap(features, taps, i, x)
-            h = ops.rms_norm(x, layer.attn_norm, hp.rms_eps)
+            h = backend.rms_norm(x, layer.attn_norm, hp.rms_eps)
             x = layer.mixer(h, positions, rope, self.kv, layer.slot, hp, stepwise) + x
-            x = layer.ffn(ops.rms_norm(x, layer.ffn_norm, hp.rms_eps), stepwise) + x
+            x = layer.ffn(backend.rms_norm(x, layer.ffn_norm, hp.rms_eps), stepwise) + x
         self.kv.n_tokens = start + len(tokens)
-        out = ops.rms_norm(x, self.output_norm, hp.rms_eps)
+        out = backend.rms_norm(x, self.output_norm, hp.rms_eps)
         self._tap(features, taps, hp.n_layer, out)
         if logits == "none":
             return None, features
-        return self.output(out if logits == "all" else out[-1:], stepwise), features
+        return backend.host(self.output(out if logits == "all" else out[-1:], stepwise)), features
 
     def _rope(self, positions):
         hp = self.hp
