@@ -61,7 +61,12 @@ class AttentionTensors(Piece):
         """Layer i's attention tensors (blk.i.attn_*) from a WeightFile."""
         p = f"blk.{i}."
         q_dim, kv_dim = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-        attn = cls(
+        q_norm = w.optional_vector(p + "attn_q_norm.weight", hp.head_dim)
+        k_norm = w.optional_vector(p + "attn_k_norm.weight", hp.head_dim)
+        if (q_norm is None) != (k_norm is None):
+            raise ModelError(f"{w.meta.path}: layer {i} has only one of attn_q_norm / attn_k_norm")
+        sinks = w.optional_vector(p + "attn_sinks.weight", hp.n_head)
+        return cls(
             wq=w.matrix(p + "attn_q.weight", hp.n_embd, q_dim * (2 if output_gate else 1)),
             wk=w.matrix(p + "attn_k.weight", hp.n_embd, kv_dim),
             wv=w.matrix(p + "attn_v.weight", hp.n_embd, kv_dim),
@@ -69,20 +74,13 @@ class AttentionTensors(Piece):
             bq=w.optional_vector(p + "attn_q.bias", q_dim),
             bk=w.optional_vector(p + "attn_k.bias", kv_dim),
             bv=w.optional_vector(p + "attn_v.bias", kv_dim),
+            q_norm=NO_NORM if q_norm is None else q_norm,
+            k_norm=NO_NORM if k_norm is None else k_norm,
             bo=w.optional_vector(p + "attn_output.bias", hp.n_embd),
+            sinks=NO_SINKS if sinks is None else sinks,
             window=hp.n_swa if hp.swa_layers[i] else 0,
             output_gate=output_gate,
         )
-        sinks = w.optional_vector(p + "attn_sinks.weight", hp.n_head)
-        if sinks is not None:
-            attn.sinks = sinks
-        q_norm = w.optional_vector(p + "attn_q_norm.weight", hp.head_dim)
-        k_norm = w.optional_vector(p + "attn_k_norm.weight", hp.head_dim)
-        if (q_norm is None) != (k_norm is None):
-            raise ModelError(f"{w.meta.path}: layer {i} has only one of attn_q_norm / attn_k_norm")
-        if q_norm is not None:
-            attn.q_norm, attn.k_norm = q_norm, k_norm
-        return attn
 
 
 @dataclass
@@ -177,7 +175,7 @@ class DeltaNetTensors(Piece):
 
     @property
     def n_v_heads(self) -> int:
-        return self.a.size
+        return len(self.a)
 
     @property
     def key_dim(self) -> int:

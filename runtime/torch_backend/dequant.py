@@ -23,6 +23,11 @@ def dequantize(qtype, rows: torch.Tensor, n_cols: int) -> torch.Tensor:
     return DECODERS[qtype](blocks).reshape(-1, n_cols)
 
 
+def block_mins(qtype, rows: torch.Tensor) -> torch.Tensor:
+    """Q4_1 / Q5_1 rows (n_rows, row_bytes) -> each block's min m (the f16 at byte 2), float32 (n_rows, n_blocks)."""
+    return _half(rows.reshape(-1, GGML_QUANT_SIZES[T(qtype)][1]), 2).reshape(len(rows), -1)
+
+
 def _ints(b: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return b[:, start:stop].to(torch.int32)
 
