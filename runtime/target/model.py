@@ -15,7 +15,7 @@ import numpy as np
 
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.kernels import ops
-from ggtools.runtime.numba_backend import NumbaOps
+from ggtools.runtime.backends import make_ops
 from ggtools.runtime.target.archs import arch_of
 from ggtools.runtime.target.hparams import read_hparams
 from ggtools.runtime.target.hybrid_cache import HybridCache
@@ -34,11 +34,12 @@ class Layer:
 class TargetModel:
     """A target model with its own KV cache (`kv`). Not thread-safe; one sequence at a time."""
 
-    def __init__(self, path, threads: int | None = None, kv_type: str = "f16", ops=None):
-        """path: a target GGUF (the first shard of a split model); threads: numba's worker threads (process-wide,
-        default all cores); kv_type: "f16" (llama.cpp's default cache type) or "f32"; ops: the backend
-        (default NumbaOps(threads); backends.make_ops for torch)."""
-        self.ops = ops = ops or NumbaOps(threads)
+    def __init__(self, path, threads: int | None = None, kv_type: str = "f16", backend: str = "numba",
+                 device: str | None = None, dtype: str | None = None):
+        """path: a target GGUF (the first shard of a split model); threads: CPU threads (numba's workers are
+        process-wide; default all cores); kv_type: "f16" (llama.cpp's default cache type) or "f32"; backend:
+        "numba" or "torch", with torch's device ("cpu", "cuda[:N]") and compute dtype (backends.make_ops)."""
+        self.ops = ops = make_ops(backend, device, dtype, threads)
         self.threads = ops.threads
         self.weights = w = ops.open_weights(path)
         self.path = str(path)

@@ -62,9 +62,9 @@ class TorchOps:
         GPU) or "f16"; threads: torch's CPU threads (default: torch's own)."""
         try:
             self.torch_device = torch.device(device)
-        except RuntimeError as e:
-            raise ModelError(f"--device {device!r}: {e}") from None
-        if self.torch_device.type not in ("cpu", "cuda"):
+        except RuntimeError:
+            self.torch_device = None
+        if self.torch_device is None or self.torch_device.type not in ("cpu", "cuda"):
             raise ModelError(f"--device {device!r}: expected cpu, cuda or cuda:N")
         if self.torch_device.type == "cuda":
             _check_cuda(self.torch_device, device)
