@@ -147,29 +147,25 @@ class GGML:
         return bool(self.lib.ggml_validate_row_data(int(qtype), data.ctypes.data, data.size))
 
 
-_instance = None
-_cpu_instance = None
+_libraries = {}
+
+
+def _load(lib_name: str, cls):
+    """cls on llama-cpp-python's lib/<lib_name>, loaded once, or pytest.skip when it is not installed."""
+    if lib_name not in _libraries:
+        llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (ggml oracle) not installed")
+        path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", lib_name)
+        if not os.path.exists(path):
+            pytest.skip(f"llama-cpp-python has no {path}")
+        _libraries[lib_name] = cls(path)
+    return _libraries[lib_name]
 
 
 def load_ggml_cpu() -> GGMLCpu:
     """libggml-cpu as an oracle, or pytest.skip when llama-cpp-python is not installed."""
-    global _cpu_instance
-    if _cpu_instance is None:
-        llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (ggml oracle) not installed")
-        path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-cpu.so")
-        if not os.path.exists(path):
-            pytest.skip(f"llama-cpp-python has no {path}")
-        _cpu_instance = GGMLCpu(path)
-    return _cpu_instance
+    return _load("libggml-cpu.so", GGMLCpu)
 
 
 def load_ggml() -> GGML:
     """The oracle, or pytest.skip when llama-cpp-python is not installed."""
-    global _instance
-    if _instance is None:
-        llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (ggml oracle) not installed")
-        path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so")
-        if not os.path.exists(path):
-            pytest.skip(f"llama-cpp-python has no {path}")
-        _instance = GGML(path)
-    return _instance
+    return _load("libggml-base.so", GGML)

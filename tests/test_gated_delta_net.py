@@ -59,7 +59,7 @@ def ours_from(module) -> GatedDeltaNet:
         wqkv=f32_matrix("qkv", qkv), wgate=f32_matrix("z", sd["in_proj_z.weight"][v_rows]),
         wbeta=f32_matrix("beta", sd["in_proj_b.weight"][heads]),
         walpha=f32_matrix("alpha", sd["in_proj_a.weight"][heads]),
-        conv=np.ascontiguousarray(conv, np.float32), dt_bias=sd["dt_bias"][heads].astype(np.float32),
+        conv=np.ascontiguousarray(conv.T, np.float32), dt_bias=sd["dt_bias"][heads].astype(np.float32),
         a=(-np.exp(sd["A_log"][heads])).astype(np.float32), norm=sd["norm.weight"].astype(np.float32),
         wout=f32_matrix("out", sd["out_proj.weight"][:, v_rows]), n_k_heads=K_HEADS, head_dim=HEAD_DIM, eps=EPS)
 

@@ -149,3 +149,27 @@ def test_split_target_runs_from_its_first_shard(targets, models):
     assert np.array_equal(split.forward(ids)[0], whole.forward(ids)[0])
     assert greedy(split, [5], 8)[0] == greedy(whole, [5], 8)[0]
     split.close()
+
+
+@pytest.mark.parametrize("edit, message", [
+    ("qwen35.ssm.inner_size=u32:100", "'qwen35.ssm.inner_size' is not time_step_rank x state_size"),
+    ("qwen35.attention.recurrent_layers=bool[]:1,1,1,1,1,1", "tensor 'blk.1.attn_qkv.weight' is missing"),
+    ("qwen35.attention.recurrent_layers=bool[]:1,0", "'qwen35.attention.recurrent_layers' has 2 entries for 6 layers"),
+    ("qwen35.ssm.group_count=u32:3", "4 value heads is not a multiple of 3 key heads"),
+])
+def test_inconsistent_hybrid_keys_are_one_line_errors(targets, tmp_path, edit, message):
+    """A qwen35 GGUF whose Gated DeltaNet keys disagree with its tensors: `ggtools run` names the file and the
+    rule in one line and exits 2, no traceback; the input is not modified."""
+    from click.testing import CliRunner
+
+    from ggtools.cli import main as cli
+
+    source = targets["qwen35"].gguf["q8_0"]
+    before = source.stat().st_mtime_ns
+    bad = tmp_path / "bad.gguf"
+    assert CliRunner().invoke(cli, ["patch", "set", str(source), edit, "-o", str(bad)]).exit_code == 0
+    result = CliRunner().invoke(cli, ["run", "--target", str(bad), "--prompt-ids", "1,2,3", "-n", "2"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and str(bad) in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert source.stat().st_mtime_ns == before

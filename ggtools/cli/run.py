@@ -11,6 +11,7 @@ from ggtools.runtime.generate import run
 from ggtools.runtime.spec_run import run_speculative
 from ggtools.runtime.stats import DEFINITIONS
 
+
 def _parse_ids(text: str) -> list[int]:
     try:
         return [int(v) for v in text.replace(",", " ").split()]

@@ -124,8 +124,7 @@ def _default_runtimes(d: DraftFile) -> list[str]:
 def runtime_tap_archs() -> dict:
     """runtime -> the target archs whose layer inputs it taps; ggtools' from its own runtime."""
     from ggtools.runtime.target.archs import ARCHS
-    return {LLAMACPP.runtime: LLAMACPP.tap_archs, LUCEBOX.runtime: LUCEBOX.tap_archs,
-            "ggtools": frozenset(ARCHS)}
+    return {LLAMACPP.runtime: LLAMACPP.tap_archs, LUCEBOX.runtime: LUCEBOX.tap_archs, "ggtools": frozenset(ARCHS)}
 
 
 def _ggtools_refusal(t: TargetInfo) -> dict:

@@ -133,8 +133,10 @@ class Drafter:
         rope = self._plain_rope(positions)
         # llama.cpp's converter gives drafters of M-RoPE targets the sections [n_rot/2, 0, 0, 0], which rotate
         # every pair by the position as plain RoPE does; text_rope_angles keeps any other split exact too
-        if any(self.hp.rope_sections):
-            rope = numba_ops.text_rope_angles(rope, self._plain_rope([0]), self.hp.rope_sections, False)
+        still = numba_ops.fourth_section_pairs(self.hp.rope_dims // 2, self.hp.rope_sections, False) \
+            if any(self.hp.rope_sections) else np.zeros(0, bool)
+        if still.any():
+            rope = numba_ops.text_rope_angles(rope, self._plain_rope([0]), still)
         return self.ops.tables(rope)
 
     def _plain_rope(self, positions):

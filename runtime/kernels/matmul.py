@@ -40,7 +40,8 @@ from ggtools.runtime.kernels import workers
 from ggtools.runtime.kernels.workers import claim, enter, leave
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
 from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot2_lanes8_1, dot2_lanes8_2, dot2_lanes8_3, dot2_lanes8_4,
-                                  dot_4x8_2, dot_4x8_main, dot_lanes8_1, dot_lanes8_2, dot_lanes8_3, dot_lanes8_4,
+                                  dot_4x8_2, dot_4x8_f16_1, dot_4x8_f16_2, dot_4x8_f32_1, dot_4x8_f32_2,
+                                  dot_4x8_main, dot_lanes8_1, dot_lanes8_2, dot_lanes8_3, dot_lanes8_4,
                                   dot_row_mxfp4_1, dot_row_mxfp4_4, dot_row_mxfp4r_1, dot_row_mxfp4r_4,
                                   dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
@@ -560,9 +561,11 @@ def dot_weight_pair(w, x, out, r):
 def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, experts, groups, one_row_structure,
                  f16_tail, counter):
     """As matmul_block32, weights dequantized row by row, dots in vec_dot's or tinyBLAS's layout (there, two
-    weight rows at a time)."""
+    weight rows at a time). F16 and F32 rows in vec_dot's layout with no tail are dotted straight from their
+    stored bytes, as ggml_vec_dot_f16 / f32 read them."""
     w = np.empty((2, x_all.shape[1]), np.float32)
     n_template = tasks.shape[0]
+    stored = one_row_structure and (qtype == F16 or qtype == F32) and x_all.shape[1] % 32 == 0
     enter(counter)
     while True:
         k = claim(counter)
@@ -572,6 +575,10 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, 
         offset, column = U(tasks[j, 0] + experts[g] * tasks[j, 3]), tasks[j, 2]
         x, out = x_all[groups[g]:groups[g + 1]], out_all[groups[g]:groups[g + 1]]
         n_rows = tasks[j, 1]
+        if stored:
+            for i in range(n_rows):
+                dot_stored_rows(qtype, buf, offset + U(i) * row_bytes, x, out, column + i)
+            continue
         i = 0
         while not one_row_structure and i + 2 <= n_rows:
             decode_row(qtype, buf, offset + U(i) * row_bytes, w[0], qk, block_bytes)
@@ -582,6 +589,24 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, 
             decode_row(qtype, buf, offset + U(i) * row_bytes, w[0], qk, block_bytes)
             dot_rows_float(w[0], x, one_row_structure, f16_tail, out, column + i)
     leave(counter)
+
+
+@njit(inline="always", **EXACT)
+def dot_stored_rows(qtype, buf, so, x, out, r):
+    """out[t, r] = the F16 / F32 row at buf[so] . x[t] for every t, in vec_dot's layout, input rows in pairs
+    sharing the loads of the weights."""
+    n, t = x.shape[1], 0
+    while t + 2 <= x.shape[0]:
+        if qtype == F16:
+            out[t, r], out[t + 1, r] = dot_4x8_f16_2(buf, so, x, t, n)
+        else:
+            out[t, r], out[t + 1, r] = dot_4x8_f32_2(buf, so, x, t, n)
+        t += 2
+    if t < x.shape[0]:
+        if qtype == F16:
+            (out[t, r],) = dot_4x8_f16_1(buf, so, x, t, n)
+        else:
+            (out[t, r],) = dot_4x8_f32_1(buf, so, x, t, n)
 
 
 @njit(**EXACT)

@@ -187,10 +187,10 @@ def fourth_section_pairs(n_pairs: int, sections, interleaved: bool) -> np.ndarra
     return sector >= s0 + s1 + s2
 
 
-def text_rope_angles(rope: tuple, rope_at_0: tuple, sections, interleaved: bool) -> tuple:
+def text_rope_angles(rope: tuple, rope_at_0: tuple, still: np.ndarray) -> tuple:
     """M-RoPE cos/sin tables of text tokens: plain RoPE's (rope_angles) at the tokens' positions, except for
-    the pairs of the fourth section, which take the angles of position 0 (rope_at_0, one row)."""
-    still = fourth_section_pairs(rope[0].shape[1], sections, interleaved)
+    the pairs of the fourth section (`still`, fourth_section_pairs), which take the angles of position 0
+    (rope_at_0, one row)."""
     cos, sin = rope[0].copy(), rope[1].copy()
     cos[:, still], sin[:, still] = rope_at_0[0][0, still], rope_at_0[1][0, still]
     return cos, sin

@@ -133,6 +133,21 @@ def _dot_lanes8(n_rows, n_weights=1):
     return intrinsic(typer)
 
 
+def _sums_4x8(context, builder, load_w, x_t, x_a, t_v, n_v, n_rows):
+    """ggml_vec_dot_f32 / f16's main part for input rows t..t+n_rows-1 sharing each load_w(offset, j) (the
+    weights' 8 floats at offset + 8 j): four 8-lane accumulators per row over steps of 32, reduce4x8."""
+    rows = [builder.add(_i64(builder, t_v), ir.Constant(I64, j)) for j in range(n_rows)]
+    acc = _Accumulators(builder, 4 * n_rows, ir.Constant(V8F, [0.0] * 8))
+    with cgutils.for_range(builder, builder.udiv(_i64(builder, n_v), ir.Constant(I64, 32))) as loop:
+        o = builder.mul(loop.index, ir.Constant(I64, 32))
+        ws = [load_w(o, j) for j in range(4)]
+        for r, row in enumerate(rows):
+            xp = _element_ptr(context, builder, x_t, x_a, row, o)
+            for j in range(4):
+                acc[4 * r + j] = _fma8(builder, ws[j], _load8(builder, xp, 8 * j), acc[4 * r + j])
+    return [_reduce4x8(builder, [acc[4 * r + j] for j in range(4)]) for r in range(n_rows)]
+
+
 def _dot_4x8(n_rows=None):
     """ggml_vec_dot_f32 / f16 main part: w[:n32] . x[t, :n32] for n32 a multiple of 32. With n_rows, the
     same for rows t..t+n_rows-1 sharing the loads of w (a tuple; each row keeps its own accumulators)."""
@@ -140,21 +155,40 @@ def _dot_4x8(n_rows=None):
         def codegen(context, builder, signature, args):
             w_a, x_a, t_v, n_v = args
             w_t, x_t, _, _ = signature.args
-            rows = [builder.add(_i64(builder, t_v), ir.Constant(I64, j)) for j in range(n_rows or 1)]
-            acc = _Accumulators(builder, 4 * len(rows), ir.Constant(V8F, [0.0] * 8))
-            with cgutils.for_range(builder, builder.udiv(_i64(builder, n_v), ir.Constant(I64, 32))) as loop:
-                o = builder.mul(loop.index, ir.Constant(I64, 32))
-                wp = _element_ptr(context, builder, w_t, w_a, o)
-                ws = [_load8(builder, wp, 8 * j) for j in range(4)]
-                for r, row in enumerate(rows):
-                    xp = _element_ptr(context, builder, x_t, x_a, row, o)
-                    for j in range(4):
-                        acc[4 * r + j] = _fma8(builder, ws[j], _load8(builder, xp, 8 * j), acc[4 * r + j])
-            sums = [_reduce4x8(builder, [acc[4 * r + j] for j in range(4)]) for r in range(len(rows))]
+
+            def load_w(o, j):
+                return _load8(builder, _element_ptr(context, builder, w_t, w_a, o), 8 * j)
+
+            sums = _sums_4x8(context, builder, load_w, x_t, x_a, t_v, n_v, n_rows or 1)
             return sums[0] if n_rows is None else _tuple(context, builder, sums, n_rows)
 
         ret = types.float32 if n_rows is None else types.UniTuple(types.float32, n_rows)
         return ret(w, x, t, n32), codegen
+    return intrinsic(typer)
+
+
+def _dot_4x8_stored(element, n_rows=1):
+    """As _dot_4x8, with the weight row read straight from its stored bytes (data[offset:], element "f16" or
+    "f32"): widening f16 is exact, so the bits are those of decoding first; a tuple of n_rows results."""
+    def typer(typingctx, data, offset, x, t, n32):
+        def codegen(context, builder, signature, args):
+            data_a, off_v, x_a, t_v, n_v = args
+            data_t, _, x_t, _, _ = signature.args
+            base = _element_ptr(context, builder, data_t, data_a, off_v)
+
+            def load_w(o, j):
+                at = builder.add(o, ir.Constant(I64, 8 * j))
+                if element == "f32":
+                    ptr = builder.gep(base, [builder.mul(at, ir.Constant(I64, 4))])
+                    return builder.load(builder.bitcast(ptr, V8F.as_pointer()), align=1)
+                ptr = builder.gep(base, [builder.mul(at, ir.Constant(I64, 2))])
+                raw = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), 8).as_pointer()), align=1)
+                return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), 8)), V8F)
+
+            sums = _sums_4x8(context, builder, load_w, x_t, x_a, t_v, n_v, n_rows)
+            return _tuple(context, builder, sums, n_rows)
+
+        return types.UniTuple(types.float32, n_rows)(data, offset, x, t, n32), codegen
     return intrinsic(typer)
 
 
@@ -165,6 +199,8 @@ dot_lanes8_4 = _dot_lanes8(4)
 dot2_lanes8_1, dot2_lanes8_2, dot2_lanes8_3, dot2_lanes8_4 = (_dot_lanes8(n, n_weights=2) for n in (1, 2, 3, 4))
 dot_4x8_main = _dot_4x8()
 dot_4x8_2 = _dot_4x8(2)
+dot_4x8_f16_1, dot_4x8_f16_2 = _dot_4x8_stored("f16", 1), _dot_4x8_stored("f16", 2)
+dot_4x8_f32_1, dot_4x8_f32_2 = _dot_4x8_stored("f32", 1), _dot_4x8_stored("f32", 2)
 
 
 @intrinsic

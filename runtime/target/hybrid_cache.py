@@ -23,7 +23,7 @@ class RecurrentState:
     def __init__(self, mixer, arrays=HOST_ARRAYS):
         """mixer: the layer's Gated DeltaNet; arrays: its backend's zeros / copy / cat (kvcache.HOST_ARRAYS)."""
         self.mixer, self.arrays = mixer, arrays
-        self.conv = arrays.zeros((mixer.conv.shape[1] - 1, mixer.conv.shape[0]))
+        self.conv = arrays.zeros((mixer.conv.shape[0] - 1, mixer.conv.shape[1]))
         self.ssm = arrays.zeros((mixer.n_v_heads, mixer.head_dim, mixer.head_dim))
         self.checkpoint()
 

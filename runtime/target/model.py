@@ -51,6 +51,11 @@ class TargetModel:
         self.output = w.matrix("output.weight", hp.n_embd) if w.has("output.weight") else self.token_embd
         freq_factors = w.optional_vector("rope_freqs.weight")
         self.rope_freq_factors = np.zeros(0, np.float32) if freq_factors is None else freq_factors
+        # M-RoPE on text: pairs of the fourth section keep position 0's angles (none with Qwen3.5's sections)
+        self.rope_still = np.zeros(0, bool)
+        if self.arch.rope_sections:
+            self.rope_still = ops.fourth_section_pairs(hp.rope_dims // 2, hp.rope_sections,
+                                                       self.arch.rope_sections == "imrope")
         self.layers = [self._load_layer(i) for i in range(hp.n_layer)]
         kinds = [type(layer.mixer) for layer in self.layers]
         for i, layer in enumerate(self.layers):
@@ -96,9 +101,8 @@ class TargetModel:
 
         self.kv.reserve(start + len(tokens))
         rope = self._rope(positions)
-        if self.arch.rope_sections:
-            rope = ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), hp.rope_sections,
-                                        self.arch.rope_sections == "imrope")
+        if self.rope_still.any():
+            rope = ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), self.rope_still)
         backend = self.ops
         rope = backend.tables(rope)
         features = backend.empty((len(tokens), len(taps), hp.n_embd))

@@ -164,7 +164,7 @@ class DeltaNetTensors(Piece):
     wgate: object           # n_embd -> value_dim (z)
     wbeta: object           # n_embd -> n_v_heads
     walpha: object          # n_embd -> n_v_heads
-    conv: np.ndarray        # (channels, kernel) float32
+    conv: np.ndarray        # (kernel, channels) float32: the conv taps, tap-major
     dt_bias: np.ndarray     # (n_v_heads,)
     a: np.ndarray           # (n_v_heads,) = -exp(A_log)
     norm: np.ndarray        # (head_dim,)
@@ -192,7 +192,8 @@ class DeltaNetTensors(Piece):
             wgate=w.matrix(p + "attn_gate.weight", hp.n_embd, value_dim),
             wbeta=w.matrix(p + "ssm_beta.weight", hp.n_embd, shape.n_v_heads),
             walpha=w.matrix(p + "ssm_alpha.weight", hp.n_embd, shape.n_v_heads),
-            conv=w.vector(p + "ssm_conv1d.weight", channels * shape.conv_kernel).reshape(channels, -1),
+            conv=np.ascontiguousarray(
+                w.vector(p + "ssm_conv1d.weight", channels * shape.conv_kernel).reshape(channels, -1).T),
             dt_bias=w.vector(p + "ssm_dt.bias", shape.n_v_heads),
             a=w.vector(p + "ssm_a", shape.n_v_heads),
             norm=w.vector(p + "ssm_norm.weight", shape.head_dim),

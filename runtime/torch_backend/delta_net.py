@@ -47,9 +47,9 @@ class GatedDeltaNet(DeltaNetTensors):
     def recur(self, conv_state, ssm_state, qkv, g, beta) -> torch.Tensor:
         """Advance conv_state ((K - 1, C)) and ssm_state ((n_v_heads, S, S)) in place over the rows of qkv, g,
         beta; returns the heads' outputs (T, value_dim)."""
-        kernel = self.conv.shape[1]
+        kernel = self.conv.shape[0]
         window = torch.cat([conv_state, qkv])
-        conv = (window.unfold(0, kernel, 1) * self.conv).sum(-1)         # (T, C)
+        conv = (window.unfold(0, kernel, 1) * self.conv.T).sum(-1)       # (T, C): window[t + i, c] * conv[i, c]
         conv_state.copy_(window[len(window) - len(conv_state):])
         conv = F.silu(conv)
         d, n_tokens = self.head_dim, len(qkv)

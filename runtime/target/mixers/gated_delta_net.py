@@ -33,17 +33,23 @@ NO_OUTPUT = np.zeros((0, 0), np.float32)
 
 
 @njit(**EXACT)
-def conv_rows(window, weight, out):
-    """ggml_ssm_conv: out[t, c] = sum_i window[t + i, c] * weight[c, i], each product and sum rounded.
-    window: (T + K - 1, C) the conv state's K - 1 rows, then the T new rows; weight: (C, K)."""
+def conv_rows(conv_state, qkv, weight, out):
+    """ggml_ssm_conv over the conv state's K - 1 rows followed by the T rows of qkv: out[t, c] =
+    sum_i row[t + i, c] * weight[i, c], each product and sum rounded, in order of i; then the state becomes
+    the last K - 1 rows. conv_state: (K - 1, C); weight: (K, C), the taps of each channel."""
     n_tokens, n_channels = out.shape
-    kernel = weight.shape[1]
+    kept = conv_state.shape[0]
+    window = np.empty((kept + n_tokens, n_channels), np.float32)
+    window[:kept] = conv_state
+    window[kept:] = qkv
     for t in range(n_tokens):
-        for c in range(n_channels):
-            s = F32(0.0)
-            for i in range(kernel):
-                s = s + window[t + i, c] * weight[c, i]
-            out[t, c] = s
+        row = out[t]
+        row[:] = 0.0
+        for i in range(kept + 1):
+            src, taps = window[t + i], weight[i]
+            for c in range(n_channels):
+                row[c] = row[c] + src[c] * taps[c]
+    conv_state[:] = window[n_tokens:]
 
 
 @njit(**EXACT)
@@ -60,6 +66,15 @@ def l2_norm_heads(x, head_dim, eps, out):
             rms_norm_row(x[t, h * head_dim:(h + 1) * head_dim], no_weight, head_eps, part)
             for i in range(head_dim):
                 part[i] = part[i] * rescale
+
+
+@njit(**EXACT)
+def conv_silu_l2(conv_state, qkv, weight, key_dim, head_dim, eps, conv, qk):
+    """The conv (advancing conv_state), SiLU, and the L2 norms of the q and k heads: conv (T, C) gets the
+    SiLU output (v is its last value_dim columns), qk (T, 2 key_dim) the normed q and k."""
+    conv_rows(conv_state, qkv, weight, conv)
+    silu_rows(conv, conv)
+    l2_norm_heads(conv[:, :2 * key_dim], head_dim, eps, qk)
 
 
 @njit(**EXACT)
@@ -83,26 +98,29 @@ def delta_rule_heads(q, k, v, g, beta, state, head_dim, out, counter):
     n_k_heads = q.shape[1] // head_dim
     scale = F32(1.0) / np.sqrt(F32(head_dim))
     delta = np.empty(head_dim, np.float32)
+    kt = np.empty((1, head_dim), np.float32)     # contiguous copies of the head's k and q rows
+    qt = np.empty((1, head_dim), np.float32)
     enter(counter)
     while True:
         h = claim(counter)
         if h >= n_v_heads:
             break
         m = state[h]
+        flat = m.reshape(head_dim * head_dim)
         hk = h % n_k_heads
         for t in range(n_tokens):
-            kt = k[t:t + 1, hk * head_dim:(hk + 1) * head_dim]
+            kt[0] = k[t, hk * head_dim:(hk + 1) * head_dim]
             decay = np.exp(g[t, h])
-            for j in range(head_dim):
-                for i in range(head_dim):
-                    m[j, i] = m[j, i] * decay
+            for i in range(flat.size):
+                flat[i] = flat[i] * decay
             for j in range(head_dim):
                 delta[j] = (v[t, h * head_dim + j] - dot_one_row(m[j], kt, 0, False)) * beta[t, h]
             for j in range(head_dim):
+                row, d = m[j], delta[j]
                 for i in range(head_dim):
-                    m[j, i] = fma(kt[0, i], delta[j], m[j, i])
+                    row[i] = fma(kt[0, i], d, row[i])
             if out.size:
-                qt = q[t:t + 1, hk * head_dim:(hk + 1) * head_dim]
+                qt[0] = q[t, hk * head_dim:(hk + 1) * head_dim]
                 for j in range(head_dim):
                     out[t, h * head_dim + j] = dot_one_row(m[j], qt, 0, False) * scale
     leave(counter)
@@ -146,13 +164,10 @@ class GatedDeltaNet(DeltaNetTensors):
     def recur(self, conv_state, ssm_state, qkv, g, beta, out=NO_OUTPUT) -> None:
         """Advance conv_state ((K - 1, C)) and ssm_state ((n_v_heads, S, S)) over the rows of qkv, g, beta,
         writing the heads' outputs to out (T, value_dim) unless it is empty."""
-        window = np.concatenate([conv_state, qkv])
         conv = np.empty_like(qkv)
-        conv_rows(window, self.conv, conv)
-        conv_state[:] = window[len(window) - len(conv_state):]
-        silu_rows(conv, conv)
         qk = np.empty((len(qkv), 2 * self.key_dim), np.float32)
-        l2_norm_heads(conv[:, :2 * self.key_dim], self.head_dim, F32(self.eps), qk)
+        conv_silu_l2(conv_state, np.ascontiguousarray(qkv), self.conv, self.key_dim, self.head_dim, F32(self.eps),
+                     conv, qk)
         q, k = qk[:, :self.key_dim], qk[:, self.key_dim:]
         v = conv[:, 2 * self.key_dim:]
         work = len(qkv) * self.n_v_heads * self.head_dim * self.head_dim * 3
