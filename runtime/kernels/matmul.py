@@ -39,9 +39,9 @@ from ggtools.quants.simple import KVALUES_MXFP4
 from ggtools.runtime.kernels import workers
 from ggtools.runtime.kernels.workers import claim, enter, leave
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
-from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot2_lanes8_1, dot2_lanes8_2, dot2_lanes8_3, dot2_lanes8_4,
-                                  dot_4x8_2, dot_4x8_f16_1, dot_4x8_f16_2, dot_4x8_f32_1, dot_4x8_f32_2,
-                                  dot_4x8_main, dot_lanes8_1, dot_lanes8_2, dot_lanes8_3, dot_lanes8_4,
+from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_4x8_stored_1,
+                                  dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
+                                  stored2_lanes8_4,
                                   dot_row_mxfp4_1, dot_row_mxfp4_4, dot_row_mxfp4r_1, dot_row_mxfp4r_4,
                                   dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
@@ -403,33 +403,6 @@ def dot_one_row(w, x, t, f16_tail):
     return s
 
 
-@njit(inline="always", **EXACT)
-def dot_rows_float(w, x, one_row_structure, f16_tail, out, r):
-    """out[t, r] = w . x[t] in the vec_dot layout (one_row_structure) or tinyBLAS's."""
-    n_in = x.shape[0]
-    if one_row_structure:
-        t = 0
-        if w.size % 32 == 0:     # no tail: row pairs share the loads of w (8 accumulators fit the registers)
-            n = w.size
-            while t + 2 <= n_in:
-                out[t, r], out[t + 1, r] = dot_4x8_2(w, x, t, n)
-                t += 2
-        for t in range(t, n_in):
-            out[t, r] = dot_one_row(w, x, t, f16_tail)
-        return
-    t = 0     # rows in groups sharing the loads of w (independent accumulators, so no change to any row)
-    while t + 4 <= n_in:
-        out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_lanes8_4(w, x, t)
-        t += 4
-    left = n_in - t
-    if left == 3:
-        out[t, r], out[t + 1, r], out[t + 2, r] = dot_lanes8_3(w, x, t)
-    elif left == 2:
-        out[t, r], out[t + 1, r] = dot_lanes8_2(w, x, t)
-    elif left == 1:
-        (out[t, r],) = dot_lanes8_1(w, x, t)
-
-
 # ---- activations ---------------------------------------------------------------------------------
 
 @njit(**EXACT)
@@ -533,39 +506,22 @@ def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, e
     leave(counter)
 
 
-@njit(inline="always", **EXACT)
-def dot_weight_pair(w, x, out, r):
-    """out[t, r + k] = w[k] . x[t] in tinyBLAS's layout for the two weight rows of w: every load of x
-    serves both (each pair of rows keeps its own accumulator, so no bit changes)."""
-    n_in = x.shape[0]
-    t = 0
-    while t + 4 <= n_in:
-        dots = dot2_lanes8_4(w, x, t)
-        for j in range(4):
-            out[t + j, r], out[t + j, r + 1] = dots[j], dots[4 + j]
-        t += 4
-    left = n_in - t      # the rest in one group (3 of a drafter's 7 rows): lone rows would wait on fma latency
-    if left == 3:
-        dots3 = dot2_lanes8_3(w, x, t)
-        for j in range(3):
-            out[t + j, r], out[t + j, r + 1] = dots3[j], dots3[3 + j]
-    elif left == 2:
-        dots2 = dot2_lanes8_2(w, x, t)
-        for j in range(2):
-            out[t + j, r], out[t + j, r + 1] = dots2[j], dots2[2 + j]
-    elif left == 1:
-        out[t, r], out[t, r + 1] = dot2_lanes8_1(w, x, t)
-
-
 @njit(**EXACT)
 def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, experts, groups, one_row_structure,
                  f16_tail, counter):
-    """As matmul_block32, weights dequantized row by row, dots in vec_dot's or tinyBLAS's layout (there, two
-    weight rows at a time). F16 and F32 rows in vec_dot's layout with no tail are dotted straight from their
-    stored bytes, as ggml_vec_dot_f16 / f32 read them."""
-    w = np.empty((2, x_all.shape[1]), np.float32)
+    """As matmul_block32 for weights dotted in float: in vec_dot's layout (one_row_structure: four 8-lane
+    accumulators over steps of 32, input rows in pairs sharing the weight loads) or tinyBLAS's (8 lanes, two
+    weight rows at a time against up to four input rows, every load of an input row serving both). F16 and F32
+    rows are read straight from the file, as ggml's dots read them; other types are decoded to float first.
+    The loops are written out here: behind helpers taking the arrays they ran about 3x slower."""
+    n = x_all.shape[1]
+    decoded = np.empty(2 * n * 4, np.uint8)            # two decoded rows, as float32 bytes
+    w = decoded.view(np.float32).reshape((2, n))
+    w0, w1 = w[0], w[1]
+    direct = qtype == F16 or qtype == F32
+    f16 = qtype == F16
+    tail = n % (32 if one_row_structure else 8) != 0   # vec_dot's leftover loop (its own summation)
     n_template = tasks.shape[0]
-    stored = one_row_structure and (qtype == F16 or qtype == F32) and x_all.shape[1] % 32 == 0
     enter(counter)
     while True:
         k = claim(counter)
@@ -574,39 +530,61 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, 
         g, j = k // n_template, k % n_template
         offset, column = U(tasks[j, 0] + experts[g] * tasks[j, 3]), tasks[j, 2]
         x, out = x_all[groups[g]:groups[g + 1]], out_all[groups[g]:groups[g + 1]]
-        n_rows = tasks[j, 1]
-        if stored:
-            for i in range(n_rows):
-                dot_stored_rows(qtype, buf, offset + U(i) * row_bytes, x, out, column + i)
-            continue
+        n_in, n_rows = x.shape[0], tasks[j, 1]
         i = 0
-        while not one_row_structure and i + 2 <= n_rows:
-            decode_row(qtype, buf, offset + U(i) * row_bytes, w[0], qk, block_bytes)
-            decode_row(qtype, buf, offset + U(i + 1) * row_bytes, w[1], qk, block_bytes)
-            dot_weight_pair(w, x, out, column + i)
-            i += 2
-        for i in range(i, n_rows):
-            decode_row(qtype, buf, offset + U(i) * row_bytes, w[0], qk, block_bytes)
-            dot_rows_float(w[0], x, one_row_structure, f16_tail, out, column + i)
+        while i < n_rows:
+            r = column + i
+            if tail:
+                decode_row(qtype, buf, offset + U(i) * row_bytes, w0, qk, block_bytes)
+                for t in range(n_in):
+                    out[t, r] = dot_one_row(w0, x, t, f16_tail)
+                i += 1
+                continue
+            # tinyBLAS's layout takes two weight rows; a lone last one goes as a pair with itself (stride 0)
+            pair = not one_row_structure and i + 1 < n_rows
+            if direct:
+                so, stride = offset + U(i) * row_bytes, row_bytes if pair else U0
+            else:
+                decode_row(qtype, buf, offset + U(i) * row_bytes, w0, qk, block_bytes)
+                if pair:
+                    decode_row(qtype, buf, offset + U(i + 1) * row_bytes, w1, qk, block_bytes)
+                so, stride = U0, U(4 * n) if pair else U0
+            t = 0
+            if one_row_structure:
+                while t + 2 <= n_in:
+                    out[t, r], out[t + 1, r] = dot_4x8_stored_2(buf, decoded, not direct, so, f16, x, t, n)
+                    t += 2
+                if t < n_in:
+                    (out[t, r],) = dot_4x8_stored_1(buf, decoded, not direct, so, f16, x, t, n)
+                i += 1
+                continue
+            while t + 4 <= n_in:
+                d4 = stored2_lanes8_4(buf, decoded, not direct, so, stride, f16, x, t)
+                for q in range(4):
+                    out[t + q, r] = d4[q]
+                    if pair:
+                        out[t + q, r + 1] = d4[4 + q]
+                t += 4
+            left = n_in - t     # the rest in one group (3 of a drafter's 7 rows): lone rows would wait on fma latency
+            if left == 3:
+                d3 = stored2_lanes8_3(buf, decoded, not direct, so, stride, f16, x, t)
+                for q in range(3):
+                    out[t + q, r] = d3[q]
+                    if pair:
+                        out[t + q, r + 1] = d3[3 + q]
+            elif left == 2:
+                d2 = stored2_lanes8_2(buf, decoded, not direct, so, stride, f16, x, t)
+                for q in range(2):
+                    out[t + q, r] = d2[q]
+                    if pair:
+                        out[t + q, r + 1] = d2[2 + q]
+            elif left == 1:
+                d1 = stored2_lanes8_1(buf, decoded, not direct, so, stride, f16, x, t)
+                out[t, r] = d1[0]
+                if pair:
+                    out[t, r + 1] = d1[1]
+            i += 2 if pair else 1
     leave(counter)
-
-
-@njit(inline="always", **EXACT)
-def dot_stored_rows(qtype, buf, so, x, out, r):
-    """out[t, r] = the F16 / F32 row at buf[so] . x[t] for every t, in vec_dot's layout, input rows in pairs
-    sharing the loads of the weights."""
-    n, t = x.shape[1], 0
-    while t + 2 <= x.shape[0]:
-        if qtype == F16:
-            out[t, r], out[t + 1, r] = dot_4x8_f16_2(buf, so, x, t, n)
-        else:
-            out[t, r], out[t + 1, r] = dot_4x8_f32_2(buf, so, x, t, n)
-        t += 2
-    if t < x.shape[0]:
-        if qtype == F16:
-            (out[t, r],) = dot_4x8_f16_1(buf, so, x, t, n)
-        else:
-            (out[t, r],) = dot_4x8_f32_1(buf, so, x, t, n)
 
 
 @njit(**EXACT)

@@ -11,9 +11,10 @@ on how LLVM schedules them.
   plus the m_w * s_x sum for types with a min. On AVX2 CPUs this is ggml's own instruction sequence
   (maddubs, madd, convert; int8 inputs in value order); elsewhere a portable float version ("planes":
   lane l of plane i holds value 4l + i; inputs lane-major) gives the same bits.
-- dot_lanes8_1 .. _4: tinyBLAS: lane l accumulates w[k] * x[k], k = l mod 8, with fma; hsum8.
-  dot2_lanes8_1 .. _4: the same for two weight rows sharing the loads of x.
-- dot_4x8_main: ggml_vec_dot_f32 / f16: four 8-lane accumulators over steps of 32, reduce4x8.
+- stored2_lanes8_1 .. _4: tinyBLAS: lane l accumulates w[k] * x[k], k = l mod 8, with fma; hsum8; two weight rows
+  read from their stored f16 / f32 bytes sharing the loads of x.
+- dot_4x8_main: ggml_vec_dot_f32 / f16: four 8-lane accumulators over steps of 32, reduce4x8 (dot_4x8_stored_1 / _2:
+  the weight row read from its stored bytes).
 - dot_rows_4x8 / dot_rows_lanes8, exp_blocks8: attention's many dots against one vector and
   ggml_v_expf over a row (softmax).
 """
@@ -106,30 +107,58 @@ def _tuple(context, builder, values, n):
 
 # ---- dot products --------------------------------------------------------------------------------
 
-def _dot_lanes8(n_rows, n_weights=1):
-    """tinyBLAS dot of row w with rows t..t+n_rows-1 of x (length a multiple of 8). With n_weights = 2, w is
-    a (2, n) array of two weight rows sharing the loads of x: results w[0] . x[t..], then w[1] . x[t..]."""
-    def typer(typingctx, w, x, t):
+def _load_stored8(builder, base, at, is_f16):
+    """The 8 weights at element `at` of a row stored from base: f16 (widened: exact) or f32, by a runtime flag
+    that is constant in the callers' loops."""
+    v8h, v8s = ir.VectorType(ir.HalfType(), 8), ir.VectorType(ir.IntType(16), 8)
+    with builder.if_else(is_f16) as (then, otherwise):
+        with then:
+            raw = builder.load(builder.bitcast(builder.gep(base, [builder.mul(at, ir.Constant(I64, 2))]),
+                                               v8s.as_pointer()), align=1)
+            from_f16, f16_block = builder.fpext(builder.bitcast(raw, v8h), V8F), builder.block
+        with otherwise:
+            ptr = builder.gep(base, [builder.mul(at, ir.Constant(I64, 4))])
+            from_f32, f32_block = builder.load(builder.bitcast(ptr, V8F.as_pointer()), align=1), builder.block
+    w = builder.phi(V8F)
+    w.add_incoming(from_f16, f16_block)
+    w.add_incoming(from_f32, f32_block)
+    return w
+
+
+def _row_base(context, builder, data_t, data_a, other_t, other_a, from_other, offset):
+    """Pointer to byte `offset` of data, or (from_other) of other: a weight row in the file or a decoded copy,
+    chosen in IR so that the caller assigns no array variable in its loop (numba would count references)."""
+    a = _element_ptr(context, builder, data_t, data_a, ir.Constant(I64, 0))
+    b = _element_ptr(context, builder, other_t, other_a, ir.Constant(I64, 0))
+    return builder.gep(builder.select(from_other, b, a), [_i64(builder, offset)])
+
+
+def _dot_lanes8_pair(n_rows):
+    """tinyBLAS's dot of two weight rows stored at byte `offset` of data (or of `decoded`, when from_decoded)
+    and row_bytes further on (f16 when is_f16, else f32; read straight from the bytes: widening f16 is exact)
+    with input rows t..t+n_rows-1 (length a multiple of 8), every load of x serving both: lane l sums
+    w[i] * x[i] for i = l mod 8 with fma, then hsum8. Results: row 0 . x[t..], then row 1 . x[t..] (each pair
+    of rows keeps its own accumulator)."""
+    def typer(typingctx, data, decoded, from_decoded, offset, row_bytes, is_f16, x, t):
         def codegen(context, builder, signature, args):
-            w_a, x_a, t_v = args
-            w_t, x_t, _ = signature.args
-            t_v = _i64(builder, t_v)
-            rows = [builder.add(t_v, ir.Constant(I64, j)) for j in range(n_rows)]
-            n = builder.udiv(_i64(builder, context.make_array(w_t)(context, builder, w_a).nitems),
-                             ir.Constant(I64, n_weights))
-            weight_rows = [[ir.Constant(I64, k)] if w_t.ndim == 2 else [] for k in range(n_weights)]
-            acc = _Accumulators(builder, n_weights * n_rows, ir.Constant(V8F, [0.0] * 8))
+            data_a, dec_a, from_dec, off_v, stride_v, f16_v, x_a, t_v = args
+            data_t, dec_t, _, _, _, _, x_t, _ = signature.args
+            first = _row_base(context, builder, data_t, data_a, dec_t, dec_a, from_dec, off_v)
+            bases = [first, builder.gep(first, [_i64(builder, stride_v)])]
+            n = _i64(builder, builder.extract_value(context.make_array(x_t)(context, builder, x_a).shape, 1))
+            rows = [builder.add(_i64(builder, t_v), ir.Constant(I64, j)) for j in range(n_rows)]
+            acc = _Accumulators(builder, 2 * n_rows, ir.Constant(V8F, [0.0] * 8))
             with cgutils.for_range(builder, builder.udiv(n, ir.Constant(I64, 8))) as loop:
                 o = builder.mul(loop.index, ir.Constant(I64, 8))
-                ws = [_load8(builder, _element_ptr(context, builder, w_t, w_a, *index, o)) for index in weight_rows]
+                ws = [_load_stored8(builder, base, o, f16_v) for base in bases]
                 for j, row in enumerate(rows):
                     xv = _load8(builder, _element_ptr(context, builder, x_t, x_a, row, o))
                     for k, wv in enumerate(ws):
                         acc[k * n_rows + j] = _fma8(builder, wv, xv, acc[k * n_rows + j])
-            n_out = n_weights * n_rows
-            return _tuple(context, builder, [_hsum8(builder, acc[j]) for j in range(n_out)], n_out)
+            return _tuple(context, builder, [_hsum8(builder, acc[j]) for j in range(2 * n_rows)], 2 * n_rows)
 
-        return types.UniTuple(types.float32, n_weights * n_rows)(w, x, t), codegen
+        return types.UniTuple(types.float32, 2 * n_rows)(data, decoded, from_decoded, offset, row_bytes, is_f16, x,
+                                                         t), codegen
     return intrinsic(typer)
 
 
@@ -167,40 +196,30 @@ def _dot_4x8(n_rows=None):
     return intrinsic(typer)
 
 
-def _dot_4x8_stored(element, n_rows=1):
-    """As _dot_4x8, with the weight row read straight from its stored bytes (data[offset:], element "f16" or
-    "f32"): widening f16 is exact, so the bits are those of decoding first; a tuple of n_rows results."""
-    def typer(typingctx, data, offset, x, t, n32):
+def _dot_4x8_stored(n_rows=1):
+    """As _dot_4x8, with the weight row read straight from its stored bytes at `offset` of data (or of decoded,
+    when from_decoded), f16 (is_f16) or f32: widening f16 is exact, so the bits are those of decoding first;
+    a tuple of n_rows results."""
+    def typer(typingctx, data, decoded, from_decoded, offset, is_f16, x, t, n32):
         def codegen(context, builder, signature, args):
-            data_a, off_v, x_a, t_v, n_v = args
-            data_t, _, x_t, _, _ = signature.args
-            base = _element_ptr(context, builder, data_t, data_a, off_v)
+            data_a, dec_a, from_dec, off_v, f16_v, x_a, t_v, n_v = args
+            data_t, dec_t, _, _, _, x_t, _, _ = signature.args
+            base = _row_base(context, builder, data_t, data_a, dec_t, dec_a, from_dec, off_v)
 
             def load_w(o, j):
-                at = builder.add(o, ir.Constant(I64, 8 * j))
-                if element == "f32":
-                    ptr = builder.gep(base, [builder.mul(at, ir.Constant(I64, 4))])
-                    return builder.load(builder.bitcast(ptr, V8F.as_pointer()), align=1)
-                ptr = builder.gep(base, [builder.mul(at, ir.Constant(I64, 2))])
-                raw = builder.load(builder.bitcast(ptr, ir.VectorType(ir.IntType(16), 8).as_pointer()), align=1)
-                return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), 8)), V8F)
+                return _load_stored8(builder, base, builder.add(o, ir.Constant(I64, 8 * j)), f16_v)
 
             sums = _sums_4x8(context, builder, load_w, x_t, x_a, t_v, n_v, n_rows)
             return _tuple(context, builder, sums, n_rows)
 
-        return types.UniTuple(types.float32, n_rows)(data, offset, x, t, n32), codegen
+        return types.UniTuple(types.float32, n_rows)(data, decoded, from_decoded, offset, is_f16, x, t, n32), codegen
     return intrinsic(typer)
 
 
-dot_lanes8_1 = _dot_lanes8(1)
-dot_lanes8_2 = _dot_lanes8(2)
-dot_lanes8_3 = _dot_lanes8(3)
-dot_lanes8_4 = _dot_lanes8(4)
-dot2_lanes8_1, dot2_lanes8_2, dot2_lanes8_3, dot2_lanes8_4 = (_dot_lanes8(n, n_weights=2) for n in (1, 2, 3, 4))
+stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3, stored2_lanes8_4 = (_dot_lanes8_pair(n) for n in (1, 2, 3, 4))
 dot_4x8_main = _dot_4x8()
 dot_4x8_2 = _dot_4x8(2)
-dot_4x8_f16_1, dot_4x8_f16_2 = _dot_4x8_stored("f16", 1), _dot_4x8_stored("f16", 2)
-dot_4x8_f32_1, dot_4x8_f32_2 = _dot_4x8_stored("f32", 1), _dot_4x8_stored("f32", 2)
+dot_4x8_stored_1, dot_4x8_stored_2 = _dot_4x8_stored(1), _dot_4x8_stored(2)
 
 
 @intrinsic
