@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggtools.runtime.errors import ModelError
-from ggtools.runtime.kernels import ops
+from ggtools.runtime.kernels import ops as rope_ops
 from ggtools.runtime.backends import make_ops
 from ggtools.runtime.target.archs import arch_of
 from ggtools.runtime.target.hparams import read_hparams
@@ -54,7 +54,7 @@ class TargetModel:
         # M-RoPE on text: pairs of the fourth section keep position 0's angles (none with Qwen3.5's sections)
         self.rope_still = np.zeros(0, bool)
         if self.arch.rope_sections:
-            self.rope_still = ops.fourth_section_pairs(hp.rope_dims // 2, hp.rope_sections,
+            self.rope_still = rope_ops.fourth_section_pairs(hp.rope_dims // 2, hp.rope_sections,
                                                        self.arch.rope_sections == "imrope")
         self.layers = [self._load_layer(i) for i in range(hp.n_layer)]
         kinds = [type(layer.mixer) for layer in self.layers]
@@ -102,7 +102,7 @@ class TargetModel:
         self.kv.reserve(start + len(tokens))
         rope = self._rope(positions)
         if self.rope_still.any():
-            rope = ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), self.rope_still)
+            rope = rope_ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), self.rope_still)
         backend = self.ops
         rope = backend.tables(rope)
         features = backend.empty((len(tokens), len(taps), hp.n_embd))
@@ -121,7 +121,7 @@ class TargetModel:
 
     def _rope(self, positions):
         hp = self.hp
-        return ops.rope_angles(positions, hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale),
+        return rope_ops.rope_angles(positions, hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale),
                                self.rope_freq_factors, np.float32(hp.rope_ext_factor),
                                np.float32(hp.rope_attn_factor), np.array(hp.rope_corr_dims, np.float32))
 
