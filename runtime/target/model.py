@@ -100,24 +100,35 @@ class TargetModel:
             raise ValueError("logits must be 'all', 'last' or 'none'")
 
         self.kv.reserve(start + len(tokens))
-        rope = self._rope(positions)
-        if self.rope_still.any():
-            rope = rope_ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), self.rope_still)
+        rope = self.rope_tables(positions)
         backend = self.ops
-        rope = backend.tables(rope)
         features = backend.empty((len(tokens), len(taps), hp.n_embd))
         x = self.token_embd.rows(tokens)
-        for i, layer in enumerate(self.layers):
+        for i in range(hp.n_layer):
             self._tap(features, taps, i, x)
-            h = backend.rms_norm(x, layer.attn_norm, hp.rms_eps)
-            x = layer.mixer(h, positions, rope, self.kv, layer.slot, hp, stepwise) + x
-            x = layer.ffn(backend.rms_norm(x, layer.ffn_norm, hp.rms_eps), stepwise) + x
+            x = self.run_layer(i, x, positions, rope, stepwise)
         self.kv.n_tokens = start + len(tokens)
         out = backend.rms_norm(x, self.output_norm, hp.rms_eps)
         self._tap(features, taps, hp.n_layer, out)
         if logits == "none":
             return None, features
         return backend.host(self.output(out if logits == "all" else out[-1:], stepwise)), features
+
+    def run_layer(self, i: int, x, positions, rope, stepwise: bool = False):
+        """Layer i on its input x (the residual stream, the backend's array) at `positions`, whose cache rows it
+        writes (the cache must have room: kv.reserve); rope: rope_tables(positions)."""
+        layer, hp, backend = self.layers[i], self.hp, self.ops
+        x = layer.mixer(backend.rms_norm(x, layer.attn_norm, hp.rms_eps), positions, rope, self.kv, layer.slot, hp,
+                        stepwise) + x
+        return layer.ffn(backend.rms_norm(x, layer.ffn_norm, hp.rms_eps), stepwise) + x
+
+    def rope_tables(self, positions):
+        """RoPE's cos, sin tables at positions (M-RoPE's text angles where the model has sections), as the
+        backend's arrays."""
+        rope = self._rope(positions)
+        if self.rope_still.any():
+            rope = rope_ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), self.rope_still)
+        return self.ops.tables(rope)
 
     def _rope(self, positions):
         hp = self.hp
