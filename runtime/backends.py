@@ -1,5 +1,15 @@
 """Choosing the backend that runs a model: numba (the default, on the CPU) or torch (CPU or CUDA; an optional
-extra). `make_ops` returns the ops object TargetModel (and through it the Drafter) runs with."""
+extra). `make_ops` returns the ops object TargetModel (and through it the Drafter) runs with.
+
+What an ops object provides (numba_backend.NumbaOps, torch_backend.ops.TorchOps):
+- name, device, dtype, threads: what runs the model, for reports;
+- pieces: the backend's classes of the pieces the architecture table names; open_weights(path): a WeightFile
+  whose matrices this backend multiplies; group(*matrices): matrices applied to one input;
+- rms_norm, swiglu, norm_rope, draft_attention: the drafter's and the model loop's ops;
+- vector(numpy) / tables(rope) / empty(shape) / host(array): arrays to and from the backend;
+- arrays (the target cache's and recurrent states' zeros / copy / cat), kv_zeros (the draft KV's stores),
+  zeros_like (DFlash2's convolution).
+"""
 
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.numba_backend import NumbaOps

@@ -17,14 +17,18 @@ from ggtools.runtime.target.mixers.gated_delta_net import GatedDeltaNet
 from ggtools.runtime.weights import MatrixGroup, WeightFile
 
 
+# the numba classes of the pieces the architecture table names (target/archs.py)
+PIECES = SimpleNamespace(Attention=Attention, GatedDeltaNet=GatedDeltaNet, DenseFFN=DenseFFN,
+                         RoutedExperts=RoutedExperts, SharedExpertMoE=SharedExpertMoE)
+
+
 class NumbaOps:
     """Arrays are numpy float32 on the host; matrices are weights.Matrix (dequantized inside the matmul kernels)."""
 
     name = "numba"
     device = "cpu"
     dtype = "f32"
-    pieces = SimpleNamespace(Attention=Attention, GatedDeltaNet=GatedDeltaNet, DenseFFN=DenseFFN,
-                             RoutedExperts=RoutedExperts, SharedExpertMoE=SharedExpertMoE)
+    pieces = PIECES
     rms_norm = staticmethod(ops.rms_norm)
     swiglu = staticmethod(ops.swiglu)
     norm_rope = staticmethod(draft_attention.norm_rope)

@@ -5,6 +5,7 @@ the library (one line naming the extra when torch is missing, exit 2 for what ca
 import json
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -13,8 +14,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from ggtools import quants
 from ggtools.cli import main
-from ggtools.jobs.demo import demo_data
-from ggtools.runtime import ModelError, TargetModel
+from ggtools.jobs.convert import convert_dflash
+from ggtools.jobs.demo import demo_data, held_out_prompts
+from ggtools.runtime import ModelError, TargetModel, Tokenizer, run_speculative
 from ggtools.runtime.backends import make_ops
 from ggtools.runtime.weights import Matrix
 
@@ -62,7 +64,7 @@ def test_matrix_keeps_the_file_bytes_on_the_cpu():
 
 def test_make_ops_refuses_what_cannot_run():
     for args, words in [(("numba", "cuda"), "need --backend torch"), (("numba", None, "bf16"), "need --backend torch"),
-                        (("torch", "tpu"), "expected cpu, cuda or cuda:N"), (("torch", "cpu", "bf16"), "GPU only"),
+                        (("torch", "tpu"), "expected cpu, cuda or cuda:N"),
                         (("torch", "cpu", "f8"), "expected one of"), (("jax",), "unknown backend")]:
         with pytest.raises(ModelError, match=words):
             make_ops(*args)
@@ -84,7 +86,7 @@ def test_run_on_torch_reports_its_backend():
 @pytest.mark.parametrize("args, words", [
     (["--backend", "torch", "--device", "cuda:7"], "--device cuda:7"),
     (["--device", "cuda"], "need --backend torch"),
-    (["--backend", "torch", "--dtype", "bf16"], "GPU only"),
+    (["--backend", "torch", "--device", "gpu"], "expected cpu, cuda or cuda:N"),
 ])
 def test_bad_backend_options_are_one_line(args, words):
     if "cuda:7" in args and torch.cuda.device_count() > 7:
@@ -104,3 +106,24 @@ def test_missing_torch_names_the_extra():
                            text=True, timeout=300)
         assert p.returncode == 2, (command, p.stderr)
         assert p.stderr.strip() == "error: --backend torch needs torch, an optional extra: pip install 'ggtools[torch]'"
+
+
+def test_bf16_runs_the_gpu_code_path_on_the_cpu():
+    """bf16 compute (the GPU default) on the CPU: the demo pair's speculative output equals its own greedy
+    decoding, and tau stays near f32's."""
+    model = TargetModel(TARGET, backend="torch", dtype="bf16", threads=1)
+    assert model.layers[0].ffn.gate.product(torch.ones((1, 128))).dtype == torch.bfloat16
+    ids = [p for _, p in held_out_prompts(Tokenizer.from_gguf(model.weights.meta), 2)]
+    with tempfile.TemporaryDirectory() as tmp:
+        convert_dflash(demo_data() / "drafter", f"{tmp}/d.gguf", profile="llama.cpp", target=TARGET, outtype="f16")
+        run = run_speculative(model, f"{tmp}/d.gguf", ids, 32)
+    assert run.outputs_match_target and run.dtype == "bf16"
+    assert run.stats["tau_zlab"] > 1.5
+
+
+def test_device_check_without_cuda_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: scripts/device_check.sh runs there")
+    p = subprocess.run(["bash", "scripts/device_check.sh"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1
+    assert p.stderr.strip().startswith("device_check: no CUDA device") and len(p.stderr.strip().splitlines()) == 1

@@ -9,7 +9,7 @@ BACKEND_OPTIONS = [
                       "(pip install 'ggtools[torch]')."),
     click.option("--device", metavar="cpu|cuda[:N]", help="torch's device (default cpu)."),
     click.option("--dtype", type=click.Choice(["f32", "bf16", "f16"]),
-                 help="torch's compute dtype: f32 on the CPU; bf16 (default) or f16 on a GPU."),
+                 help="torch's compute dtype (default: f32 on the CPU, bf16 on a GPU)."),
 ]
 
 

@@ -46,10 +46,14 @@ class KVStore:
         return self.data.nbytes
 
 
+# the torch classes of the pieces the architecture table names (target/archs.py)
+PIECES = SimpleNamespace(Attention=attention.Attention, GatedDeltaNet=GatedDeltaNet, DenseFFN=DenseFFN,
+                         RoutedExperts=RoutedExperts, SharedExpertMoE=SharedExpertMoE)
+
+
 class TorchOps:
     name = "torch"
-    pieces = SimpleNamespace(Attention=attention.Attention, GatedDeltaNet=GatedDeltaNet, DenseFFN=DenseFFN,
-                             RoutedExperts=RoutedExperts, SharedExpertMoE=SharedExpertMoE)
+    pieces = PIECES
     rms_norm = staticmethod(kernels.rms_norm)
     swiglu = staticmethod(kernels.swiglu)
     norm_rope = staticmethod(kernels.norm_rope)
@@ -59,7 +63,8 @@ class TorchOps:
 
     def __init__(self, device: str = "cpu", dtype: str | None = None, threads: int | None = None):
         """device: "cpu", "cuda" or "cuda:N"; dtype: "f32" (the default on the CPU), "bf16" (the default on a
-        GPU) or "f16"; threads: torch's CPU threads (default: torch's own)."""
+        GPU) or "f16" (on the CPU too, slowly: it runs the GPU's code path); threads: torch's CPU threads
+        (default: torch's own)."""
         try:
             self.torch_device = torch.device(device)
         except RuntimeError:
@@ -72,8 +77,6 @@ class TorchOps:
         self.dtype = dtype or ("f32" if self.torch_device.type == "cpu" else "bf16")
         if self.dtype not in DTYPES:
             raise ModelError(f"--dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
-        if self.torch_device.type == "cpu" and self.dtype != "f32":
-            raise ModelError(f"--dtype {self.dtype} runs on a GPU only; the CPU computes in f32")
         self.compute_dtype = DTYPES[self.dtype]
         if threads:
             torch.set_num_threads(threads)
