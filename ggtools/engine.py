@@ -7,6 +7,10 @@ the finished temporary file once, before it is fsync'ed and renamed (so it overl
 unverified shard ever has a final name): container rules, every copied tensor byte for byte against the
 source, every converted tensor's sha256 against the bytes produced (whose scales were checked finite as they
 were made).
+
+Non-finite values are never hidden: a conversion whose source rows hold NaN or inf, and a verified copy whose
+blocks have NaN/inf scales (or values), are refused naming the tensor and the first bad row, unless
+allow_nonfinite; then they are written and counted in ShardResult.nonfinite.
 """
 
 import ctypes
@@ -18,16 +22,26 @@ import numpy as np
 
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile, GGUFWriter, ggml_type_name
-from ggtools.gguf.check import check_file
+from ggtools.gguf.check import check_file, check_tensors, refuse
 from ggtools.gguf.hashing import HASH_CHUNK, content_digest
 from ggtools.plan import COPY, ShardPlan
-from ggtools.quants import CHUNK_VALUES, check_row_data, dequantize, iter_row_chunks, quantize
+from ggtools.quants import CHUNK_VALUES, block_size, can_check_row_data, check_row_data, dequantize, iter_row_chunks, quantize
 
 
 class RewriteError(GGToolsError):
-    """A rewrite that could not be done, or whose output failed verification."""
+    """A rewrite whose output failed verification."""
 
     exit_code = 1
+
+
+class NonFiniteError(GGToolsError):
+    """Source data with NaN or inf values (or scales) that the rewrite would write or hide."""
+
+    exit_code = 2
+
+    def __init__(self, path, tensor, row, what):
+        super().__init__(f"{path}: tensor '{tensor}': row {row}: {what}; pass --allow-nonfinite to write it "
+                         "anyway (counted and reported)")
 
 
 @dataclass
@@ -37,18 +51,19 @@ class ShardResult:
     digest: str                       # content digest: header bytes + every tensor's sha256
     tensors: dict[str, str] = field(default_factory=dict)   # tensor sha256 in the output
     verified: bool = False
+    nonfinite: dict[str, int] = field(default_factory=dict)  # tensor -> NaN/inf values or blocks written
 
 
-def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None,
+def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None, inputs=(), allow_nonfinite=False,
                   chunk_values=CHUNK_VALUES) -> ShardResult:
-    """Write plan.dst from plan.src; return the output's hashes (verified unless verify=False)."""
+    """Write plan.dst from plan.src; return the output's hashes (verified unless verify=False). inputs: every
+    file the job reads (plan.src is always one): the output may be none of them."""
     on_bytes = on_bytes or (lambda n: None)
+    inputs = [plan.src, *inputs] if plan.dst != plan.src else inputs
     with GGUFFile(plan.src) as src:
-        bad = [p for p in check_file(src) if p.severity == "error"]
-        if bad:
-            raise RewriteError(f"refusing to rewrite an invalid input: {bad[0]}")
-        produced = {}
-        with open(plan.src, "rb") as fh, GGUFWriter(plan.dst, force=force, version=src.version) as w:
+        refuse(check_tensors(src), "refusing an invalid input")
+        produced, nonfinite = {}, {}
+        with open(plan.src, "rb") as fh, GGUFWriter(plan.dst, force=force, version=src.version, inputs=inputs) as w:
             _declare(w, src, plan)
             for action in plan.tensors:
                 t = src.tensor[action.source]
@@ -56,11 +71,20 @@ def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None,
                     w.copy_from(fh.fileno(), t.data_start, t.nbytes)
                     on_bytes(t.nbytes)
                 else:
-                    produced[action.name] = _convert(w, src, t, action.dst_type, on_bytes, chunk_values)
+                    produced[action.name] = _convert(w, src, t, action.dst_type, on_bytes, chunk_values,
+                                                     allow_nonfinite, nonfinite)
             w.finish()
-            result = (_verify(plan, src, produced, w.temp_path) if verify
+            result = (_verify(plan, src, produced, w.temp_path, allow_nonfinite, nonfinite) if verify
                       else describe_output(w.temp_path, name=plan.dst))
+        result.nonfinite = nonfinite
         return result
+
+
+def planned_header(plan: ShardPlan, src: GGUFFile) -> GGUFFile:
+    """The output's header as a reader will see it, before anything is written (to check its rules)."""
+    w = GGUFWriter(None, version=src.version)
+    _declare(w, src, plan)
+    return GGUFFile.from_header(plan.dst, w.header_bytes(), w.data_size)
 
 
 def _declare(w: GGUFWriter, src: GGUFFile, plan: ShardPlan):
@@ -86,28 +110,39 @@ def _add_change(w: GGUFWriter, key, change):
         w.add_kv(key, *change)
 
 
-def _convert(w, src, t, dst_type, on_bytes, chunk_values) -> str:
+def _convert(w, src, t, dst_type, on_bytes, chunk_values, allow_nonfinite, nonfinite) -> str:
     """Dequantize → quantize in row chunks, writing as it goes; returns the sha256 of the bytes written."""
     h = hashlib.sha256()
     buf = None
     for part in iter_row_chunks(t.n_rows, t.row_length, chunk_values):
         rows = src.read_rows(t, part.start, part.stop - part.start, buf)
         buf = rows if buf is None else buf
-        data = quantize(dst_type, dequantize(t.type_id, rows, t.row_length))
+        values = dequantize(t.type_id, rows, t.row_length)
+        bad_rows = np.flatnonzero(~np.isfinite(values).all(axis=1))
+        if bad_rows.size:
+            if not allow_nonfinite:
+                raise NonFiniteError(src.path, t.name, part.start + bad_rows[0], "NaN or inf values; quantizing "
+                                     f"them to {ggml_type_name(dst_type)} would hide them")
+            nonfinite[t.name] = nonfinite.get(t.name, 0) + int((~np.isfinite(values)).sum())
+        data = quantize(dst_type, values)
         n_bad, first = check_row_data(dst_type, data)
-        if n_bad:
-            raise RewriteError(f"tensor '{t.name}': {n_bad} {ggml_type_name(dst_type)} blocks with non-finite "
-                               f"scales (first at block {first} of rows {part.start}..); the source values "
-                               "are out of range for the type")
+        if n_bad and not allow_nonfinite:
+            per_row = t.row_length // block_size(dst_type)
+            raise NonFiniteError(src.path, t.name, part.start + first // per_row, f"the values are out of range "
+                                 f"for {ggml_type_name(dst_type)} ({n_bad} blocks with inf/NaN scales)")
+        if n_bad and not bad_rows.size:
+            nonfinite[t.name] = nonfinite.get(t.name, 0) + n_bad
         h.update(data)
         w.write(data)
         on_bytes(rows.nbytes)
     return h.hexdigest()
 
 
-def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str], path) -> ShardResult:
+def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str], path, allow_nonfinite,
+            nonfinite) -> ShardResult:
     """Re-read the output (written to path, to become plan.dst) once: container rules, planned types and
-    sizes, copies equal to the source byte for byte, conversions equal to the bytes produced."""
+    sizes, copies equal to the source byte for byte and free of NaN/inf, conversions equal to the bytes
+    produced."""
     actions = {a.name: a for a in plan.tensors}
     source = bytearray(HASH_CHUNK)
 
@@ -118,6 +153,7 @@ def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str], path) -> S
             if n != len(chunk) or not same_bytes(source, chunk, n):
                 raise RewriteError(f"{plan.dst}: copied tensor '{t.name}' differs from the source near byte "
                                    f"{offset} of the tensor")
+            _scan_copy(src.path, s, offset, chunk, allow_nonfinite, nonfinite)
 
     with GGUFFile(path) as out:
         bad = [p for p in check_file(out) if p.severity == "error"]
@@ -133,6 +169,21 @@ def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str], path) -> S
             if tensors[name] != sha:
                 raise RewriteError(f"{plan.dst}: converted tensor '{name}' was not written intact")
         return ShardResult(plan.dst, out.file_size, digest, tensors, verified=True)
+
+
+def _scan_copy(path, t, offset, chunk, allow_nonfinite, nonfinite):
+    """Count what ggml_validate_row_data rejects in a block-aligned chunk of a copied tensor."""
+    if not can_check_row_data(t.type_id):
+        return
+    n_bad, first = check_row_data(t.type_id, chunk)
+    if not n_bad:
+        return
+    block_elems, block_bytes = t.block
+    first_row = (offset // block_bytes + first) * block_elems // t.row_length
+    if not allow_nonfinite:
+        raise NonFiniteError(path, t.name, first_row, f"{n_bad} {t.type_name} {'values' if block_elems == 1 else 'blocks'}"
+                             " are NaN or inf (or have NaN/inf scales); refusing to copy them as verified")
+    nonfinite[t.name] = nonfinite.get(t.name, 0) + n_bad
 
 
 _libc = ctypes.CDLL(None)

@@ -122,6 +122,7 @@ class ShardPlan:
 class Plan:
     job: str
     shards: list[ShardPlan]
+    inputs: list[str] = field(default_factory=list)     # every file the job reads: no output may be one
 
     @property
     def bytes_in(self):

@@ -1,26 +1,34 @@
 """Run a Plan over many shards: parallel processes, a resume manifest, disk preflight, progress bars.
 
-The manifest (`<prefix>.ggtools.json` beside the outputs) records each finished, verified shard: the plan
-fingerprint, the source's identity and the output's size and sha256. --resume skips a shard only when all
-of those still match (the output is re-hashed), and redoes every other one.
+Each finished, verified shard is recorded in the manifest (`<prefix>.ggtools.json`, resume_manifest.py) by
+the process that wrote it, the moment it is renamed into place; so an interrupt, a killed run or several
+`--shard K` runs at once never lose a finished shard. --resume skips a shard only when its entry still
+matches (the output is re-hashed), and redoes every other one. Workers are one process per shard, at most
+-j at a time (capped at the number of shards); on an interrupt they are stopped, and each removes its
+temporary file.
 """
 
-import concurrent.futures as cf
-import glob
-import json
 import multiprocessing
 import os
+import queue as queues
 import shutil
+import signal
 import sys
-import threading
-from dataclasses import asdict, dataclass
+import traceback
+from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
+from ggtools import resume_manifest
+from ggtools.engine import ShardResult, rewrite_shard, source_identity
 from ggtools.errors import GGToolsError
-from ggtools.engine import RewriteError, ShardResult, describe_output, rewrite_shard, source_identity
 from ggtools.gguf import GGUFError, parse_shard_name
+from ggtools.gguf.outputs import check_output, make_dir
 from ggtools.plan import Plan, ShardPlan
+from ggtools.byte_sizes import human_bytes
+
+HEADER_ALLOWANCE = 1 << 20      # disk preflight: room for each output's header
+STOP_WAIT = 10                  # seconds a stopped worker gets to remove its temporary file
 
 
 def manifest_path_for(plan: Plan) -> str:
@@ -30,96 +38,233 @@ def manifest_path_for(plan: Plan) -> str:
     return f"{stem}.ggtools.json"
 
 
+class ShardFailed(GGToolsError):
+    """One or more shards failed; the exit code is the worst of theirs."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Interrupted(GGToolsError):
+    exit_code = 130
+
+
 @dataclass
 class RunReport:
     done: list[str]
     skipped: list[str]
     manifest: str
+    nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)   # output -> tensor -> NaN/inf count
 
 
-class Manifest:
-    def __init__(self, path):
-        self.path = path
-        self.entries = {}
-        if os.path.exists(path):
-            try:
-                with open(path) as fh:
-                    self.entries = json.load(fh)["shards"]
-            except (ValueError, KeyError, OSError):
-                raise GGUFError(path, "unreadable manifest; delete it to start over") from None
-
-    def save(self):
-        tmp = f"{self.path}.partial-{os.getpid()}"
-        with open(tmp, "w") as fh:
-            json.dump({"format": "ggtools-rewrite/1", "shards": self.entries}, fh, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
-
-    def record(self, plan: Plan, shard: ShardPlan, result: ShardResult):
-        self.entries[os.path.basename(shard.dst)] = {
-            "fingerprint": plan.shard_fingerprint(shard), "source": source_identity(shard.src),
-            "output": {"size": result.size, "digest": result.digest, "tensors": result.tensors},
-            "verified": result.verified}
-
-    def still_valid(self, plan: Plan, shard: ShardPlan) -> bool:
-        e = self.entries.get(os.path.basename(shard.dst))
-        if not e or e["fingerprint"] != plan.shard_fingerprint(shard) or not os.path.exists(shard.dst):
-            return False
-        if e["source"] != source_identity(shard.src) or os.path.getsize(shard.dst) != e["output"]["size"]:
-            return False
-        return describe_output(shard.dst).digest == e["output"]["digest"]
+@dataclass
+class ShardJob:
+    """What a worker needs besides the shard plan (picklable)."""
+    manifest: str
+    inputs: list[str]
+    verify: bool
+    allow_nonfinite: bool
 
 
-def run_plan(plan: Plan, *, jobs=1, resume=False, force=False, verify=True, progress=None) -> RunReport:
-    manifest = Manifest(manifest_path_for(plan))
+def run_plan(plan: Plan, *, jobs=1, resume=False, force=False, verify=True, allow_nonfinite=False,
+             progress=None, resumable=True, make_dirs=False) -> RunReport:
+    """Write every shard of the plan (with resume, those not finished yet). resumable: whether the command
+    offers --resume (what the messages suggest); make_dirs: make missing output directories (removed again
+    if the run fails before writing into them)."""
+    job = ShardJob(manifest_path_for(plan), list(plan.inputs), verify, allow_nonfinite)
+    entries = resume_manifest.read_entries(job.manifest)
     todo, skipped = [], []
     for shard in plan.shards:
-        if resume and manifest.still_valid(plan, shard):
+        if resume and resume_manifest.still_valid(entries, plan.shard_fingerprint(shard), shard):
             skipped.append(shard.dst)
         else:
             todo.append(shard)
-    for shard in todo:
-        _remove_stale_partials(shard.dst)
-        if os.path.exists(shard.dst) and not (force or (resume and os.path.basename(shard.dst) in manifest.entries)):
-            raise GGUFError(shard.dst, "output exists; pass --force to overwrite it (or --resume to continue a run)")
+    _refuse_existing(todo, force or resume, resumable)
     preflight_disk(todo)
-    for d in {os.path.dirname(os.path.abspath(s.dst)) for s in todo}:
-        os.makedirs(d, exist_ok=True)
-    bars = Progress(todo, progress)
+    made = _make_dirs(todo) if make_dirs else []
+    report = RunReport([], skipped, job.manifest)
+    try:
+        for shard in todo:
+            check_output(shard.dst, job.inputs, force=True)
+        check_output(job.manifest, job.inputs, force=True)
+        _execute(plan, todo, jobs, job, Progress(todo, progress), report)
+    except KeyboardInterrupt:
+        _remove_empty(made)
+        raise _interrupted(plan, job, resumable) from None
+    except BaseException:
+        _remove_empty(made)
+        raise
+    return report
+
+
+def _refuse_existing(todo, replace, resumable):
+    for shard in todo:
+        if os.path.lexists(shard.dst) and not replace:
+            raise GGUFError(shard.dst, "output exists; pass --force to overwrite it"
+                            + (", or --resume to continue the run that wrote it" if resumable else ""))
+
+
+def _make_dirs(todo) -> list[str]:
+    """Make the output directories that do not exist yet; returns them, outermost first."""
+    made = []
+    for d in dict.fromkeys(os.path.dirname(os.path.abspath(s.dst)) for s in todo):
+        missing = []
+        while not os.path.isdir(d) and os.path.dirname(d) != d:
+            missing.append(d)
+            d = os.path.dirname(d)
+        for m in reversed(missing):
+            make_dir(m)
+            made.append(m)
+    return made
+
+
+def _remove_empty(dirs):
+    for d in reversed(dirs):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+
+
+def _interrupted(plan, job, resumable) -> Interrupted:
+    try:
+        recorded = resume_manifest.read_entries(job.manifest)
+    except GGToolsError:
+        recorded = {}
+    n = sum(os.path.basename(s.dst) in recorded for s in plan.shards)
+    then = "rerun with --resume to do the rest" if resumable else "rerun to do the rest"
+    return Interrupted(f"interrupted: {n} of {len(plan.shards)} shard(s) are finished and recorded in "
+                       f"{job.manifest}; no other output was left behind; {then}")
+
+
+def _execute(plan, todo, jobs, job, bars, report):
     errors = []
-    try:      # existing outputs were cleared for overwriting above
-        for shard, result in _execute(todo, jobs, True, verify, bars, errors):
-            manifest.record(plan, shard, result)
-            manifest.save()
+
+    def finished(shard, result: ShardResult):
+        report.done.append(shard.dst)
+        if result.nonfinite:
+            report.nonfinite[shard.dst] = result.nonfinite
+
+    fingerprints = [plan.shard_fingerprint(s) for s in todo]
+    try:
+        if min(jobs, len(todo)) <= 1:
+            for i, shard in enumerate(todo):
+                try:
+                    finished(shard, run_shard(shard, fingerprints[i], job, bars.callback(i)))
+                except GGToolsError as e:
+                    errors.append((shard, e))
+        else:
+            _parallel(todo, fingerprints, min(jobs, len(todo)), job, bars, finished, errors)
     finally:
         bars.close()
+    if len(errors) == 1:
+        raise errors[0][1]
     if errors:
-        raise RewriteError("; ".join(f"{os.path.basename(s.dst)}: {e}" for s, e in errors))
-    return RunReport([s.dst for s in todo], skipped, manifest.path)
+        raise ShardFailed("; ".join(f"{os.path.basename(s.dst)}: {e}" for s, e in errors),
+                          max(e.exit_code for _, e in errors))
 
 
-def _execute(todo, jobs, force, verify, bars, errors):
-    if jobs <= 1 or len(todo) <= 1:
-        for i, shard in enumerate(todo):
-            try:
-                yield shard, rewrite_shard(shard, force=force, verify=verify, on_bytes=bars.callback(i))
-            except GGToolsError as e:
-                errors.append((shard, e))
-        return
+def run_shard(shard: ShardPlan, fingerprint: str, job: ShardJob, on_bytes) -> ShardResult:
+    """Rewrite one shard and record it in the manifest."""
+    source = source_identity(shard.src)
+    result = rewrite_shard(shard, force=True, verify=job.verify, inputs=job.inputs,
+                           allow_nonfinite=job.allow_nonfinite, on_bytes=on_bytes)
+    resume_manifest.record(job.manifest, os.path.basename(shard.dst), resume_manifest.entry(fingerprint, source, result),
+                           job.inputs)
+    return result
+
+
+def _parallel(todo, fingerprints, jobs, job, bars, finished, errors):
+    """One worker process per shard, at most `jobs` at a time; messages come back on one queue."""
     ctx = multiprocessing.get_context("fork" if _fork_is_safe() else "spawn")
-    queue = ctx.Queue()
+    messages = ctx.Queue()
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    with cf.ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_init_worker, initargs=(threads, queue)) as pool:
-        futures = {pool.submit(_worker, shard, i, force, verify): shard for i, shard in enumerate(todo)}
-        drain = threading.Thread(target=bars.drain, args=(queue,), daemon=True)   # started after the forks
-        drain.start()
-        for fut in cf.as_completed(futures):
-            shard = futures[fut]
+    waiting, running = list(range(len(todo))), {}
+
+    def handle(kind, i, payload):
+        if kind == "bytes":
+            bars.update(i, payload)
+            return
+        running.pop(i).join()
+        if kind == "done":
+            finished(todo[i], ShardResult(**payload))
+        else:
+            errors.append((todo[i], ShardFailed(*payload)))
+
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                i = waiting.pop(0)
+                running[i] = ctx.Process(target=_worker, args=(messages, i, todo[i], fingerprints[i], job, threads),
+                                         daemon=True)
+                running[i].start()
             try:
-                yield shard, ShardResult(**fut.result())
-            except GGToolsError as e:
-                errors.append((shard, e))
-    queue.put(None)
-    drain.join()
+                handle(*messages.get(timeout=1))
+            except queues.Empty:
+                _reap(running, messages, handle)
+    except BaseException:
+        _stop(running.values())
+        raise
+
+
+def _reap(running, messages, handle):
+    """Workers that died without a word (killed): drain what they sent, then fail their shards."""
+    dead = [i for i, p in running.items() if p.exitcode is not None]
+    if not dead:
+        return
+    try:
+        while True:
+            handle(*messages.get_nowait())
+    except queues.Empty:
+        pass
+    for i in dead:
+        if i in running:
+            code = running[i].exitcode
+            handle("error", i, (f"the worker process died ({f'signal {-code}' if code < 0 else f'exit {code}'})"
+                                " before finishing this shard", 1))
+
+
+def _stop(processes):
+    """Stop workers (SIGTERM: each removes its temporary file), then make sure they are gone."""
+    processes = [p for p in processes if p.is_alive()]
+    for p in processes:
+        p.terminate()
+    for p in processes:
+        p.join(STOP_WAIT)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _worker(messages, index, shard, fingerprint, job, threads):
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    try:
+        import numba
+        numba.set_num_threads(threads)
+        result = run_shard(shard, fingerprint, job, lambda n: messages.put(("bytes", index, n)))
+        messages.put(("done", index, asdict(result)))
+    except GGToolsError as e:
+        messages.put(("error", index, (str(e), e.exit_code)))
+    except KeyboardInterrupt:
+        messages.put(("error", index, ("the worker was interrupted", Interrupted.exit_code)))
+    except BaseException as e:     # a bug: say where, in one message
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        messages.put(("error", index, (f"internal error: {type(e).__name__}: {e} (at {os.path.basename(where.filename)}"
+                                       f":{where.lineno})", 2)))
+
+
+_worker_stopping = False
+
+
+def _interrupt(signum, frame):
+    """Interrupt a worker once (^C, then the parent's SIGTERM, must not cut short the removal of its
+    temporary file)."""
+    global _worker_stopping
+    if not _worker_stopping:
+        _worker_stopping = True
+        raise KeyboardInterrupt
 
 
 def _fork_is_safe() -> bool:
@@ -128,27 +273,6 @@ def _fork_is_safe() -> bool:
     this process has not started numba's thread pool."""
     from numba.np.ufunc import parallel
     return sys.platform.startswith("linux") and not getattr(parallel, "_is_initialized", True)
-
-
-_progress_queue = None
-
-
-def _init_worker(threads, queue):
-    global _progress_queue
-    import numba
-    numba.set_num_threads(threads)
-    _progress_queue = queue
-
-
-def _worker(shard, index, force, verify):
-    result = rewrite_shard(shard, force=force, verify=verify, on_bytes=lambda n: _progress_queue.put((index, n)))
-    return asdict(result)
-
-
-def _remove_stale_partials(dst):
-    directory, base = os.path.split(os.path.abspath(dst))
-    for p in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(base)}.partial-*")):
-        os.unlink(p)
 
 
 def _existing_ancestor(path):
@@ -163,13 +287,13 @@ def preflight_disk(todo: list[ShardPlan]):
     by_dir = {}
     for s in todo:
         d = os.path.dirname(os.path.abspath(s.dst))
-        replaced = os.path.getsize(s.dst) if os.path.exists(s.dst) else 0
-        by_dir[d] = by_dir.get(d, 0) + s.bytes_out + 1_000_000 - replaced     # ~1 MB header allowance
+        replaced = os.path.getsize(s.dst) if os.path.isfile(s.dst) else 0
+        by_dir[d] = by_dir.get(d, 0) + s.bytes_out + HEADER_ALLOWANCE - replaced
     for d, need in by_dir.items():
         free = shutil.disk_usage(_existing_ancestor(d)).free
         if need > free:
-            raise GGUFError(d, f"not enough disk space: the output needs {need / 1e9:.2f} GB, "
-                               f"{free / 1e9:.2f} GB are free")
+            raise GGUFError(d, f"not enough disk space: the output needs {human_bytes(need)}, "
+                               f"{human_bytes(free)} are free")
 
 
 class Progress:
@@ -190,10 +314,6 @@ class Progress:
     def update(self, index, n):
         self.shards[index].update(n)
         self.overall.update(n)
-
-    def drain(self, queue):
-        while (item := queue.get()) is not None:
-            self.update(*item)
 
     def close(self):
         for bar in self.shards + [self.overall]:

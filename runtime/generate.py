@@ -51,12 +51,15 @@ def greedy(model: TargetModel, prompt_ids, n: int, stop_ids=()) -> tuple[list, s
     return continue_greedy(model, logits, n, stop_ids)
 
 
-def continue_greedy(model: TargetModel, logits, n: int, stop_ids=()) -> tuple[list, str]:
-    """Greedy tokens from the last row of logits on, one forward step per token after the first."""
+def continue_greedy(model: TargetModel, logits, n: int, stop_ids=(), progress=None) -> tuple[list, str]:
+    """Greedy tokens from the last row of logits on, one forward step per token after the first.
+    progress(k): called with the number of new tokens as they come."""
     out = []
     while len(out) < n:
         token = int(np.argmax(logits[-1]))
         out.append(token)
+        if progress:
+            progress(1)
         if token in stop_ids:
             return out, "end-of-generation"
         if len(out) < n:
@@ -64,11 +67,21 @@ def continue_greedy(model: TargetModel, logits, n: int, stop_ids=()) -> tuple[li
     return out, "length"
 
 
+def check_context(model: TargetModel, n_prompt: int, n: int, n_ctx: int | None = None):
+    """Refuse a prompt plus n new tokens beyond the context (default: the model's trained context length)."""
+    limit = n_ctx or model.hp.n_ctx_train
+    if n_prompt + n > limit:
+        raise ModelError(f"{model.path}: the prompt ({n_prompt} tokens) plus -n {n} is {n_prompt + n} tokens, beyond "
+                         f"the context length {limit}" + ("" if n_ctx else " the model was trained for (pass "
+                                                          "--context-length N to allow more)"))
+
+
 def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads: int | None = None,
-        stop_at_eog: bool = True, backend: str = "numba", device: str | None = None,
-        dtype: str | None = None) -> RunResult:
-    """Load a target GGUF, greedily continue a prompt (text or token ids), and measure it; backend, device and
-    dtype choose what runs it (TargetModel)."""
+        stop_at_eog: bool = True, n_ctx: int | None = None, progress=None, backend: str = "numba",
+        device: str | None = None, dtype: str | None = None) -> RunResult:
+    """Load a target GGUF, greedily continue a prompt (text or token ids), and measure it. n_ctx: the most
+    tokens allowed (default: the model's context length); progress(k): k new tokens generated; backend, device
+    and dtype choose what runs it (TargetModel)."""
     if (prompt is None) == (prompt_ids is None):
         raise ValueError("give exactly one of prompt and prompt_ids")
     model = TargetModel(target, threads=threads, backend=backend, device=device, dtype=dtype)
@@ -77,13 +90,14 @@ def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads
         ids = tokenizer.encode(prompt) if prompt is not None else [int(i) for i in prompt_ids]
         if not ids:
             raise ModelError("the prompt has no tokens")
+        check_context(model, len(ids), n, n_ctx)
         stop_ids = tokenizer.eog if (tokenizer and stop_at_eog) else set()
         warm_up(model)
 
         t0 = time.perf_counter()
         logits, _ = model.forward(ids, logits="last")
         t1 = time.perf_counter()
-        generated, stop = continue_greedy(model, logits, n, stop_ids)
+        generated, stop = continue_greedy(model, logits, n, stop_ids, progress)
         t2 = time.perf_counter()
         steps = max(0, len(generated) - 1)
         return RunResult(

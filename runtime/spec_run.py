@@ -15,8 +15,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ggtools.runtime.drafter import Drafter
-from ggtools.runtime.generate import backend_fields, continue_greedy, load_tokenizer, warm_up
 from ggtools.runtime.errors import ModelError
+from ggtools.runtime.generate import backend_fields, check_context, continue_greedy, load_tokenizer, warm_up
 from ggtools.runtime.target.model import TargetModel
 from ggtools.runtime.speculative import DraftSettings, speculative_generate
 from ggtools.runtime.stats import acceptance_stats
@@ -59,11 +59,13 @@ class SpecRun:
 def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int | None = None,
                     settings: DraftSettings | None = None, kv_type: str = "f16", threads: int | None = None,
                     stop_at_eog: bool = True, compare: bool = True, mask_id: int | None = None,
-                    backend: str = "numba", device: str | None = None, dtype: str | None = None) -> SpecRun:
+                    n_ctx: int | None = None, progress=None, backend: str = "numba", device: str | None = None,
+                    dtype: str | None = None) -> SpecRun:
     """target, draft: GGUF paths (or a loaded TargetModel for target); prompts: texts (tokenized with the
     target's vocabulary) or lists of token ids. compare: also run target-only greedy decoding (reference
-    tokens and speed). backend, device, dtype: what runs the pair (TargetModel; the drafter runs on the
-    target's backend)."""
+    tokens and speed). n_ctx: the most tokens a sequence may reach (default: the target's context length);
+    progress(k): k new tokens decoded (both decodings count). backend, device, dtype: what runs the pair
+    (TargetModel; the drafter runs on the target's backend)."""
     if not prompts:
         raise ModelError("no prompts")
     model = target if isinstance(target, TargetModel) else TargetModel(target, threads=threads, backend=backend,
@@ -77,11 +79,13 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
         ids = [tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         if not all(ids):
             raise ModelError("a prompt has no tokens")
+        for p in ids:
+            check_context(model, len(p), n, n_ctx)
         stop_ids = set(tokenizer.eog) if (tokenizer and stop_at_eog) else set()
         warm_up(model)
-        reference = TargetOnly(model, ids, n, stop_ids) if compare else None
+        reference = TargetOnly(model, ids, n, stop_ids, progress) if compare else None
         run = measure_drafter(model, drafter, ids, n, ring_cap=ring_cap, settings=settings, kv_type=kv_type,
-                              stop_ids=stop_ids, reference=reference)
+                              stop_ids=stop_ids, reference=reference, progress=progress)
         if tokenizer:
             run.texts = [tokenizer.decode(o) for o in run.outputs]
         return run
@@ -103,14 +107,15 @@ class TargetOnly:
     """Target-only greedy decoding of each prompt (the reference tokens and speed), decoded the first time it is
     asked for and kept."""
 
-    def __init__(self, model: TargetModel, prompts: list, n: int, stop_ids):
-        self.model, self.prompts, self.n, self.stop_ids = model, prompts, n, stop_ids
+    def __init__(self, model: TargetModel, prompts: list, n: int, stop_ids, progress=None):
+        self.model, self.prompts, self.n, self.stop_ids, self.progress = model, prompts, n, stop_ids, progress
         self.outputs: list[list | None] = [None] * len(prompts)
         self.seconds = [0.0] * len(prompts)
 
     def output(self, i: int) -> list:
         if self.outputs[i] is None:
-            self.outputs[i], self.seconds[i] = _target_only(self.model, self.prompts[i], self.n, self.stop_ids)
+            self.outputs[i], self.seconds[i] = _target_only(self.model, self.prompts[i], self.n, self.stop_ids,
+                                                            self.progress)
         return self.outputs[i]
 
     @property
@@ -122,9 +127,9 @@ class TargetOnly:
 
 def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int, *, ring_cap: int | None,
                     settings: DraftSettings, kv_type: str = "f16", stop_ids=(), reference: TargetOnly | None = None,
-                    on_prompt=lambda: None) -> SpecRun:
+                    on_prompt=lambda: None, progress=None) -> SpecRun:
     """Decode every prompt (token ids) speculatively, each checked against `reference` (None: no check, no
-    target-only speed); on_prompt() after each. The drafter's kernels are compiled first, outside the timing."""
+    target-only speed); on_prompt() after each, progress(k) as tokens come. The drafter's kernels are compiled first, outside the timing."""
     kv = drafter.new_kv(ring_cap, kv_type)
     speculative_generate(model, drafter, kv, prompts[0][:8], min(n, 2 * drafter.block_size), stop_ids, settings)
     runs, outputs, mismatches = [], [], []
@@ -132,7 +137,7 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
     longest = 0
     for i, prompt in enumerate(prompts):
         expected = reference.output(i) if reference else None
-        out = speculative_generate(model, drafter, kv, prompt, n, stop_ids, settings)
+        out = speculative_generate(model, drafter, kv, prompt, n, stop_ids, settings, progress)
         t_spec += out.decode_seconds
         t_draft += out.draft_seconds
         runs.append(out.steps)
@@ -158,10 +163,10 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
         tau_per_prompt=[acceptance_stats([steps], n_max + 1)["tau_zlab"] for steps in runs], **backend_fields(model))
 
 
-def _target_only(model, prompt, n, stop_ids) -> tuple[list, float]:
+def _target_only(model, prompt, n, stop_ids, progress=None) -> tuple[list, float]:
     """Plain greedy decoding; seconds from the end of prefill, as speculative_generate times it."""
     model.kv.clear()
     logits, _ = model.forward(prompt, logits="last")
     t = time.perf_counter()
-    tokens, _ = continue_greedy(model, logits, n, stop_ids)
+    tokens, _ = continue_greedy(model, logits, n, stop_ids, progress)
     return tokens, time.perf_counter() - t

@@ -48,8 +48,9 @@ class SpecOutput:
 
 
 def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_ids=(),
-                         settings: DraftSettings | None = None) -> SpecOutput:
-    """Greedy continuation of prompt_ids by up to n tokens, drafted by `drafter` with the draft KV `kv`."""
+                         settings: DraftSettings | None = None, progress=None) -> SpecOutput:
+    """Greedy continuation of prompt_ids by up to n tokens, drafted by `drafter` with the draft KV `kv`.
+    progress(k): called with the number of new tokens as they are committed."""
     s = settings or DraftSettings()
     n_max = drafter.block_size - 1 if s.n_max is None else s.n_max
     if not 0 <= n_max <= drafter.block_size - 1:
@@ -65,6 +66,8 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
     out.prompt_seconds = t1 - t0
     committed, pending = len(prompt_ids), features     # pending: features not yet in the draft KV
     out.tokens.append(int(np.argmax(logits[-1])))
+    if progress:
+        progress(1)
     while len(out.tokens) < n and out.tokens[-1] not in stop_ids:
         anchor = out.tokens[-1]
         n_block = min(n_max + 1, n - len(out.tokens) + 1)
@@ -86,6 +89,8 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
         if stop_at is not None:
             new = new[:stop_at + 1]
         out.tokens += new
+        if progress:
+            progress(len(new))
         out.steps.append(Step(drafted=len(drafts), accepted=len(new) - 1, produced=len(new)))
         committed += len(new)
         target.kv.crop(committed)

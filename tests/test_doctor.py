@@ -349,7 +349,7 @@ def test_cli_report_json_and_exit_codes(work):
     r = CliRunner().invoke(main, ["doctor", str(bad)])
     assert r.exit_code == 1 and 'breaks llama.cpp: "init: invalid token[1] = -1"' in r.output
     r = CliRunner().invoke(main, ["doctor", str(bad), "--json"])
-    data = json.loads(r.output)
+    data = json.loads(r.stdout)
     assert r.exit_code == 1 and data["ok"] is False
     mask = [f for f in data["findings"] if f["check"] == "mask_token_id"][0]
     assert mask["breaks"][0] == {"runtime": "llama.cpp", "says": "init: invalid token[1] = -1",

@@ -146,4 +146,7 @@ def test_shard_set_discovery(tmp_path):
     s = ShardSet(tmp_path / "m-00002-of-00003.gguf")
     assert s.is_split and s.count == 3 and not s.missing
     assert [os.path.basename(p) for p in s.paths] == [f"m-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
+    (tmp_path / "plain.gguf").write_bytes(b"")
     assert not ShardSet(tmp_path / "plain.gguf").is_split
+    with pytest.raises(GGUFError, match="absent.gguf: not found"):
+        ShardSet(tmp_path / "absent.gguf")

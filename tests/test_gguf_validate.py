@@ -131,7 +131,15 @@ def test_tensor_too_short_for_its_type(tmp_path):
 
 
 def test_truncated_data(tmp_path):
-    expect(tmp_path, B.sample_file()[:-300], 1, "too short for its type")
+    expect(tmp_path, B.sample_file()[:-100], 1, "tensor 'blk.0.ffn_up.weight': the file is truncated")
+
+
+def test_truncation_names_the_first_tensor_cut(tmp_path):
+    """Cut inside the second of three tensors: the message names that one, not the last."""
+    data = B.sample_file()
+    header = len(data) - sum(B.pad(nb, 32) for *_, nb in B.sample_tensors())
+    cut = header + B.sample_tensors()[1][3] + 100
+    expect(tmp_path, data[:cut], 1, "tensor 'blk.0.attn_q.weight': the file is truncated")
 
 
 def test_missing_final_padding(tmp_path):

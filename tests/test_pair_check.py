@@ -196,7 +196,7 @@ def test_cli_ok_fail_json(pair):
     assert "breaks llama.cpp: \"DFlash model requires 'target_layers' in GGUF metadata\"" in r.output
     assert "fix: ggtools doctor" in r.output
     r = CliRunner().invoke(main, ["pair-check", str(pair[0]), str(bad), "--json"])
-    data = json.loads(r.output)
+    data = json.loads(r.stdout)
     assert r.exit_code == 1 and data["ok"] is False and data["profile"] == "llama.cpp"
     r = CliRunner().invoke(main, ["pair-check", str(pair[0]), str(pair[4] / "c1" / "config.json")])
     assert r.exit_code == 2 and r.output.startswith("error: ")

@@ -5,7 +5,7 @@ import click
 from ggtools.cli.backend_options import backend_options
 from ggtools.cli.draft_options import draft_options, draft_setup
 from ggtools.cli.render import emit_json, table
-from ggtools.jobs.accept import DEFAULT_MAX_DROP, accept
+from ggtools.jobs.accept import DEFAULT_MAX_DROP, accept, input_files
 from ggtools.jobs.accept_plot import check_plot_path, write_plot
 from ggtools.jobs.accept_report import (ALIGN, HEADERS, check_destination, definition_lines, failure_lines,
                                         setting_line, summary_rows, verdict_line, write_markdown)
@@ -52,18 +52,21 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
           --device cuda:0 --dtype bf16
     """
     ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
+    inputs = input_files(target, drafts, prompts)
     if report:
-        check_destination(report, "--report")
+        check_destination(report, "--report", inputs)
     if plot:
-        check_plot_path(plot)
+        check_plot_path(plot, inputs)
     result = accept(target, list(drafts), prompts=prompts, n=n, baseline=baseline, max_drop=max_drop, min_tau=min_tau,
                     ring_cap=ring_cap, settings=settings, threads=threads,
                     stop_at_eog=not ignore_eos, progress=not quiet, backend=backend, device=device, dtype=dtype)
     if report:
-        write_markdown(result, report)
+        write_markdown(result, report, inputs)
     if plot:
-        write_plot(result, plot)
+        write_plot(result, plot, inputs)
     if as_json:
+        if result.exit_code:
+            click.echo(f"error: {result.error}", err=True)
         emit_json(result.to_dict())
     else:
         _show(result)

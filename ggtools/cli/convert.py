@@ -62,7 +62,7 @@ def dflash(hf_dir, out, profile, target, outtype, mask_token_id, guess_target_la
         result = write(plan, force=force, allow_overflow=allow_overflow, on_bytes=bar.update)
     if as_json:
         emit_json({"written": result.path, "tensors": result.n_tensors, "bytes": result.bytes_out,
-                   "overflow": result.overflow, "warnings": result.warnings})
+                   "overflow": result.overflow, "nonfinite": result.nonfinite, "warnings": result.warnings})
         return
     _warn(result.warnings)
     click.echo(f"wrote {result.path}: {result.n_tensors} tensors, {human_bytes(result.bytes_out)} ({profile} profile)")

@@ -10,6 +10,7 @@ from ggtools.cli.render import emit_json, human_bytes, table
 from ggtools.jobs.demo import run_demo
 from ggtools.jobs.requant import plan_requant_trunk
 from ggtools.jobs.validate import validate
+from ggtools.gguf.outputs import make_dir
 from ggtools.samples import write_moe_set
 from ggtools.shard_runner import run_plan
 
@@ -83,8 +84,7 @@ def _show_table(report):
 
 def _requant_demo(root):
     src_dir, out_dir = os.path.join(root, "moe"), os.path.join(root, "moe-q4k")
-    os.makedirs(src_dir, exist_ok=True)
-    os.makedirs(out_dir, exist_ok=True)
+    make_dir(src_dir)
     paths = write_moe_set(os.path.join(src_dir, "kimi-like"), force=True)
     click.echo(f"2. requant-trunk: sample MoE shard set, {len(paths)} shards, "
                f"{human_bytes(sum(os.path.getsize(p) for p in paths))}")
@@ -92,7 +92,7 @@ def _requant_demo(root):
     plan = plan_requant_trunk(paths[0], out_dir)
     click.echo("   plan (Q8_0 trunk -> Q4_K; MXFP4 experts and F32 norms byte-copied):")
     show_plan(plan, tensors=False)
-    run_plan(plan, jobs=1, force=True, progress=False)
+    run_plan(plan, jobs=1, force=True, progress=False, make_dirs=True)
     click.echo(f"   wrote and verified {len(paths)} shards: {human_bytes(plan.bytes_in)} -> {human_bytes(plan.bytes_out)}")
     _validate(os.path.join(out_dir, os.path.basename(paths[0])))
 

@@ -50,6 +50,8 @@ def command(draft, target, hf, runtimes, n_max, fix, to, out, dry_run, force, as
     result = doctor_fix(draft, out, target=target, hf=hf, to=to, runtimes=runtimes, n_max=n_max, force=force,
                         dry_run=dry_run)
     if as_json:
+        if result.exit_code:
+            click.echo(f"error: {result.error}", err=True)
         emit_json(result.as_dict())
         sys.exit(result.exit_code)
     show_report(result.before, exit_after=False)
@@ -67,7 +69,10 @@ def command(draft, target, hf, runtimes, n_max, fix, to, out, dry_run, force, as
 
 
 def show_report(report, as_json=False, *, exit_after=True, ok_line="OK"):
-    """Print a doctor report and (by default) exit with its code; shared with pair-check and validate --pair."""
+    """Print a doctor report and (by default) exit with its code; shared with pair-check and validate --pair.
+    A failed report also gives its one error line on stderr (when it ends the command)."""
+    if exit_after and report.exit_code:
+        click.echo(f"error: {report.error}", err=True)
     if as_json:
         emit_json(report.as_dict())
         sys.exit(report.exit_code)

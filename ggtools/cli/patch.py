@@ -1,13 +1,15 @@
 import click
 
+from ggtools.cli.render import emit_json
 from ggtools.gguf import ShardSet
-from ggtools.jobs.patch import mask_token_edits, parse_assignment, patch
+from ggtools.jobs.patch import mask_token_edits, parse_assignment, patch, target_files
 from ggtools.plan import KVEdits
 
 OUTPUT_OPTIONS = [
     click.option("-o", "--out", type=click.Path(), help="Output file (for a shard set: a directory)."),
     click.option("--in-place", is_flag=True, help="Edit the input itself (temp file + rename; only shard 1 of a set)."),
     click.option("--force", is_flag=True, help="Overwrite an existing output."),
+    click.option("--json", "as_json", is_flag=True, help="Machine-readable result."),
 ]
 
 
@@ -36,42 +38,49 @@ def command():
               "dflash.mask_token_id or <arch>.dflash.mask_token_id in the file).")
 @click.option("--target", type=click.Path(exists=True, dir_okay=False), help="Target GGUF: check the id is in its vocabulary.")
 @output_options
-def mask_token(path, token_id, target, out, in_place, force):
+def mask_token(path, token_id, target, out, in_place, force, as_json):
     """Set tokenizer.ggml.mask_token_id (u32), the key llama.cpp's DFlash drafter loader reads."""
     with ShardSet(path) as s:
         edits = mask_token_edits(s.first, token_id, target)
-    _report(patch(path, edits, out=out, in_place=in_place, force=force), edits)
+    also_read = target_files(target) if target else ()
+    _report(patch(path, edits, out=out, in_place=in_place, force=force, also_read=also_read), edits, as_json)
 
 
 @command.command("set")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 @click.argument("assignments", nargs=-1, required=True, metavar="KEY=TYPE:VALUE...")
 @output_options
-def set_keys(path, assignments, out, in_place, force):
+def set_keys(path, assignments, out, in_place, force, as_json):
     """Add or change keys. TYPE: u8 i8 u16 i16 u32 i32 u64 i64 f32 f64 bool str, or TYPE[] for an array
     (values comma-separated or a JSON list)."""
     edits = KVEdits()
     for a in assignments:
         edits.put(*parse_assignment(a))
-    _report(patch(path, edits, out=out, in_place=in_place, force=force), edits)
+    _report(patch(path, edits, out=out, in_place=in_place, force=force), edits, as_json)
 
 
 @command.command("rm")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 @click.argument("keys", nargs=-1, required=True)
 @output_options
-def remove_keys(path, keys, out, in_place, force):
+def remove_keys(path, keys, out, in_place, force, as_json):
     """Remove keys."""
     edits = KVEdits()
     for k in keys:
         edits.drop(k)
-    _report(patch(path, edits, out=out, in_place=in_place, force=force), edits)
+    _report(patch(path, edits, out=out, in_place=in_place, force=force), edits, as_json)
 
 
-def _report(written, edits):
+def _report(result, edits, as_json):
+    if as_json:
+        emit_json({"written": result.written, "set": sorted(edits.changes), "removed": sorted(edits.removed),
+                   "nonfinite": result.nonfinite})
+        return
     for key, (vtype, value, elem) in edits.changes.items():
         click.echo(f"set {key} = {value!r} ({vtype.name}{f'[{elem.name}]' if elem is not None else ''})")
     for key in sorted(edits.removed):
         click.echo(f"removed {key}")
-    for p in written:
+    for p in result.written:
         click.echo(f"wrote {p}")
+    for name, n in result.nonfinite.items():
+        click.echo(f"warning: tensor '{name}': {n} NaN/inf values or blocks (copied unchanged)", err=True)

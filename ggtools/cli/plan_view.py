@@ -35,6 +35,14 @@ def show_plan(plan, *, as_json=False, tensors=True):
     click.echo(table(rows, ["action", "types", "tensors", "in", "out"], "llrrr"))
 
 
+def warn_nonfinite(report):
+    """One warning per output tensor written with NaN/inf values (--allow-nonfinite)."""
+    for path, tensors in report.nonfinite.items():
+        for name, n in tensors.items():
+            click.echo(f"warning: {path}: tensor '{name}': {n} NaN/inf values or blocks written (--allow-nonfinite)",
+                       err=True)
+
+
 def _t(type_id):
     from ggtools.gguf import ggml_type_name
     return ggml_type_name(type_id)

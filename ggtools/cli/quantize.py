@@ -2,7 +2,7 @@ import os
 
 import click
 
-from ggtools.cli.plan_view import show_plan
+from ggtools.cli.plan_view import show_plan, warn_nonfinite
 from ggtools.cli.render import emit_json, human_bytes
 from ggtools.jobs.quantize import SCHEMES, plan_quantize
 from ggtools.shard_runner import run_plan
@@ -16,10 +16,12 @@ from ggtools.shard_runner import run_plan
               help="Per-tensor type; the first matching pattern wins (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
 @click.option("-j", "--jobs", type=click.IntRange(1), default=1, show_default=True, help="Shards in parallel.")
+@click.option("--allow-nonfinite", is_flag=True, help="Write NaN/inf source values and NaN/inf scales (counted and "
+              "reported) instead of refusing the tensor.")
 @click.option("--force", is_flag=True, help="Overwrite existing outputs.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan / result.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def command(path, out, scheme, overrides, dry_run, jobs, force, as_json, quiet):
+def command(path, out, scheme, overrides, dry_run, jobs, allow_nonfinite, force, as_json, quiet):
     """Quantize a GGUF (drafter or model) with a scheme and per-tensor overrides, bit-exact with
     llama-quantize's reference quantizers. Norms, 1-D tensors and routers are never quantized; rows that do
     not fit a type take llama-quantize's fallback.
@@ -39,9 +41,12 @@ def command(path, out, scheme, overrides, dry_run, jobs, force, as_json, quiet):
     if dry_run:
         show_plan(plan, as_json=as_json, tensors=not quiet)
         return
-    report = run_plan(plan, jobs=jobs, force=force, progress=False if quiet or as_json else None)
+    report = run_plan(plan, jobs=jobs, force=force, allow_nonfinite=allow_nonfinite, resumable=False,
+                      progress=False if quiet or as_json else None)
     if as_json:
-        emit_json({"written": report.done, "bytes_in": plan.bytes_in, "bytes_out": plan.bytes_out})
+        emit_json({"written": report.done, "bytes_in": plan.bytes_in, "bytes_out": plan.bytes_out,
+                   "nonfinite": report.nonfinite})
         return
+    warn_nonfinite(report)
     click.echo(f"wrote {', '.join(os.path.basename(p) for p in report.done)}: {human_bytes(plan.bytes_in)} -> "
                f"{human_bytes(plan.bytes_out)} (verified)")

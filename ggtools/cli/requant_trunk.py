@@ -2,7 +2,7 @@ import os
 
 import click
 
-from ggtools.cli.plan_view import show_plan
+from ggtools.cli.plan_view import show_plan, warn_nonfinite
 from ggtools.cli.render import emit_json, human_bytes
 from ggtools.jobs.requant import plan_requant_trunk
 from ggtools.shard_runner import preflight_disk, run_plan
@@ -20,11 +20,13 @@ from ggtools.shard_runner import preflight_disk, run_plan
 @click.option("--dry-run", is_flag=True, help="Print the plan and the disk check; write nothing.")
 @click.option("--resume", is_flag=True, help="Skip shards the manifest shows finished and still intact; redo the rest.")
 @click.option("--no-verify", is_flag=True, help="Skip re-reading outputs (copies hashed against the source).")
+@click.option("--allow-nonfinite", is_flag=True, help="Write NaN/inf source values and NaN/inf scales (counted and "
+              "reported) instead of refusing the tensor.")
 @click.option("--force", is_flag=True, help="Overwrite existing outputs.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan / result.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
-def command(path, out_dir, src_type, dst_type, copy_patterns, only, jobs, dry_run, resume, no_verify, force,
-            as_json, quiet):
+def command(path, out_dir, src_type, dst_type, copy_patterns, only, jobs, dry_run, resume, no_verify,
+            allow_nonfinite, force, as_json, quiet):
     """Requantize only the --from tensors (the Q8_0 trunk) of a model; MXFP4 experts, F32 norms and every
     other tensor are byte-copied and proven unchanged. Split-in = split-out: one output shard per input
     shard, same names, KVs and tensor order.
@@ -47,11 +49,14 @@ def command(path, out_dir, src_type, dst_type, copy_patterns, only, jobs, dry_ru
     # a worker waits on the disk (kernel copies, fsync) about half the time: two per core keep the cores busy
     default_jobs = min(len(plan.shards), 2 * (os.cpu_count() or 1))
     report = run_plan(plan, jobs=jobs or default_jobs, resume=resume, force=force, verify=not no_verify,
-                      progress=False if quiet or as_json else None)
+                      allow_nonfinite=allow_nonfinite, progress=False if quiet or as_json else None,
+                      make_dirs=True)
     if as_json:
         emit_json({"done": report.done, "skipped": report.skipped, "manifest": report.manifest,
-                   "bytes_in": plan.bytes_in, "bytes_out": plan.bytes_out, "verified": not no_verify})
+                   "bytes_in": plan.bytes_in, "bytes_out": plan.bytes_out, "verified": not no_verify,
+                   "nonfinite": report.nonfinite})
         return
+    warn_nonfinite(report)
     for p in report.skipped:
         click.echo(f"skipped (finished and intact): {p}")
     click.echo(f"{len(report.done)} shard(s) written{', verified' if not no_verify else ''}: "

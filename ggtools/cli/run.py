@@ -1,6 +1,7 @@
 import sys
 
 import click
+from tqdm import tqdm
 
 from ggtools.cli.backend_options import backend_options, runs_on
 from ggtools.cli.draft_options import draft_options, draft_options_given, draft_setup
@@ -11,12 +12,23 @@ from ggtools.runtime.generate import run
 from ggtools.runtime.spec_run import run_speculative
 from ggtools.runtime.stats import DEFINITIONS
 
+MAX_TOKEN_ID = 2 ** 31 - 1  # llama_token is int32
+
 
 def _parse_ids(text: str) -> list[int]:
     try:
-        return [int(v) for v in text.replace(",", " ").split()]
+        ids = [int(v) for v in text.replace(",", " ").split()]
     except ValueError:
         raise click.BadParameter("expected integers separated by commas or spaces", param_hint="--prompt-ids")
+    bad = next((i for i in ids if not 0 <= i <= MAX_TOKEN_ID), None)
+    if bad is not None:
+        raise click.BadParameter(f"token id {bad} is outside 0..{MAX_TOKEN_ID}", param_hint="--prompt-ids")
+    return ids
+
+
+def _progress_bar(total, as_json):
+    """A bar of generated tokens on a terminal (long generations), else nothing."""
+    return tqdm(total=total, unit="tok", desc="generate", leave=False, disable=as_json or not sys.stderr.isatty())
 
 
 @click.command("run")
@@ -29,11 +41,13 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--min-acceptance", type=click.FloatRange(0, 1), help="Exit 1 when acceptance (accepted/drafted) is below this.")
 @click.option("--no-baseline", is_flag=True, help="Skip target-only decoding (no speedup, no output check).")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@click.option("--context-length", "n_ctx", type=click.IntRange(min=1),
+              help="Allow prompt + -n up to this many tokens (default: the target's context_length).")
 @backend_options
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at an end-of-generation token.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut, p_min, n_min, min_acceptance,
-            no_baseline, threads, backend, device, dtype, ignore_eos, as_json):
+            no_baseline, threads, n_ctx, backend, device, dtype, ignore_eos, as_json):
     """Greedily continue a prompt with a target model, alone or drafted by a DFlash drafter; report speed,
     memory and (with --draft) acceptance. numba runs it on the CPU (the default); --backend torch on the CPU or
     a CUDA GPU (--device cuda).
@@ -57,20 +71,27 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
     if draft is None:
         if draft_options_given(ring_cap, full_kv, n_max, cut) or min_acceptance is not None:
             raise click.UsageError("--ring-cap, --full-kv, --n-max, --cut and --min-acceptance need --draft")
-        _show_target_only(run(target, prompt=prompt, prompt_ids=ids, n=n, threads=threads,
-                              stop_at_eog=not ignore_eos, backend=backend, device=device, dtype=dtype), as_json)
+        with _progress_bar(n, as_json) as bar:
+            result = run(target, prompt=prompt, prompt_ids=ids, n=n, threads=threads, stop_at_eog=not ignore_eos,
+                         n_ctx=n_ctx, progress=bar.update, backend=backend, device=device, dtype=dtype)
+        _show_target_only(result, as_json)
         return
     warnings = _pair_warnings(target)
     if not as_json:
         for w in warnings:
             click.echo(f"warning: {w}", err=True)
     ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
-    result = run_speculative(target, draft, [prompt if ids is None else ids], n, ring_cap=ring_cap, settings=settings,
-                             threads=threads, stop_at_eog=not ignore_eos, compare=not no_baseline, backend=backend,
-                             device=device, dtype=dtype)
+    with _progress_bar(n * (1 if no_baseline else 2), as_json) as bar:
+        result = run_speculative(target, draft, [prompt if ids is None else ids], n, ring_cap=ring_cap,
+                                 settings=settings, threads=threads, stop_at_eog=not ignore_eos,
+                                 compare=not no_baseline, n_ctx=n_ctx, progress=bar.update, backend=backend,
+                                 device=device, dtype=dtype)
     failures = _failures(result, min_acceptance, no_baseline)
     if as_json:
-        emit_json(result.to_dict() | {"failures": failures, "warnings": warnings})
+        if failures:
+            click.echo(f"error: {'; '.join(failures)}", err=True)
+        emit_json(result.to_dict() | {"failures": failures, "exit_code": 1 if failures else 0,
+                                      "error": "; ".join(failures) or None, "warnings": warnings})
     else:
         _show_speculative(result, failures)
     sys.exit(1 if failures else 0)

@@ -53,4 +53,6 @@ def command(paths, pair, deep, as_json, write_manifest, manifest, jobs):
                    + ("all good" if report.exit_code == 0 else f"{n_err} error(s)"))
         if write_manifest and report.exit_code != 2:
             click.echo(f"manifest written to {write_manifest}")
+    if report.exit_code:
+        click.echo(f"error: {report.error}", err=True)
     sys.exit(report.exit_code)

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from ggtools.dflash.safetensors import CheckpointError, SourceTensor, read_header
+from ggtools.gguf.inputs import regular_file
 
 ARCHITECTURES = {"DFlashDraftModel": 1, "DFlash2DraftModel": 2}
 INDEX = "model.safetensors.index.json"
@@ -33,6 +34,11 @@ class Checkpoint:
         return dc if isinstance(dc, dict) else {}
 
 
+def files_of(hf_dir) -> list[str]:
+    """Every file of the checkpoint directory (none of them may be an output)."""
+    return [os.path.join(hf_dir, name) for name in sorted(os.listdir(hf_dir))]
+
+
 def open_checkpoint(hf_dir) -> Checkpoint:
     hf_dir = os.fspath(hf_dir)
     if not os.path.isdir(hf_dir):
@@ -53,12 +59,14 @@ def open_checkpoint(hf_dir) -> Checkpoint:
 
 def read_config(hf_dir) -> dict:
     path = os.path.join(hf_dir, "config.json")
+    if os.path.lexists(path):
+        regular_file(path)
     try:
         with open(path, encoding="utf-8") as fh:
             config = json.load(fh)
     except FileNotFoundError:
         raise CheckpointError(hf_dir, "no config.json: not a Hugging Face model directory") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CheckpointError(path, f"cannot read as JSON: {e}") from None
     if not isinstance(config, dict):
         raise CheckpointError(path, "is not a JSON object")
@@ -92,10 +100,11 @@ def part_files(hf_dir) -> list[str]:
 
 
 def _weight_map(index) -> dict:
+    regular_file(index)
     try:
         with open(index, encoding="utf-8") as fh:
             wm = json.load(fh).get("weight_map")
-    except (OSError, ValueError, AttributeError) as e:
+    except (OSError, ValueError, AttributeError, RecursionError) as e:
         raise CheckpointError(index, f"cannot read: {e}") from None
     if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
         raise CheckpointError(index, "needs a weight_map object of tensor name -> file name", "weight_map")

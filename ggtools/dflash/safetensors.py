@@ -5,6 +5,7 @@ so a large checkpoint would look like it is held in memory. Here only the rows a
 """
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ggtools.errors import GGToolsError
+from ggtools.gguf.inputs import regular_file
 
 # safetensors dtype -> (numpy dtype of the stored values, ggml type of the same encoding)
 DTYPES = {"BF16": ("<u2", T.BF16), "F16": ("<f2", T.F16), "F32": ("<f4", T.F32), "F64": ("<f8", T.F64)}
@@ -84,8 +86,8 @@ class SourceTensor:
 def read_header(path) -> list[SourceTensor]:
     """The tensors of one safetensors file, checked against the file's size, in stored-header order."""
     path = os.fspath(path)
+    size = regular_file(path).st_size
     try:
-        size = os.path.getsize(path)
         with open(path, "rb") as fh:
             head = fh.read(8)
             if len(head) < 8:
@@ -99,7 +101,7 @@ def read_header(path) -> list[SourceTensor]:
         raise CheckpointError(path, f"cannot read: {e.strerror or e}") from None
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CheckpointError(path, f"header is not valid JSON: {e}", "byte 8") from None
     if not isinstance(header, dict):
         raise CheckpointError(path, "header is not a JSON object", "byte 8")
@@ -115,15 +117,21 @@ def read_header(path) -> list[SourceTensor]:
 def _tensor(path, name, meta, data_start, size) -> SourceTensor:
     where = f"tensor '{name}'"
     try:
-        dtype, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
+        dtype, shape, (begin, end) = meta["dtype"], tuple(meta["shape"]), meta["data_offsets"]
     except (KeyError, TypeError, ValueError):
         raise CheckpointError(path, "header entry needs dtype, shape and data_offsets [begin, end]", where) from None
-    if dtype not in DTYPES:
+    if not all(_count(v) for v in (*shape, begin, end)):
+        raise CheckpointError(path, "shape and data_offsets must be non-negative integers", where)
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise CheckpointError(path, f"dtype {dtype} is not supported (one of {', '.join(DTYPES)})", where)
-    want = int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[dtype][0]).itemsize
+    want = math.prod(shape) * np.dtype(DTYPES[dtype][0]).itemsize
     if end - begin != want or begin < 0:
         raise CheckpointError(path, f"data_offsets [{begin}, {end}] hold {end - begin} bytes; "
                                     f"{dtype} {list(shape)} needs {want}", where)
     if data_start + end > size:
         raise CheckpointError(path, f"data [{begin}, {end}) lies beyond the end of the file", where)
     return SourceTensor(name, path, dtype, shape, data_start + begin, want)
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0

@@ -198,7 +198,8 @@ def _outtype(d: DraftFile, ckpt) -> str:
 def _fresh_digest(job, type_id) -> str:
     """sha256 of the fresh conversion of job stored as type_id (requantized from the profile's own type)."""
     h = hashlib.sha256()
-    for data, _ in encode_chunks(job):
+    for chunk in encode_chunks(job):
+        data = chunk.data
         if type_id != job.dst_type:
             data = quantize(type_id, dequantize(job.dst_type, data, job.src.row_length))
         h.update(data)

@@ -14,6 +14,11 @@ class TargetInfo:
     vocab: int | None
     uses_mrope: bool
     file: GGUFFile = field(repr=False)
+    paths: list[str] = field(default_factory=list, repr=False)     # every file of the target's set
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return "tokenizer.ggml.tokens" in self.file.kv
 
     @property
     def tokenizer_kvs(self) -> list[KV]:
@@ -33,7 +38,7 @@ class OpenTarget:
         tokens = f.kv.get("tokenizer.ggml.tokens")
         vocab = tokens.count if tokens is not None else _int(f.get(f"{arch}.vocab_size"))
         return TargetInfo(f.path, arch, _int(f.get(f"{arch}.block_count")), _int(f.get(f"{arch}.embedding_length")),
-                          vocab, f"{arch}.rope.dimension_sections" in f.kv, f)
+                          vocab, f"{arch}.rope.dimension_sections" in f.kv, f, list(self.shards.paths))
 
     def __exit__(self, *exc):
         self.shards.close()

@@ -9,6 +9,7 @@ converter widens its F16-narrowed BF16 norms back to F32).
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -43,8 +44,14 @@ class TensorJob:
         return self.dst_type == T.F16 or self.via_f16
 
 
-def encode_chunks(job: TensorJob, chunk_values: int = CHUNK_VALUES) -> Iterator[tuple[np.ndarray, int]]:
-    """(encoded bytes, values that overflowed F16) per chunk of rows, in order; together the tensor's data."""
+class Encoded(NamedTuple):
+    data: np.ndarray
+    overflow: int           # finite source values that became inf in F16
+    nonfinite: int          # source values that are NaN or inf
+
+
+def encode_chunks(job: TensorJob, chunk_values: int = CHUNK_VALUES) -> Iterator[Encoded]:
+    """Each chunk of rows encoded, in order; together the tensor's data."""
     src = job.src
     if job.permute_head_dim and len(src.shape) == 1:
         values = src.read_all()[_head_order(src.n_elements, job.permute_head_dim)]
@@ -66,15 +73,16 @@ def _head_order(n: int, head_dim: int) -> np.ndarray:
     return np.arange(n).reshape(-1, head_dim // 2, 2).transpose(0, 2, 1).reshape(-1)
 
 
-def _encode(values: np.ndarray, job: TensorJob) -> tuple[np.ndarray, int]:
+def _encode(values: np.ndarray, job: TensorJob) -> Encoded:
     overflow = 0
+    nonfinite = values.size - int(np.count_nonzero(np.isfinite(values)))
     if job.checks_f16_range:
         with np.errstate(over="ignore"):
             half = values.astype("<f2")
         overflow = int(np.count_nonzero(np.isinf(half) & np.isfinite(values)))
         if job.dst_type == T.F16:
-            return half.view(np.uint8), overflow
+            return Encoded(half.view(np.uint8), overflow, nonfinite)
         values = half.astype(np.float32)
     if job.dst_type == T.F32:
-        return np.ascontiguousarray(values, dtype="<f4").view(np.uint8), overflow
-    return quantize(job.dst_type, values), overflow
+        return Encoded(np.ascontiguousarray(values, dtype="<f4").view(np.uint8), overflow, nonfinite)
+    return Encoded(quantize(job.dst_type, values), overflow, nonfinite)

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from gguf import GGUFValueType as VT
 
-from ggtools.gguf.reader import GGUFFile, pad
+from ggtools.gguf.errors import GGUFError
+from ggtools.gguf.reader import INT64_MAX, GGUFFile, pad
 from ggtools.gguf.shards import KEY_COUNT, KEY_NO, KEY_TENSORS, ShardSet, parse_shard_name
 
 MAX_NAME_BYTES = 63
@@ -43,7 +44,35 @@ class Problem:
 
 def check_file(f: GGUFFile) -> list[Problem]:
     """All container rules for one parsed file."""
-    return _check_kvs(f) + _check_tensor_infos(f) + _check_layout(f)
+    return check_keys(f) + check_tensors(f)
+
+
+def check_keys(f: GGUFFile) -> list[Problem]:
+    """The rules on the file's KVs: no duplicates, the types llama.cpp insists on, a valid alignment."""
+    return _check_kvs(f)
+
+
+def check_tensors(f: GGUFFile) -> list[Problem]:
+    """The rules on tensor infos and the data layout."""
+    return _check_tensor_infos(f) + _check_layout(f)
+
+
+def errors(problems: list[Problem]) -> list[Problem]:
+    return [p for p in problems if p.severity == "error"]
+
+
+def refuse(problems: list[Problem], what: str):
+    """Raise (exit 2) naming the first error among problems, if any. what: e.g. 'refusing an invalid input'."""
+    bad = errors(problems)
+    if bad:
+        more = f" ({len(bad) - 1} more: see ggtools validate)" if len(bad) > 1 else ""
+        raise GGUFError(bad[0].path, f"{what}: {bad[0].rule}{more}", where=bad[0].where)
+
+
+def require_valid(shards: ShardSet):
+    """Refuse (exit 2) a model that `ggtools validate` would fail: every file's rules and the set's."""
+    shards.require_complete()
+    refuse([p for f in shards.files for p in check_file(f)] + check_set(shards), "refusing an invalid input")
 
 
 def _check_kvs(f):
@@ -80,8 +109,8 @@ def _check_tensor_infos(f):
             add(f"has {len(t.ne)} dimensions; at most {MAX_DIMS} are allowed")
         if not t.ne:
             add("has 0 dimensions (ggml writes at least 1)", "warning")
-        if any(d < 0 for d in t.ne):
-            add(f"negative dimension in ne {list(t.ne)}")
+        if any(d > INT64_MAX for d in t.ne):
+            add(f"dimension beyond INT64_MAX in ne {list(t.ne)} (llama.cpp reads it as negative)")
         elif any(d == 0 for d in t.ne):
             add(f"zero dimension in ne {list(t.ne)} (crashes llama.cpp's reader with a division by zero)")
         block = t.block
@@ -137,20 +166,31 @@ def _check_regions(f):
     for t, nxt in zip(by_offset, by_offset[1:] + [None]):
         limit = f.file_size if nxt is None else nxt.data_start
         room = limit - t.data_start
-        if t.nbytes > room:
-            what = "the end of the file" if nxt is None else f"tensor '{nxt.name}'"
+        if nxt is not None and t.nbytes > room:
             out.append(Problem(f.path, f"tensor '{t.name}'",
                                f"too short for its type: {t.type_name} {list(t.ne)} needs {t.nbytes} bytes, "
-                               f"only {max(room, 0)} lie before {what}"))
+                               f"only {max(room, 0)} lie before tensor '{nxt.name}'"))
+        elif t.data_start + t.nbytes > f.file_size:
+            out.append(Problem(f.path, f"tensor '{t.name}'", _truncated(f, t, by_offset)))
+            break
     return out
 
 
-def check_set(shards: ShardSet) -> list[Problem]:
-    """Rules across the files of one model: naming, split.* keys, tensor count, unique names, metadata."""
-    out = []
-    for p in shards.missing:
-        out.append(Problem(p, "shard set", f"shard {shards.paths.index(p) + 1} of {shards.count} is missing"))
-    present = [(i, shards.file(i)) for i in range(shards.count) if shards.paths[i] not in shards.missing]
+def _truncated(f, t, by_offset) -> str:
+    """The message for the first tensor (in file order) whose data the end of the file cuts."""
+    cut = len(by_offset) - by_offset.index(t)
+    return (f"the file is truncated at byte {f.file_size}: this tensor needs bytes [{t.data_start}, "
+            f"{t.data_start + t.nbytes}) ({cut} tensor(s) from here on are cut)")
+
+
+def check_set(shards: ShardSet, replaced: dict[int, GGUFFile] | None = None) -> list[Problem]:
+    """Rules across the files of one model: naming, split.* keys, tensor count, unique names, metadata.
+    replaced: {shard index: file} to check in place of the shard on disk (a header still to be written)."""
+    replaced = replaced or {}
+    out = [Problem(shards.paths[a], "shard set", f"shard {a + 1} of {shards.count} is missing" if a == b else
+                   f"shards {a + 1}-{b + 1} of {shards.count} are missing ({b - a + 1} files)")
+           for a, b in _runs(shards.missing_indices)]
+    present = [(i, replaced.get(i) or shards.file(i)) for i in shards.present_indices]
     if not shards.is_split:
         f = present[0][1]
         count = f.get(KEY_COUNT, 0)
@@ -167,7 +207,7 @@ def check_set(shards: ShardSet) -> list[Problem]:
                 out.append(Problem(f.path, f"tensor '{t.name}'", f"duplicated across shards (also in shard "
                                    f"{names[t.name] + 1}); llama.cpp: invalid model: tensor is duplicated"))
             names.setdefault(t.name, i)
-    if present and present[0][0] == 0 and not shards.missing:
+    if present and present[0][0] == 0 and not shards.missing_indices:
         f0 = present[0][1]
         claimed = f0.get(KEY_TENSORS)
         if isinstance(claimed, int) and claimed != total:
@@ -175,6 +215,17 @@ def check_set(shards: ShardSet) -> list[Problem]:
                                f"hold {total} tensors (llama.cpp: corrupted model)"))
     if present and present[0][0] == 0:
         out += _check_metadata(present[0][1])
+    return out
+
+
+def _runs(indices):
+    """Sorted indices as (first, last) runs of consecutive numbers."""
+    out = []
+    for i in indices:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
     return out
 
 

@@ -15,25 +15,16 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import GGUFValueType as VT
 
-from ggtools.errors import GGToolsError
+from ggtools.gguf.errors import GGUFError
+from ggtools.gguf.inputs import regular_file
 from ggtools.gguf.values import NUMPY_DTYPE, SCALAR_FORMAT, SCALAR_SIZE
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS_PARSED = 16          # more than 4 is a rule violation (check.py); more than this is garbage
 _U64 = struct.Struct("<Q")
-_I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
-_I64 = struct.Struct("<q")
-
-
-class GGUFError(GGToolsError):
-    """A GGUF file that cannot be read, or breaks a rule; names the file and the byte offset or tensor."""
-
-    def __init__(self, path, rule: str, offset: int | None = None, where: str | None = None):
-        self.path, self.rule, self.offset, self.where = str(path), rule, offset, where
-        place = where if where is not None else (f"byte {offset}" if offset is not None else None)
-        super().__init__(f"{self.path}: {place}: {rule}" if place else f"{self.path}: {rule}")
+INT64_MAX = 2 ** 63 - 1       # ggml holds dimensions in int64_t
 
 
 def pad(n: int, alignment: int) -> int:
@@ -134,7 +125,7 @@ class TensorInfo:
     def nbytes(self) -> int | None:
         """Bytes the type and shape require, or None when the type is unknown or rows do not fill blocks."""
         block = self.block
-        if block is None or not self.ne or self.ne[0] % block[0]:
+        if block is None or not self.ne or max(self.ne) > INT64_MAX or self.ne[0] % block[0]:
             return None
         return self.n_elements // block[0] * block[1]
 
@@ -144,6 +135,7 @@ class GGUFFile:
 
     def __init__(self, path):
         self.path = os.fspath(path)
+        regular_file(self.path)         # a FIFO would block the open, a device read forever
         try:
             self.fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
@@ -156,7 +148,22 @@ class GGUFFile:
         self.buf = self._mmap
         self.kvs: list[KV] = []
         self.tensors: list[TensorInfo] = []
-        self._parse()
+        try:
+            self._parse()
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def from_header(cls, path, header: bytes, data_size: int) -> "GGUFFile":
+        """A file still to be written, from its header bytes and the size of its data section: enough to
+        check its rules (check.py) before any byte is written. path names it in messages."""
+        f = cls.__new__(cls)
+        f.path, f.fd, f._mmap, f.buf = os.fspath(path), None, None, header
+        f.file_size = len(header) + data_size
+        f.kvs, f.tensors = [], []
+        f._parse()
+        return f
 
     # ---- parsing -------------------------------------------------------------------------------
     def _fail(self, rule, offset):
@@ -191,12 +198,12 @@ class GGUFFile:
         if version > 3:
             self._fail(f"GGUF version {version} is newer than this reader supports (2 and 3)", 4)
         self.version = version
-        self.n_tensors, pos = self._read(_I64, pos, "the tensor count")
-        self.n_kv, pos = self._read(_I64, pos, "the KV count")
+        self.n_tensors, pos = self._read(_U64, pos, "the tensor count")
+        self.n_kv, pos = self._read(_U64, pos, "the KV count")
         remaining = self.file_size - pos
-        if not 0 <= self.n_kv <= remaining // 13:
+        if self.n_kv > remaining // 13:
             self._fail(f"KV count {self.n_kv} is impossible for a file of {self.file_size} bytes", 16)
-        if not 0 <= self.n_tensors <= remaining // 32:
+        if self.n_tensors > remaining // 32:
             self._fail(f"tensor count {self.n_tensors} is impossible for a file of {self.file_size} bytes", 8)
         for _ in range(self.n_kv):
             kv = self._parse_kv(pos)
@@ -221,7 +228,7 @@ class GGUFFile:
     def _parse_kv(self, start) -> KV:
         raw_key, pos = self._read_string(start, "a KV key")
         key = self._text(raw_key, start, "KV key")
-        type_id, pos = self._read(_I32, pos, f"the type of key '{key}'")
+        type_id, pos = self._read(_U32, pos, f"the type of key '{key}'")
         vtype = self._value_type(type_id, key, pos - 4)
         value_start = pos
         if vtype == VT.STRING:
@@ -230,7 +237,7 @@ class GGUFFile:
         if vtype != VT.ARRAY:
             self._need(pos, SCALAR_SIZE[vtype], f"the value of key '{key}'")
             return KV(key, vtype, start, value_start, pos + SCALAR_SIZE[vtype], file=self)
-        elem_id, pos = self._read(_I32, pos, f"the element type of key '{key}'")
+        elem_id, pos = self._read(_U32, pos, f"the element type of key '{key}'")
         if elem_id == VT.ARRAY:
             self._fail(f"key '{key}' is an array of arrays, which GGUF readers reject", pos - 4)
         elem_type = self._value_type(elem_id, key, pos - 4)
@@ -262,9 +269,9 @@ class GGUFFile:
         if n_dims > MAX_DIMS_PARSED:
             self._fail(f"tensor '{name}' has {n_dims} dimensions (at most 4 are allowed)", pos - 4)
         self._need(pos, 8 * n_dims + 12, f"the info of tensor '{name}'")
-        ne = struct.unpack_from(f"<{n_dims}q", self.buf, pos)
+        ne = struct.unpack_from(f"<{n_dims}Q", self.buf, pos)
         pos += 8 * n_dims
-        type_id, pos = self._read(_I32, pos, f"the type of tensor '{name}'")
+        type_id, pos = self._read(_U32, pos, f"the type of tensor '{name}'")
         offset, pos = self._read(_U64, pos, f"the offset of tensor '{name}'")
         return TensorInfo(name, tuple(ne), type_id, offset, start, pos)
 
@@ -333,7 +340,8 @@ class GGUFFile:
 
     def close(self):
         try:
-            self._mmap.close()
+            if self._mmap is not None:
+                self._mmap.close()
         except BufferError:
             pass      # numpy views still alive; the map is released with them
         if self.fd is not None:

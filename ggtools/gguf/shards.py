@@ -4,7 +4,9 @@ import os
 import re
 from dataclasses import dataclass
 
-from ggtools.gguf.reader import GGUFError, GGUFFile
+from ggtools.gguf.errors import GGUFError
+from ggtools.gguf.inputs import regular_file
+from ggtools.gguf.reader import GGUFFile
 
 SHARD_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 KEY_NO, KEY_COUNT, KEY_TENSORS = "split.no", "split.count", "split.tensors.count"
@@ -32,19 +34,38 @@ def parse_shard_name(path) -> ShardName | None:
 class ShardSet:
     """All files of a model: one plain file, or every shard of a split set, found from any one shard's name.
 
-    `paths` lists every expected shard in order; `missing` those that do not exist. Files are opened lazily.
+    `paths` lists every expected shard in order; `missing_indices` those that do not exist. The path given
+    must exist and be a regular file; files are opened lazily.
     """
 
     def __init__(self, path):
         path = os.fspath(path)
+        regular_file(path)
         name = parse_shard_name(path)
         if name is None or name.count < 1:
             self.prefix, self.paths = None, [path]
         else:
             self.prefix = name.prefix
             self.paths = [shard_path(name.prefix, i, name.count) for i in range(name.count)]
-        self.missing = [p for p in self.paths if not os.path.exists(p)]
+        self.missing_indices = [i for i, p in enumerate(self.paths) if not os.path.exists(p)]
         self._files: dict[int, GGUFFile] = {}
+
+    @property
+    def missing(self) -> list[str]:
+        return [self.paths[i] for i in self.missing_indices]
+
+    @property
+    def present_indices(self) -> list[int]:
+        gone = set(self.missing_indices)
+        return [i for i in range(self.count) if i not in gone]
+
+    def require_complete(self):
+        """Raise naming the first missing shard, if any."""
+        if self.missing_indices:
+            i = self.missing_indices[0]
+            more = len(self.missing_indices) - 1
+            raise GGUFError(self.paths[i], f"shard {i + 1} of {self.count} is missing"
+                            + (f" (and {more} more)" if more else ""))
 
     @property
     def is_split(self) -> bool:
@@ -61,9 +82,7 @@ class ShardSet:
 
     @property
     def files(self) -> list[GGUFFile]:
-        if self.missing:
-            raise GGUFError(self.missing[0], f"shard {self.paths.index(self.missing[0]) + 1} of "
-                            f"{self.count} is missing")
+        self.require_complete()
         return [self.file(i) for i in range(self.count)]
 
     @property

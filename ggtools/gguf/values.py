@@ -45,7 +45,7 @@ def encode_scalar(vtype: VT, value) -> bytes:
         return struct.pack("<B", 1 if value else 0)
     try:
         return struct.pack(SCALAR_FORMAT[vtype], value)
-    except struct.error as e:
+    except (struct.error, OverflowError) as e:
         raise ValueError(f"value {value!r} does not fit {vtype.name}: {e}") from None
 
 
@@ -61,8 +61,13 @@ def encode_value(vtype: VT, value, elem_type: VT | None = None) -> bytes:
     if elem_type == VT.BOOL:
         return head + bytes(1 if v else 0 for v in value)
     arr = np.asarray(value)
-    out = arr.astype(NUMPY_DTYPE[elem_type], casting="unsafe")
-    if arr.size and out.dtype.kind in "iu" and not np.array_equal(out.astype(arr.dtype), arr):
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = arr.astype(NUMPY_DTYPE[elem_type], casting="unsafe")
+        if out.dtype.kind in "iu":
+            fits = np.array_equal(out.astype(arr.dtype), arr)
+        else:       # a finite value that becomes inf overflows the type
+            fits = np.array_equal(np.isfinite(out), np.isfinite(arr.astype(np.float64)))
+    if arr.size and not fits:
         raise ValueError(f"array values do not fit {elem_type.name}")
     return head + out.tobytes()
 

@@ -2,8 +2,9 @@
 
 All KVs and tensor infos are declared first; then tensor data is streamed in the declared order, in chunks
 of any size (bytes from memory, or kernel copies from another file). Padding follows the alignment the
-written file itself declares. Output goes to a temporary file beside the target and is renamed into place
-only when every tensor has been written and fsync'ed; on any error the temporary file is removed.
+written file itself declares. Output goes through outputs.AtomicOutput: the path is checked against the
+command's inputs first, data goes to a temporary file beside the target, renamed into place only when every
+tensor has been written and fsync'ed; on any error the temporary file is removed.
 """
 
 import ctypes
@@ -12,10 +13,11 @@ import struct
 
 from gguf import GGUFValueType as VT
 
-from ggtools.gguf.reader import DEFAULT_ALIGNMENT, KV, GGUFError, pad
+from ggtools.gguf.errors import GGUFError
+from ggtools.gguf.outputs import AtomicOutput, copy_range, os_error
+from ggtools.gguf.reader import DEFAULT_ALIGNMENT, KV, pad
 from ggtools.gguf.values import encode_kv, encode_string
 
-COPY_CHUNK = 64 << 20
 WRITE_BEHIND = 64 << 20      # start the disk writes of every this many bytes while the rest is produced
 
 
@@ -34,16 +36,16 @@ SYNC_FILE_RANGE_WRITE = 2
 
 
 class GGUFWriter:
-    def __init__(self, path, *, force: bool = False, version: int = 3):
-        self.path = os.fspath(path)
-        if os.path.exists(self.path) and not force:
-            raise GGUFError(self.path, "output exists; pass --force to overwrite it")
+    def __init__(self, path, *, force: bool = False, version: int = 3, inputs=(), hint=""):
+        """inputs: every file the command reads; the output may be none of them (hint: what to say then).
+        path None: declarations only, to preview header_bytes()."""
+        self._out = None if path is None else AtomicOutput(path, inputs=inputs, force=force, hint=hint)
+        self.path = "(header preview)" if path is None else self._out.path
         self.version = version
         self.kv_records: list[tuple[str, bytes]] = []
         self.alignment = DEFAULT_ALIGNMENT
         self.infos: list[tuple[str, tuple, int, int]] = []      # name, ne, type id, nbytes
         self._fh = None
-        self._tmp = None
         self._index = 0          # tensor being written
         self._written = 0        # bytes of it written so far
         self._pos = 0
@@ -94,9 +96,7 @@ class GGUFWriter:
 
     def _start(self):
         if self._fh is None:
-            directory, base = os.path.split(os.path.abspath(self.path))
-            self._tmp = os.path.join(directory, f".{base}.partial-{os.getpid()}")
-            self._fh = open(self._tmp, "wb")
+            self._fh = self._out.open()
             self._pos = self._fh.write(self.header_bytes())
             self._finish_tensors()
 
@@ -132,22 +132,8 @@ class GGUFWriter:
         self._start()
         self._room(n)
         self._fh.flush()
-        done = 0
-        try:
-            while done < n:
-                step = os.copy_file_range(src_fd, self._fh.fileno(), min(n - done, 1 << 30),
-                                          src_offset + done, self._pos + done)
-                if step == 0:
-                    break
-                done += step
-        except (OSError, AttributeError):
-            pass
-        while done < n:
-            chunk = os.pread(src_fd, min(COPY_CHUNK, n - done), src_offset + done)
-            if not chunk:
-                raise GGUFError(self.path, f"source ended {n - done} bytes early while copying")
-            os.pwrite(self._fh.fileno(), chunk, self._pos + done)
-            done += len(chunk)
+        if copy_range(src_fd, self._fh.fileno(), src_offset, self._pos, n) != n:
+            raise GGUFError(self.path, "the source ended early while copying")
         self._pos += n
         self._written += n
         self._fh.seek(self._pos)
@@ -167,7 +153,7 @@ class GGUFWriter:
     def temp_path(self) -> str:
         """The file being written (renamed to path by commit)."""
         self._start()
-        return self._tmp
+        return self._out.tmp
 
     def finish(self):
         """Check every tensor was written and hand the data to the OS; the temporary file is then complete
@@ -182,42 +168,25 @@ class GGUFWriter:
     def commit(self):
         """finish, fsync, and rename into place."""
         self.finish()
-        os.fsync(self._fh.fileno())
-        self._fh.close()
-        os.replace(self._tmp, self.path)
-        _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         self._fh = None
+        self._out.commit()
 
     def abort(self):
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-        if self._tmp and os.path.exists(self._tmp):
-            os.unlink(self._tmp)
+        self._fh = None
+        self._out.abort()
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            self.abort()
-            return
-        try:
-            self.commit()
-        except BaseException:
-            self.abort()
-            raise
-
-
-def _fsync_dir(directory):
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
+        if exc_type is None:
+            try:
+                self.commit()
+                return
+            except BaseException as e:
+                exc = e
+        self.abort()
+        if isinstance(exc, OSError):
+            raise os_error(self.path, exc) from None
+        if exc_type is None:
+            raise exc

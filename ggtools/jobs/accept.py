@@ -18,7 +18,9 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
+from ggtools.dflash.checkpoint import files_of
 from ggtools.errors import GGToolsError
+from ggtools.gguf import ShardSet
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.prompt_set import Prompt, load_prompts
 from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, SpecRun, TargetModel, TargetOnly,
@@ -90,9 +92,17 @@ class AcceptReport:
     def exit_code(self) -> int:
         return 1 if self.failed else 0
 
+    @property
+    def error(self) -> str | None:
+        """One line for a failed gate."""
+        if not self.failed:
+            return None
+        return f"{len(self.failed)} drafter(s) failed the gate: {', '.join(d.name for d in self.failed)}"
+
     def to_dict(self) -> dict:
-        return asdict(self) | {"verdict": "fail" if self.failed else "pass",
-                               "failed": [d.name for d in self.failed], "definitions": DEFINITIONS}
+        return asdict(self) | {"verdict": "fail" if self.failed else "pass", "exit_code": self.exit_code,
+                               "error": self.error, "failed": [d.name for d in self.failed],
+                               "definitions": DEFINITIONS}
 
 
 def accept(target, drafts, *, prompts=None, n: int = 64, baseline=None, max_drop: float | None = DEFAULT_MAX_DROP,
@@ -214,6 +224,15 @@ def drafter_files(drafts, target):
                 raise AcceptError(f"--draft {d}: an HF directory that does not convert: {e}") from None
             paths.append(out)
         yield paths
+
+
+def input_files(target, drafts, prompts) -> list[str]:
+    """Every file accept reads (a report may replace none of them): the target's set, each drafter (each file
+    of a checkpoint directory), the prompts."""
+    files = ShardSet(target).paths if os.path.isfile(target) else [str(target)]
+    for d in drafts:
+        files += files_of(d) if os.path.isdir(d) else [str(d)]
+    return files + ([str(prompts)] if prompts else [])
 
 
 def _check_inputs(target, drafts, baseline) -> int:

@@ -5,21 +5,23 @@ import importlib.util
 import os
 
 from ggtools.jobs.accept import AcceptError, AcceptReport
-from ggtools.jobs.accept_report import check_destination, write_atomically
+from ggtools.gguf.outputs import write_with
+from ggtools.jobs.accept_report import check_destination
 
 FORMATS = {".png": "png", ".svg": "svg"}
 
 
-def check_plot_path(path) -> None:
-    """Before any work: a .png or .svg path in an existing directory, and matplotlib installed."""
+def check_plot_path(path, inputs=()) -> None:
+    """Before any work: a .png or .svg path in an existing directory, none of the inputs, and matplotlib
+    installed."""
     if os.path.splitext(path)[1].lower() not in FORMATS:
         raise AcceptError(f"{path}: --plot writes .png or .svg files")
-    check_destination(path, "--plot")
+    check_destination(path, "--plot", inputs)
     if importlib.util.find_spec("matplotlib") is None:
         raise AcceptError("--plot needs matplotlib, the optional extra: pip install 'ggtools[plot]'")
 
 
-def write_plot(report: AcceptReport, path) -> None:
+def write_plot(report: AcceptReport, path, inputs=()) -> None:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 4.2), layout="constrained")
@@ -37,4 +39,4 @@ def write_plot(report: AcceptReport, path) -> None:
     fig.suptitle(f"ggtools accept: {'FAIL' if report.failed else 'PASS'} ({os.path.basename(report.target)}, "
                  f"draft KV {report.draft_kv})")
     fmt = FORMATS[os.path.splitext(path)[1].lower()]
-    write_atomically(path, lambda tmp: fig.savefig(tmp, format=fmt))
+    write_with(path, lambda tmp: fig.savefig(tmp, format=fmt), inputs=inputs, force=True)

@@ -5,6 +5,7 @@ the baseline, a per-position acceptance sparkline), the failures, and the same a
 import os
 
 from ggtools.byte_sizes import human_bytes
+from ggtools.gguf.outputs import check_output, write_bytes
 from ggtools.jobs.accept import AcceptError, AcceptReport
 from ggtools.runtime import DEFINITIONS
 
@@ -106,31 +107,16 @@ def _md_table(headers, rows, align) -> str:
     return "\n".join([line(headers), rule] + [line(r) for r in rows])
 
 
-def check_destination(path, option: str) -> None:
-    """Refuse an output path whose directory is missing before any work is done."""
+def check_destination(path, option: str, inputs=()) -> None:
+    """Refuse, before any work is done, an output path whose directory is missing, a directory, or one of the
+    command's inputs."""
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise AcceptError(f"{path}: no such directory {directory} ({option})")
     if os.path.isdir(path):
         raise AcceptError(f"{path}: is a directory ({option})")
+    check_output(path, inputs, force=True)
 
 
-def write_atomically(path, write) -> None:
-    """write(tmp_path) fills a temporary file beside `path`, which then replaces it; nothing is left on failure."""
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.partial-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def write_markdown(report: AcceptReport, path) -> None:
-    text = markdown(report)
-
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-
-    write_atomically(path, write)
+def write_markdown(report: AcceptReport, path, inputs=()) -> None:
+    write_bytes(path, markdown(report).encode("utf-8"), inputs=inputs, force=True)

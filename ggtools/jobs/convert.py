@@ -10,7 +10,7 @@ including F16 overflow found while writing, nothing is left behind.
 import contextlib
 from dataclasses import dataclass, field
 
-from ggtools.dflash.checkpoint import Checkpoint, open_checkpoint
+from ggtools.dflash.checkpoint import Checkpoint, files_of, open_checkpoint
 from ggtools.dflash.config import DraftConfig, draft_config
 from ggtools.dflash.layout import check_layout
 from ggtools.dflash.metadata import KVList
@@ -20,6 +20,7 @@ from ggtools.dflash.safetensors import CheckpointError
 from ggtools.dflash.tensors import TensorJob, encode_chunks
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFWriter, ggml_type_name
+from ggtools.gguf.outputs import check_output
 from ggtools.plan import Plan, ShardPlan, TensorAction
 
 OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
@@ -39,6 +40,7 @@ class ConvertPlan:
     kvs: KVList
     jobs: list[TensorJob]
     warnings: list[str] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)     # the checkpoint's files and the target's: never outputs
 
     @property
     def bytes_out(self) -> int:
@@ -68,6 +70,7 @@ class ConvertResult:
     bytes_out: int
     overflow: dict[str, int]           # source tensor -> values beyond the F16 range (written as inf)
     warnings: list[str]
+    nonfinite: dict[str, int] = field(default_factory=dict)    # source tensor -> NaN/inf values in it
 
 
 def convert_dflash(hf_dir, out, *, profile="llama.cpp", target=None, outtype="auto", mask_token_id=None,
@@ -90,6 +93,8 @@ def plan_convert(hf_dir, out, *, profile="llama.cpp", target: TargetInfo | None 
         raise ConvertError(f"unknown outtype '{outtype}' (one of {', '.join(OUTTYPES)})")
     p = PROFILES[profile]
     ckpt = open_checkpoint(hf_dir)
+    inputs = files_of(ckpt.path) + (target.paths if target is not None else [])
+    check_output(out, inputs, force=True)
     if ckpt.version == 2 and not p.dflash2:
         raise CheckpointError(ckpt.config_path, f"DFlash2DraftModel: {p.runtime} has no DFlash2 support (no conv "
                                                 "or candidate-selector tensors in its loader); use --profile "
@@ -106,8 +111,12 @@ def plan_convert(hf_dir, out, *, profile="llama.cpp", target: TargetInfo | None 
     if p.tokenizer and target is None:
         raise ConvertError(f"the {p.name} profile embeds the target's tokenizer ({p.runtime} reads the mask token "
                            "from the drafter's own vocabulary): pass --target-gguf TARGET.gguf")
+    if p.tokenizer and not target.has_tokenizer:
+        raise ConvertError(f"{target.path}: the target has no tokenizer (tokenizer.ggml.tokens): the {p.name} "
+                           f"profile embeds it, and {p.runtime} refuses a drafter without one; pass the target's "
+                           "GGUF that carries its vocabulary (shard 1 of a split set)")
     resolved, jobs, kvs, notes = p.plan_conversion(ckpt, cfg, outtype, target, name)
-    return ConvertPlan(ckpt.path, str(out), p.name, resolved, cfg, kvs, jobs, warnings + notes)
+    return ConvertPlan(ckpt.path, str(out), p.name, resolved, cfg, kvs, jobs, warnings + notes, inputs)
 
 
 def _resolve_missing_mask(ckpt, cfg, p: Profile, warnings):
@@ -160,17 +169,18 @@ def check_against_target(ckpt: Checkpoint, cfg: DraftConfig, target: TargetInfo 
 
 def write(plan: ConvertPlan, *, force=False, allow_overflow=False, on_bytes=None) -> ConvertResult:
     on_bytes = on_bytes or (lambda n: None)
-    overflow = {}
-    with GGUFWriter(plan.out, force=force) as w:
+    overflow, nonfinite = {}, {}
+    with GGUFWriter(plan.out, force=force, inputs=plan.inputs) as w:
         plan.kvs.write_to(w)
         for j in plan.jobs:
             w.add_tensor_info(j.name, j.ne, j.dst_type, j.nbytes)
         for j in plan.jobs:
-            for data, n_over in encode_chunks(j):
-                w.write(data)
-                on_bytes(data.nbytes)
-                if n_over:
-                    overflow[j.src.name] = overflow.get(j.src.name, 0) + n_over
+            for chunk in encode_chunks(j):
+                w.write(chunk.data)
+                on_bytes(chunk.data.nbytes)
+                for counts, n in ((overflow, chunk.overflow), (nonfinite, chunk.nonfinite)):
+                    if n:
+                        counts[j.src.name] = counts.get(j.src.name, 0) + n
         if overflow and not allow_overflow:
             raise ConvertError(overflow_message(plan, overflow) + "; nothing written. Pass --allow-overflow "
                                "to write them as inf" + (", or keep the range with --outtype bf16 or f32"
@@ -178,7 +188,10 @@ def write(plan: ConvertPlan, *, force=False, allow_overflow=False, on_bytes=None
     warnings = list(plan.warnings)
     if overflow:
         warnings.append(overflow_message(plan, overflow) + " (written as inf: --allow-overflow)")
-    return ConvertResult(plan.out, len(plan.jobs), plan.bytes_out, overflow, warnings)
+    if nonfinite:
+        warnings.append(f"{plan.hf_dir}: NaN/inf values in source tensors, written as they are: "
+                        + ", ".join(f"{name} ({n} value{'s' if n != 1 else ''})" for name, n in nonfinite.items()))
+    return ConvertResult(plan.out, len(plan.jobs), plan.bytes_out, overflow, warnings, nonfinite)
 
 
 def overflow_message(plan: ConvertPlan, overflow: dict[str, int]) -> str:

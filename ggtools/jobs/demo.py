@@ -10,13 +10,13 @@ as `ggtools accept`). The prompts are windows of standard-library modules the pa
 
 import json
 import os
-import shutil
 import sysconfig
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from ggtools.errors import GGToolsError
+from ggtools.gguf.outputs import copy_file, make_dir
 from ggtools.jobs.accept import Candidate, measure
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.doctor import pair_check
@@ -30,7 +30,7 @@ PROMPT_TOKENS = 128
 
 
 class DemoError(GGToolsError):
-    exit_code = 1
+    exit_code = 1       # a check of the demo failed (a write error is a GGUFError, exit 2)
 
 
 @dataclass
@@ -89,7 +89,6 @@ def run_demo(work_dir, *, prompts: int = 6, n: int = 64, ring_cap: int = 64, thr
     decoding; speeds are best rounds, as other processes on a shared machine slow runs at random);
     log(line) reports progress; backend, device, dtype: what runs the pairs (TargetModel)."""
     work = Path(work_dir)
-    work.mkdir(parents=True, exist_ok=True)
     target = str(demo_data() / "target.gguf")
     model = TargetModel(target, threads=threads, backend=backend, device=device, dtype=dtype)
     try:
@@ -122,7 +121,9 @@ def build_drafters(work: Path, target: str, log=lambda line: None) -> list[Varia
     scheme; every file validated and pair-checked against `target`."""
     work = Path(work)
     hf = work / "drafter-hf"
-    shutil.copytree(demo_data() / "drafter", hf, dirs_exist_ok=True)
+    make_dir(hf)
+    for src in sorted((demo_data() / "drafter").iterdir()):
+        copy_file(src, hf / src.name, force=True)
     f16 = work / "drafter-f16.gguf"
     convert_dflash(hf, f16, profile="llama.cpp", target=target, outtype="f16", force=True)
     log(f"converted {hf.name} -> {f16.name} (llama.cpp profile, --target-gguf target.gguf)")

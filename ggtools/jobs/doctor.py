@@ -16,7 +16,7 @@ checkpoint alone. With `to` it also moves the file to that layout; `move_layout`
 import contextlib
 from dataclasses import dataclass, field
 
-from ggtools.dflash.checkpoint import open_checkpoint
+from ggtools.dflash.checkpoint import files_of, open_checkpoint
 from ggtools.dflash.draftfile import DraftFile
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, failed, ok
 from ggtools.dflash.loaders import draft_size_findings, loader_findings
@@ -28,6 +28,7 @@ from ggtools.dflash.target import OpenTarget, TargetInfo
 from ggtools.engine import rewrite_shard
 from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
+from ggtools.gguf.outputs import check_output
 from ggtools.plan import Plan, ShardPlan
 
 RUNTIMES = (LLAMACPP.runtime, LUCEBOX.runtime, "ggtools")
@@ -55,9 +56,18 @@ class DoctorReport:
     def exit_code(self) -> int:
         return 1 if self.errors else 0
 
+    @property
+    def error(self) -> str | None:
+        """One line for a failed check: how many, and the first."""
+        if not self.errors:
+            return None
+        first = self.errors[0]
+        return f"{self.draft}: {len(self.errors)} check(s) failed; first: {first.check}: {first.message}"
+
     def as_dict(self) -> dict:
         return {"draft": self.draft, "profile": self.profile, "runtimes": self.runtimes, "target": self.target,
-                "hf": self.hf, "ok": not self.errors, "findings": [f.as_dict() for f in self.findings],
+                "hf": self.hf, "ok": not self.errors, "exit_code": self.exit_code, "error": self.error,
+                "findings": [f.as_dict() for f in self.findings],
                 "fixable": {k: _plain(v) for k, v in self.fixes.items()}}
 
 
@@ -73,8 +83,13 @@ class FixResult:
     def exit_code(self) -> int:
         return self.after.exit_code if self.after else 0
 
+    @property
+    def error(self) -> str | None:
+        return self.after.error if self.after else None
+
     def as_dict(self) -> dict:
-        return {"before": self.before.as_dict(), "after": self.after.as_dict() if self.after else None,
+        return {"exit_code": self.exit_code, "error": self.error,
+                "before": self.before.as_dict(), "after": self.after.as_dict() if self.after else None,
                 "fixed": {k: _plain(v) for k, v in self.fixed.items()}, "notes": self.notes,
                 "plan": self.plan.as_dict()}
 
@@ -190,7 +205,7 @@ def doctor_fix(draft, out, *, target=None, hf=None, to=None, runtimes=None, n_ma
         dest = PROFILES[to] if to else d.profile
         tokenizer = _tokenizer_fix(d, t, dest)
         rw = _rewrite(d, dest, before.fixes, tokenizer)
-        plan = _write(d, rw, out, force, dry_run)
+        plan = _write(d, rw, out, force, dry_run, _inputs(t, hf))
     fixed = dict(before.fixes) | ({"tokenizer": f"{len(tokenizer)} keys from {t.path}"} if tokenizer else {})
     after = None if dry_run else doctor(out, target=target, hf=hf, runtimes=runtimes if not to else None,
                                         n_max=n_max)
@@ -203,7 +218,7 @@ def move_layout(draft, out, to, *, target=None, force=False, dry_run=False) -> t
         if d.profile is PROFILES[to]:
             raise DoctorError(f"{d.path}: already in the {to} layout (arch {d.arch})")
         rw = move(d, PROFILES[to], tokenizer=t.tokenizer_kvs if t else ())
-        return _write(d, rw, out, force, dry_run), rw.notes
+        return _write(d, rw, out, force, dry_run, _inputs(t, None)), rw.notes
 
 
 def _tokenizer_fix(d: DraftFile, t: TargetInfo | None, dest) -> list:
@@ -225,11 +240,17 @@ def _rewrite(d: DraftFile, dest, fixes, tokenizer) -> DrafterRewrite:
     return move(d, dest, fixes, tokenizer)
 
 
-def _write(d: DraftFile, rw: DrafterRewrite, out, force, dry_run) -> Plan:
+def _inputs(t: TargetInfo | None, hf) -> list[str]:
+    """The files read besides the drafter (the output may be none of them)."""
+    return (t.paths if t else []) + (files_of(hf) if hf else [])
+
+
+def _write(d: DraftFile, rw: DrafterRewrite, out, force, dry_run, inputs) -> Plan:
     shard = ShardPlan(d.path, str(out), rw.tensors, rw.edits)
-    plan = Plan(f"drafter to the {rw.dest.name} layout", [shard])
+    plan = Plan(f"drafter to the {rw.dest.name} layout", [shard], [d.path, *inputs])
+    check_output(out, plan.inputs, force=True)
     if not dry_run:
-        rewrite_shard(shard, force=force)
+        rewrite_shard(shard, force=force, inputs=inputs)
     return plan
 
 

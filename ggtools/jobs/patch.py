@@ -6,18 +6,21 @@ copy) and verified. Output is atomic; the input is untouched unless in-place (th
 
 import json
 import os
-import shutil
+from dataclasses import dataclass
 
 from gguf import GGUFValueType as VT
 
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX
-from ggtools.engine import rewrite_shard
+from ggtools.engine import planned_header, rewrite_shard
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile, ShardSet
+from ggtools.gguf.check import check_file, check_set, check_tensors, refuse
+from ggtools.gguf.outputs import check_output, copy_file
 from ggtools.gguf.values import encode_kv, value_type
 from ggtools.plan import KVEdits, ShardPlan, copy_action
 
 MASK_KEY = LLAMACPP.key("mask")
+IN_PLACE_HINT = " (use --in-place to edit it)"
 
 
 class PatchError(GGToolsError):
@@ -80,6 +83,11 @@ def mask_token_edits(f: GGUFFile, token_id: int | None, target: str | None) -> K
     return edits
 
 
+def target_files(path) -> list[str]:
+    with ShardSet(path) as s:
+        return list(s.paths)
+
+
 def target_vocab_size(path) -> int | None:
     with ShardSet(path) as s:
         f = s.first
@@ -90,50 +98,54 @@ def target_vocab_size(path) -> int | None:
         return int(size) if isinstance(size, (int, float)) else None
 
 
-def patch(path, edits: KVEdits, *, out=None, in_place=False, force=False) -> list[str]:
-    """Apply `edits` to the model at path; returns the paths written. For a shard set `out` is a directory."""
+@dataclass
+class PatchResult:
+    written: list[str]
+    nonfinite: dict[str, int]           # tensor -> NaN/inf values or blocks (copied as they are; reported)
+
+
+def patch(path, edits: KVEdits, *, out=None, in_place=False, force=False, also_read=()) -> PatchResult:
+    """Apply `edits` to the model at path. For a shard set `out` is a directory. Refuses (exit 2), before
+    writing anything, an output that `ggtools validate` would fail or that would replace an input (also_read:
+    other files the command reads, e.g. --target)."""
     if bool(out) == bool(in_place):
         raise PatchError("give exactly one of -o OUT and --in-place")
-    shards = ShardSet(path)
-    files = shards.files
-    first = files[0]
-    for key in edits.removed:
-        if key not in first.kv:
-            raise PatchError(f"{first.path}: key '{key}' is not in the file")
-    dst = _first_output(shards, out, in_place)
-    plan = ShardPlan(first.path, dst, [copy_action(t, "metadata patch") for t in first.tensors], edits)
-    written = [rewrite_shard(plan, force=force or in_place).dst]
-    if shards.is_split and not in_place:
-        for p in shards.paths[1:]:
-            target = os.path.join(out, os.path.basename(p))
-            if os.path.exists(target) and not force:
-                raise PatchError(f"{target}: output exists; pass --force to overwrite it")
-            _copy_whole(p, target)
-            written.append(target)
-    shards.close()
-    return written
+    with ShardSet(path) as shards:
+        shards.require_complete()
+        first = shards.first
+        for key in edits.removed:
+            if key not in first.kv:
+                raise PatchError(f"{first.path}: key '{key}' is not in the file")
+        inputs = (shards.paths[1:] if in_place else shards.paths) + list(also_read)
+        dsts = _outputs(shards, out, in_place, inputs)
+        plan = ShardPlan(first.path, dsts[0], [copy_action(t, "metadata patch") for t in first.tensors], edits)
+        _refuse_invalid_output(shards, plan)
+        for dst in dsts[1:]:
+            check_output(dst, inputs, force=force)
+        result = rewrite_shard(plan, force=force or in_place, inputs=inputs, allow_nonfinite=True)
+        for src, dst in zip(shards.paths[1:], dsts[1:]):
+            copy_file(src, dst, inputs=inputs, force=force)
+    return PatchResult([result.dst] + dsts[1:], result.nonfinite)
 
 
-def _first_output(shards, out, in_place):
+def _refuse_invalid_output(shards, plan):
+    """The patched set must pass `ggtools validate`: check its header (and the untouched shards) first."""
+    first = shards.first
+    refuse(check_tensors(first), "refusing an invalid input")
+    refuse([p for f in shards.files[1:] for p in check_file(f)], "refusing an invalid input")
+    header = planned_header(plan, first)
+    refuse(check_file(header) + check_set(shards, {0: header}), "refusing to write an output that ggtools "
+           "validate would fail")
+
+
+def _outputs(shards, out, in_place, inputs) -> list[str]:
+    """Where shard 1 goes (rewritten), then where every other shard goes (copied; none in place)."""
     if in_place:
-        return shards.paths[0]
-    if shards.is_split:
-        if not os.path.isdir(out):
-            raise PatchError(f"{out}: for a shard set, -o names an existing directory for the patched set")
-        dst = os.path.join(out, os.path.basename(shards.paths[0]))
-    else:
-        dst = out
-    if os.path.exists(dst) and os.path.samefile(dst, shards.paths[0]):
-        raise PatchError(f"{dst}: output is the input; use --in-place to edit it")
-    return dst
-
-
-def _copy_whole(src, dst):
-    """Byte copy of an untouched shard (kernel copy where possible), atomic."""
-    tmp = f"{dst}.partial-{os.getpid()}"
-    try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        check_output(shards.paths[0], inputs, force=True)
+        return [shards.paths[0]]
+    if not shards.is_split:
+        return [check_output(out, inputs, force=True, hint=IN_PLACE_HINT)]
+    if not os.path.isdir(out):
+        raise PatchError(f"{out}: for a shard set, -o names an existing directory for the patched set")
+    return [check_output(os.path.join(out, os.path.basename(p)), inputs, force=True, hint=IN_PLACE_HINT)
+            for p in shards.paths]

@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from ggtools.errors import GGToolsError
+from ggtools.gguf.inputs import regular_file
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 
@@ -55,6 +56,8 @@ def load_prompts(path, tokenizer, n_vocab: int) -> list[Prompt]:
 
 
 def _read_text(path: Path) -> str:
+    if path.exists():
+        regular_file(path)          # a FIFO would block the read
     try:
         return path.read_bytes().decode("utf-8")
     except FileNotFoundError:

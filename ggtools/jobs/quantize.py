@@ -14,6 +14,7 @@ from gguf import LlamaFileType
 
 from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
+from ggtools.gguf.check import require_valid
 from ggtools.plan import KVEdits, Plan, ShardPlan, convert_action, copy_action
 from ggtools.quants import fallback_type, has_dequantizer, has_quantizer, parse_qtype
 from ggtools.tensor_rules import never_quantized
@@ -54,26 +55,30 @@ def parse_overrides(items) -> list[tuple[re.Pattern, T]]:
         if not sep or not pattern:
             raise QuantizePlanError(f"--tensor-type '{item}': expected REGEX=TYPE, e.g. 'attn_v=q8_0'")
         try:
-            out.append((re.compile(pattern), parse_qtype(tname)))
+            qtype = parse_qtype(tname)
+            out.append((re.compile(pattern), qtype))
         except re.error as e:
             raise QuantizePlanError(f"--tensor-type '{item}': bad regular expression: {e}") from None
         except GGToolsError as e:
             raise QuantizePlanError(f"--tensor-type '{item}': {e}") from None
+        if not has_quantizer(qtype):
+            raise QuantizePlanError(f"--tensor-type '{item}': ggtools cannot write {qtype.name} tensors")
     return out
 
 
 def plan_quantize(path, out, scheme: str, overrides=(), *, allow_requantize=True) -> Plan:
+    """Refuses (exit 2) a scheme or override it cannot write and any input `ggtools validate` fails."""
     desc, head_type, block_type = scheme_types(scheme)
     rules = parse_overrides(overrides)
     shards = ShardSet(path)
-    files = shards.files
+    require_valid(shards)
     dsts = _outputs(shards, out)
     plans = []
-    for f, dst in zip(files, dsts):
+    for f, dst in zip(shards.files, dsts):
         actions = [_decide(t, head_type, block_type, rules, desc) for t in f.tensors]
         plans.append(ShardPlan(f.path, dst, actions))
     _mark_file_type(plans[0], head_type if head_type == block_type else block_type)
-    return Plan("quantize", plans)
+    return Plan("quantize", plans, list(shards.paths))
 
 
 def _decide(t, head_type, block_type, rules, desc):
@@ -114,7 +119,4 @@ def _outputs(shards, out) -> list[str]:
         return [out]
     if not os.path.isdir(out):
         raise QuantizePlanError(f"{out}: for a shard set, -o names an existing directory (same shard names)")
-    dsts = [os.path.join(out, os.path.basename(p)) for p in shards.paths]
-    if any(os.path.exists(d) and os.path.samefile(d, p) for d, p in zip(dsts, shards.paths)):
-        raise QuantizePlanError(f"{out}: is the input's directory; the outputs would replace the input")
-    return dsts
+    return [os.path.join(out, os.path.basename(p)) for p in shards.paths]

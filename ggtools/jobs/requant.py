@@ -8,24 +8,36 @@ import os
 import re
 
 from ggtools.gguf import GGUFError, ShardSet
+from ggtools.gguf.check import require_valid
 from ggtools.plan import Plan, ShardPlan, convert_action, copy_action
-from ggtools.quants import block_size, parse_qtype
+from ggtools.quants import block_size, has_dequantizer, has_quantizer, parse_qtype
 from ggtools.tensor_rules import never_quantized
 
 
 def plan_requant_trunk(path, out_dir, *, src_type="q8_0", dst_type="q4_k", copy_patterns=(), only=None) -> Plan:
-    """The plan for every shard (or the 1-based shard numbers in `only`)."""
-    src_t, dst_t = parse_qtype(src_type), parse_qtype(dst_type)
+    """The plan for every shard (or the 1-based shard numbers in `only`). Refuses (exit 2) what it cannot do
+    and any input `ggtools validate` fails, before anything is written."""
+    src_t, dst_t = _types(src_type, dst_type)
     patterns = [_regex(p) for p in copy_patterns]
     shards = ShardSet(path)
     _check_out_dir(shards, out_dir)
+    require_valid(shards)
     indices = _select(shards, only)
     plans = []
     for i in indices:
         f = shards.file(i)
         actions = [_decide(t, src_t, dst_t, patterns) for t in f.tensors]
         plans.append(ShardPlan(f.path, os.path.join(out_dir, os.path.basename(f.path)), actions))
-    return Plan("requant-trunk", plans)
+    return Plan("requant-trunk", plans, list(shards.paths))
+
+
+def _types(src_type, dst_type):
+    src_t, dst_t = parse_qtype(src_type), parse_qtype(dst_type)
+    if not has_dequantizer(src_t):
+        raise GGUFError("--from", f"ggtools cannot read {src_t.name} tensors")
+    if not has_quantizer(dst_t):
+        raise GGUFError("--to", f"ggtools cannot write {dst_t.name} tensors")
+    return src_t, dst_t
 
 
 def _decide(t, src_t, dst_t, patterns):
@@ -50,15 +62,13 @@ def _regex(pattern):
 
 
 def _check_out_dir(shards, out_dir):
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
         raise GGUFError(out_dir, "output path exists and is not a directory")
     src_dir = os.path.dirname(os.path.abspath(shards.paths[0]))
     if os.path.isdir(out_dir) and os.path.samefile(src_dir, out_dir):
         raise GGUFError(out_dir, "output directory is the input's directory; outputs keep the input names, "
                                  "so they would replace the input")
-    if shards.missing:
-        raise GGUFError(shards.missing[0], f"shard {shards.paths.index(shards.missing[0]) + 1} of "
-                                           f"{shards.count} is missing")
+    shards.require_complete()
 
 
 def _select(shards, only):

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from ggtools.gguf import GGUFError, GGUFFile, ShardSet
 from ggtools.gguf.check import Problem, check_file, check_set
 from ggtools.gguf.hashing import hash_file
-
+from ggtools.gguf.inputs import parse_json, read_text
+from ggtools.gguf.outputs import check_output, write_bytes
 
 
 @dataclass
@@ -42,10 +43,18 @@ class Report:
             return 2
         return 1 if self.errors else 0
 
+    @property
+    def error(self) -> str | None:
+        """One line for a failed validation: how many errors, and the first."""
+        if not self.errors:
+            return None
+        return f"{len(self.errors)} error(s) in {len(self.files)} file(s) checked; first: {self.errors[0]}"
+
     def as_dict(self):
         return {
             "ok": self.exit_code == 0,
             "exit_code": self.exit_code,
+            "error": self.error,
             "files": [{"path": f.path, "readable": f.readable, "size": f.size, "tensors": f.n_tensors,
                        "sha256": f.sha256, "deep_scanned_bytes": f.deep_bytes,
                        "problems": [p.as_dict() for p in f.problems]} for f in self.files],
@@ -57,7 +66,11 @@ def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None
     """Check every file and every shard set named by `paths` (any shard of a set names the whole set)."""
     sets = _distinct_sets(paths)
     want_hashes = bool(manifest or write_manifest)
-    files = [p for s in sets for p in s.paths if p not in s.missing]
+    files = [s.paths[i] for s in sets for i in s.present_indices]
+    expected = load_manifest(manifest) if manifest else None
+    inputs = [p for s in sets for p in s.paths] + ([manifest] if manifest else [])
+    if write_manifest:
+        check_output(write_manifest, inputs, force=True)
     with ThreadPoolExecutor(max_workers=jobs or min(len(files), os.cpu_count() or 1) or 1) as pool:
         reports = list(pool.map(lambda p: _check_one(p, deep, want_hashes), files))
     set_problems = []
@@ -67,17 +80,15 @@ def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None
         s.close()
     report = Report(reports, set_problems)
     if manifest:
-        report.set_problems += check_manifest(manifest, reports)
+        report.set_problems += check_manifest(manifest, expected, reports)
     if write_manifest and report.exit_code != 2:
-        save_manifest(write_manifest, reports)
+        save_manifest(write_manifest, reports, inputs)
     return report
 
 
 def _distinct_sets(paths) -> list[ShardSet]:
     sets, seen = [], set()
     for p in paths:
-        if not os.path.exists(p):
-            raise GGUFError(p, "no such file")
         s = ShardSet(p)
         key = tuple(os.path.abspath(x) for x in s.paths)
         if key not in seen:
@@ -139,27 +150,27 @@ def scan_tensor(f: GGUFFile, t, check, chunk_bytes=16 << 20) -> tuple[int, int]:
     return total, first
 
 
-def save_manifest(path, reports):
+def save_manifest(path, reports, inputs=()):
     data = {"format": "ggtools-manifest/1",
             "files": {os.path.basename(r.path): {"size": r.size, "sha256": r.sha256, "tensors": r.tensor_sha256}
                       for r in reports}}
-    tmp = f"{path}.partial-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    write_bytes(path, json.dumps(data, indent=1, sort_keys=True).encode(), inputs=inputs, force=True)
 
 
 def load_manifest(path) -> dict[str, dict]:
-    """A ggtools JSON manifest, or `sha256sum` text lines ('<hex>  <name>', e.g. Hugging Face LFS hashes)."""
-    try:
-        text = open(path).read()
-    except OSError as e:
-        raise GGUFError(path, f"cannot read manifest: {e.strerror}") from None
-    if text.lstrip().startswith("{"):
-        try:
-            return json.loads(text)["files"]
-        except (ValueError, KeyError, TypeError):
-            raise GGUFError(path, "not a ggtools manifest (JSON with a 'files' object)") from None
+    """A ggtools JSON manifest, or `sha256sum` text lines ('<hex>  <name>', e.g. Hugging Face LFS hashes).
+    Anything else is refused (exit 2) naming the first entry that breaks the format."""
+    text = read_text(path)
+    if text.lstrip()[:1] in ("{", "["):
+        data = parse_json(path, text)
+        files = data.get("files") if isinstance(data, dict) else None
+        if not isinstance(files, dict):
+            raise GGUFError(path, "not a ggtools manifest (a JSON object with a 'files' object)")
+        for name, entry in files.items():
+            problem = _entry_problem(entry)
+            if problem:
+                raise GGUFError(path, problem, where=f"file '{name}'")
+        return files
     files = {}
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -171,8 +182,23 @@ def load_manifest(path) -> dict[str, dict]:
     return files
 
 
-def check_manifest(path, reports) -> list[Problem]:
-    expected = load_manifest(path)
+def _entry_problem(entry) -> str | None:
+    if not isinstance(entry, dict):
+        return "the entry is not a JSON object"
+    if not isinstance(entry.get("size", 0), int) or not isinstance(entry.get("sha256") or "", str):
+        return "'size' must be an integer and 'sha256' a string"
+    tensors = entry.get("tensors", {})
+    if not isinstance(tensors, dict) or not all(isinstance(v, str) for v in tensors.values()):
+        return "'tensors' must map tensor names to sha256 strings"
+    return None
+
+
+def check_manifest(path, expected, reports) -> list[Problem]:
+    """Every checked file against its manifest entry; a manifest that lists none of them checks nothing,
+    which fails."""
+    if not any(os.path.basename(r.path) in expected for r in reports):
+        what = "is empty" if not expected else "lists none of the files checked"
+        return [Problem(path, "manifest", f"{what}: nothing was checked against it")]
     out = []
     for r in reports:
         entry = expected.get(os.path.basename(r.path))

@@ -131,6 +131,15 @@ def _check_small(t, raw, tsize) -> RowCheck:
     return RowCheck(int(hit.size), int(hit[0]) if hit.size else -1)
 
 
+def can_check_row_data(type_id) -> bool:
+    """Whether check_row_data knows the rules of this type."""
+    try:
+        t = T(type_id)
+    except ValueError:
+        return False
+    return t in FIELDS or t in FLOAT_MASKS or t == T.F64 or t in NOTHING_TO_CHECK
+
+
 def check_row_data(qtype, data) -> RowCheck:
     """Count the blocks (values, for float types) of data that ggml_validate_row_data would
     reject. data: any buffer of whole blocks."""

@@ -12,8 +12,9 @@ Per token, with C = 2 * key_dim + value_dim conv channels:
     out   = W_out (rmsnorm(o) * norm * silu(z))    per v-head
 
 Operation order and roundings are ggml's: l2norm is rms_norm(eps / n) then a scale by 1 / sqrt(n); the
-conv sum is a float chain of separately rounded products and sums (ggml's build does not contract it); S is stored transposed (row j is column j of S), so both S^T k and S^T q are
-ggml_vec_dot_f32 dots and the update is ggml_vec_mad_f32 (fma); sigmoid, softplus and exp use libm.
+conv sum is a float chain of separately rounded products and sums (ggml's build does not contract it); S is
+stored transposed (row j is column j of S), so both S^T k and S^T q are ggml_vec_dot_f32 dots and the update
+is ggml_vec_mad_f32 (fma); sigmoid, softplus and exp use libm.
 The recurrence is per token whatever the batch, so a verify batch gives the same bits as one-token steps.
 """
 
@@ -24,9 +25,9 @@ from ggtools.runtime.kernels import workers
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma
 from ggtools.runtime.kernels.matmul import dot_one_row
 from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, silu_rows
+from ggtools.runtime.kernels.workers import claim, enter, leave
 from ggtools.runtime.target.pieces import DeltaNetTensors
 from ggtools.runtime.weights import MatrixGroup
-from ggtools.runtime.kernels.workers import claim, enter, leave
 
 F32 = np.float32
 NO_OUTPUT = np.zeros((0, 0), np.float32)
@@ -151,6 +152,7 @@ class GatedDeltaNet(DeltaNetTensors):
     def mix(self, h: np.ndarray, state, stepwise: bool) -> np.ndarray:
         """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens."""
         qkv, z, beta_in, alpha = self.inputs(h, stepwise)
+        qkv = np.ascontiguousarray(qkv)     # a column view of the group's output; the log keeps only these
         g = np.empty_like(alpha)
         beta = np.empty_like(alpha)
         decay_and_beta(alpha, beta_in, self.dt_bias, self.a, g, beta)
@@ -166,8 +168,7 @@ class GatedDeltaNet(DeltaNetTensors):
         writing the heads' outputs to out (T, value_dim) unless it is empty."""
         conv = np.empty_like(qkv)
         qk = np.empty((len(qkv), 2 * self.key_dim), np.float32)
-        conv_silu_l2(conv_state, np.ascontiguousarray(qkv), self.conv, self.key_dim, self.head_dim, F32(self.eps),
-                     conv, qk)
+        conv_silu_l2(conv_state, qkv, self.conv, self.key_dim, self.head_dim, F32(self.eps), conv, qk)
         q, k = qk[:, :self.key_dim], qk[:, self.key_dim:]
         v = conv[:, 2 * self.key_dim:]
         work = len(qkv) * self.n_v_heads * self.head_dim * self.head_dim * 3

@@ -1,0 +1,91 @@
+"""The resume manifest of a rewrite run: `<prefix>.ggtools.json` beside the outputs.
+
+One entry per finished, verified shard: the plan fingerprint, the source's identity (size, mtime, header
+sha256), the output's size and content digest. Several processes may finish shards at once (-j, or
+`--shard K` runs on many machines writing into one directory): each entry is added under an exclusive lock on
+the directory, re-reading the file and replacing it atomically, so no process loses another's entry. A file
+that is not such a manifest is refused, never overwritten.
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+
+from ggtools.engine import ShardResult, describe_output, source_identity
+from ggtools.gguf.errors import GGUFError
+from ggtools.gguf.inputs import parse_json, read_text
+from ggtools.gguf.outputs import os_error, write_bytes
+from ggtools.plan import ShardPlan
+
+FORMAT = "ggtools-rewrite/1"
+
+
+def read_entries(path) -> dict[str, dict]:
+    """The manifest's entries by output file name ({} when there is no manifest yet)."""
+    if not os.path.lexists(path):
+        return {}
+    data = parse_json(path, read_text(path))
+    shards = data.get("shards") if isinstance(data, dict) else None
+    if not isinstance(shards, dict):
+        raise GGUFError(path, "not a ggtools rewrite manifest (a JSON object with a 'shards' object); "
+                              "delete it to start over")
+    for name, entry in shards.items():
+        problem = _entry_problem(entry)
+        if problem:
+            raise GGUFError(path, f"{problem}; delete the manifest to start over", where=f"shard '{name}'")
+    return shards
+
+
+def _entry_problem(entry) -> str | None:
+    if not isinstance(entry, dict):
+        return "the entry is not a JSON object"
+    for key, kind in (("fingerprint", str), ("source", dict), ("output", dict)):
+        if not isinstance(entry.get(key), kind):
+            return f"the entry has no '{key}' {'string' if kind is str else 'object'}"
+    out = entry["output"]
+    if not isinstance(out.get("size"), int) or not isinstance(out.get("digest"), str):
+        return "the entry's 'output' needs an integer 'size' and a string 'digest'"
+    return None
+
+
+def still_valid(entries: dict, fingerprint: str, shard: ShardPlan) -> bool:
+    """Whether shard's output is finished: recorded with this plan, from this source, and unchanged since."""
+    e = entries.get(os.path.basename(shard.dst))
+    if not e or e["fingerprint"] != fingerprint or not os.path.isfile(shard.dst):
+        return False
+    if e["source"] != source_identity(shard.src) or os.path.getsize(shard.dst) != e["output"]["size"]:
+        return False
+    return describe_output(shard.dst).digest == e["output"]["digest"]
+
+
+def entry(fingerprint: str, source: dict, result: ShardResult) -> dict:
+    return {"fingerprint": fingerprint, "source": source,
+            "output": {"size": result.size, "digest": result.digest, "tensors": result.tensors},
+            "verified": result.verified}
+
+
+def record(path, name: str, new_entry: dict, inputs=()):
+    """Add or replace one entry, safely against other processes doing the same."""
+    with _locked(os.path.dirname(os.path.abspath(path))):
+        entries = read_entries(path)
+        entries[name] = new_entry
+        data = json.dumps({"format": FORMAT, "shards": entries}, indent=1, sort_keys=True).encode()
+        write_bytes(path, data, inputs=inputs, force=True)
+
+
+@contextlib.contextmanager
+def _locked(directory):
+    """An exclusive flock on the directory (no lock file to leave behind)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError as e:
+        raise os_error(directory, e) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            raise os_error(directory, e) from None
+        yield
+    finally:
+        os.close(fd)

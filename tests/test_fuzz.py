@@ -1,0 +1,193 @@
+"""Bounded, seeded mutation fuzzing of GGUF and safetensors headers through inspect, validate, quantize, patch
+and convert. Every run must keep the hostile corpus's four properties (hostile_corpus.py): an exit code of
+0, 1 or 2; on failure one line on stderr and no traceback; inputs unchanged; no new file but the output.
+
+The mutator is hand-rolled and structure-aware: it walks the header itself (independently of ggtools'
+reader) to find every count, length, type, dimension and offset, then sets one of them to a boundary or
+random value, or flips bytes, or cuts the file. The seed is fixed: a failure names its case and replays.
+"""
+
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+import gguf_builder as B
+from hostile_corpus import DEMO, check_run
+
+SEED = 12
+GGUF_CASES = 400
+SAFETENSORS_CASES = 60
+U64_EDGES = [0, 1, 2 ** 31 - 1, 2 ** 31, 2 ** 32 - 1, 2 ** 32, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1]
+
+
+def pick(rng, values):
+    """One of values (exact Python ints: numpy's choice would turn 2**64 - 1 into a float)."""
+    return values[int(rng.integers(0, len(values)))]
+
+
+def base_gguf() -> bytes:
+    kvs = B.sample_kvs() + [B.kv_u32("general.alignment", 32), B.kv_str("general.name", "fuzz")]
+    return B.build(kvs, B.sample_tensors())
+
+
+def gguf_fields(data: bytes) -> list[tuple[str, int, int]]:
+    """(kind, offset, size) of every header field: counts, lengths, types, dims, offsets."""
+    fields = [("version", 4, 4), ("count", 8, 8), ("count", 16, 8)]
+    n_tensors, n_kv = struct.unpack_from("<QQ", data, 8)
+    pos = 24
+
+    def string(pos):
+        fields.append(("length", pos, 8))
+        return pos + 8 + struct.unpack_from("<Q", data, pos)[0]
+
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    for _ in range(n_kv):
+        pos = string(pos)
+        (vtype,) = struct.unpack_from("<I", data, pos)
+        fields.append(("type", pos, 4))
+        pos += 4
+        if vtype == 8:
+            pos = string(pos)
+        elif vtype == 9:
+            (elem,) = struct.unpack_from("<I", data, pos)
+            fields += [("type", pos, 4), ("length", pos + 4, 8)]
+            (count,) = struct.unpack_from("<Q", data, pos + 4)
+            pos += 12
+            for _ in range(count):
+                pos = string(pos) if elem == 8 else pos + sizes[elem]
+        else:
+            pos += sizes[vtype]
+    for _ in range(n_tensors):
+        pos = string(pos)
+        (n_dims,) = struct.unpack_from("<I", data, pos)
+        fields.append(("n_dims", pos, 4))
+        pos += 4
+        fields += [("dim", pos + 8 * i, 8) for i in range(n_dims)]
+        pos += 8 * n_dims
+        fields += [("type", pos, 4), ("offset", pos + 4, 8)]
+        pos += 12
+    return fields, pos
+
+
+def mutate_gguf(data: bytes, rng) -> tuple[str, bytes]:
+    fields, header_end = gguf_fields(data)
+    op = rng.integers(0, 10)
+    if op == 0:
+        cut = int(rng.integers(0, len(data)))
+        return f"truncate at {cut}", data[:cut]
+    if op == 1:
+        out = bytearray(data)
+        for _ in range(int(rng.integers(1, 5))):
+            at = int(rng.integers(0, header_end))
+            out[at] = int(rng.integers(0, 256))
+        return "flip header bytes", bytes(out)
+    kind, offset, size = fields[int(rng.integers(0, len(fields)))]
+    if kind == "type":
+        value = pick(rng, [0, 1, 8, 9, 12, 13, 14, 30, 31, 39, 40, 77, 2 ** 31, 2 ** 32 - 1])
+    elif kind == "n_dims":
+        value = pick(rng, [0, 1, 2, 3, 4, 5, 16, 17, 2 ** 32 - 1])
+    elif kind == "version":
+        value = pick(rng, [0, 1, 2, 4, 2 ** 24, 2 ** 32 - 1])
+    else:
+        current = int.from_bytes(data[offset:offset + size], "little")
+        value = pick(rng, U64_EDGES + [current + 1, max(current - 1, 0), current * 2, int(rng.integers(0, 2 ** 20))])
+    value %= 2 ** (8 * size)
+    return f"{kind} at {offset} := {value}", data[:offset] + value.to_bytes(size, "little") + data[offset + size:]
+
+
+GGUF_COMMANDS = [
+    ("inspect", lambda p, o: ["inspect", p], []),
+    ("validate", lambda p, o: ["validate", "--deep", p], []),
+    ("quantize", lambda p, o: ["quantize", p, "-o", o, "--scheme", "q8_0", "-q"], ["out.gguf", "out.ggtools.json"]),
+    ("patch", lambda p, o: ["patch", "set", p, "x.y=u8:1", "-o", o], ["out.gguf"]),
+]
+
+
+def gguf_cases():
+    rng = np.random.default_rng(SEED)
+    base = base_gguf()
+    for i in range(GGUF_CASES):
+        what, data = mutate_gguf(base, rng)
+        name, command, outputs = GGUF_COMMANDS[i % len(GGUF_COMMANDS)]
+        yield f"{i}-{name}: {what}", data, command, outputs
+
+
+def test_gguf_header_mutations(tmp_path):
+    """GGUF_CASES mutated headers, each through one of inspect, validate --deep, quantize and patch."""
+    codes = {0: 0, 1: 0, 2: 0}
+    for case, data, command, outputs in gguf_cases():
+        d = tmp_path / case.split(":")[0]
+        d.mkdir()
+        path = d / "m.gguf"
+        path.write_bytes(data)
+        result = _check(d, command(str(path), str(d / "out.gguf")), [d / o for o in outputs], case)
+        codes[result.exit_code] += 1
+        shutil.rmtree(d)
+    assert codes[2] > GGUF_CASES // 4 and codes[0] > 0        # the mutations reach both refusals and successes
+
+
+def _check(root, args, outputs, case):
+    try:
+        return check_run(str(root), args, (0, 1, 2), outputs)
+    except AssertionError as e:
+        raise AssertionError(f"case {case}: {e}") from None
+
+
+def mutate_safetensors(data: bytes, rng) -> tuple[str, bytes]:
+    (n,) = struct.unpack_from("<Q", data)
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    op = rng.integers(0, 6)
+    if op == 0:
+        value = pick(rng, U64_EDGES + [n + 1, n - 1, len(data)])
+        return f"header length := {value}", value.to_bytes(8, "little") + data[8:]
+    if op == 1:
+        cut = int(rng.integers(0, len(data)))
+        return f"truncate at {cut}", data[:cut]
+    names = sorted(k for k in header if k != "__metadata__")
+    name = names[int(rng.integers(0, len(names)))]
+    entry = header[name]
+    if op == 2:
+        key = ["dtype", "shape", "data_offsets"][int(rng.integers(0, 3))]
+        entry[key] = [None, "x", -1, 2 ** 70, 1.5, [], {}, [1, -2], ["a"], "F8_E4M3", "BF16"][int(rng.integers(0, 11))]
+        what = f"{name}.{key} := {entry[key]!r}"
+    elif op == 3:
+        which = int(rng.integers(0, len(entry["shape"]) or 1))
+        if entry["shape"]:
+            entry["shape"][which] = pick(rng, [0, 1, 3, 2 ** 31, 2 ** 62])
+        what = f"{name}.shape := {entry['shape']}"
+    elif op == 4:
+        entry["data_offsets"][int(rng.integers(0, 2))] = pick(rng, [0, 1, 2 ** 32, len(body) + 1])
+        what = f"{name}.data_offsets := {entry['data_offsets']}"
+    else:
+        del header[name]
+        what = f"drop {name}"
+    raw = json.dumps(header).encode()
+    return what, struct.pack("<Q", len(raw)) + raw + body
+
+
+def test_safetensors_header_mutations(tmp_path):
+    """SAFETENSORS_CASES mutated checkpoint headers through convert dflash (llama.cpp profile)."""
+    rng = np.random.default_rng(SEED + 1)
+    base = open(os.path.join(DEMO, "drafter", "model.safetensors"), "rb").read()
+    target = shutil.copy(os.path.join(DEMO, "target.gguf"), tmp_path / "target.gguf")
+    for i in range(SAFETENSORS_CASES):
+        what, data = mutate_safetensors(base, rng)
+        d = tmp_path / f"case{i}"
+        hf = d / "hf"
+        hf.mkdir(parents=True)
+        shutil.copy(os.path.join(DEMO, "drafter", "config.json"), hf)
+        (hf / "model.safetensors").write_bytes(data)
+        args = ["convert", "dflash", str(hf), "--target-gguf", target, "-o", str(d / "out.gguf"), "-q"]
+        _check(d, args, [d / "out.gguf"], f"{i}: {what}")
+        shutil.rmtree(d)
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_mutator_reaches_every_field_kind(seed):
+    fields, _ = gguf_fields(base_gguf())
+    assert {k for k, _, _ in fields} == {"version", "count", "length", "type", "n_dims", "dim", "offset"}
