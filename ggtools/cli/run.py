@@ -76,11 +76,11 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
                          n_ctx=n_ctx, progress=bar.update, backend=backend, device=device, dtype=dtype)
         _show_target_only(result, as_json)
         return
+    ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
     warnings = _pair_warnings(target)
     if not as_json:
         for w in warnings:
             click.echo(f"warning: {w}", err=True)
-    ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
     with _progress_bar(n * (1 if no_baseline else 2), as_json) as bar:
         result = run_speculative(target, draft, [prompt if ids is None else ids], n, ring_cap=ring_cap,
                                  settings=settings, threads=threads, stop_at_eog=not ignore_eos,
