@@ -19,10 +19,9 @@ from numba import njit
 
 from ggtools.runtime.kernels import ops
 from ggtools.runtime.kernels.ggmlmath import EXACT
-from ggtools.runtime.target.pieces import SOFTMAX, SOFTMAX_WEIGHT, SWIGLU, SWIGLU_OAI, Routing, RoutedExpertsTensors
+from ggtools.runtime.target.pieces import SOFTMAX, SWIGLU_OAI, RoutedExpertsTensors
 from ggtools.runtime.weights import MatrixGroup
 
-__all__ = ["SOFTMAX", "SOFTMAX_WEIGHT", "SWIGLU", "SWIGLU_OAI", "RoutedExperts", "Routing"]
 WEIGHTS_SUM_MIN = np.float32(6.103515625e-5)   # build_moe_ffn clamps the weights' sum (the smallest normal f16)
 
 
