@@ -1,7 +1,7 @@
 """TensorPlan: for every tensor of every shard, what happens to it (copy or convert to a type) and why.
 
 Plans know names, types and sizes, never bytes. The same plan object is printed by --dry-run and drives the
-real rewrite (engine.py), so what is shown is what runs.
+real rewrite (ggtools/engine), so what is shown is what runs.
 """
 
 import hashlib

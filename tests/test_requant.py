@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ggtools import shard_runner
+from ggtools.engine import runner as shard_runner
 from ggtools.cli import main
 from ggtools.engine import RewriteError
 from ggtools.gguf import GGUFFile
 from ggtools.jobs.requant import plan_requant_trunk
 from ggtools.quants import quantize
 from ggtools.samples import write_moe_set
-from ggtools.shard_runner import run_plan
+from ggtools.engine import run_plan
 
 T = gguf.GGMLQuantizationType
 
@@ -94,7 +94,8 @@ WORKER_START = """
 import sys, multiprocessing
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from ggtools import quants, shard_runner
+from ggtools import quants
+from ggtools.engine import runner as shard_runner
 from ggtools.jobs.requant import plan_requant_trunk
 methods, get_context = [], multiprocessing.get_context
 

@@ -11,7 +11,7 @@ from ggtools.jobs.requant import plan_requant_trunk
 from ggtools.jobs.validate import validate
 from ggtools.gguf.outputs import make_dir
 from ggtools.samples import write_moe_set
-from ggtools.shard_runner import run_plan
+from ggtools.engine import run_plan
 
 
 @click.command("demo")

@@ -5,7 +5,7 @@ import click
 from ggtools.cli.plan_view import show_plan, warn_nonfinite
 from ggtools.cli.render import emit_json, human_bytes
 from ggtools.jobs.quantize import SCHEMES, plan_quantize
-from ggtools.shard_runner import run_plan
+from ggtools.engine import run_plan
 
 
 @click.command("quantize")

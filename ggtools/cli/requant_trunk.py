@@ -1,11 +1,9 @@
-import os
-
 import click
 
 from ggtools.cli.plan_view import show_plan, warn_nonfinite
 from ggtools.cli.render import emit_json, human_bytes
 from ggtools.jobs.requant import plan_requant_trunk
-from ggtools.shard_runner import preflight_disk, run_plan
+from ggtools.engine import preflight_disk, run_plan
 
 
 @click.command("requant-trunk")
@@ -46,9 +44,7 @@ def command(path, out_dir, src_type, dst_type, copy_patterns, only, jobs, dry_ru
             preflight_disk(plan.shards)
             click.echo("disk check: the output fits")
         return
-    # a worker waits on the disk (kernel copies, fsync) about half the time: two per core keep the cores busy
-    default_jobs = min(len(plan.shards), 2 * (os.cpu_count() or 1))
-    report = run_plan(plan, jobs=jobs or default_jobs, resume=resume, force=force, verify=not no_verify,
+    report = run_plan(plan, jobs=jobs, resume=resume, force=force, verify=not no_verify,
                       allow_nonfinite=allow_nonfinite, progress=False if quiet or as_json else None,
                       make_dirs=True)
     if as_json:

@@ -23,7 +23,7 @@ from ggtools.jobs.doctor import pair_check
 from ggtools.jobs.quantize import plan_quantize
 from ggtools.jobs.validate import validate
 from ggtools.runtime import DraftSettings, SpecRun, TargetModel, Tokenizer
-from ggtools.shard_runner import run_plan
+from ggtools.engine import run_plan
 
 SCHEMES = ("q8_0", "q4-mix", "q2_k")
 PROMPT_TOKENS = 128

@@ -1,6 +1,6 @@
 """Run a Plan over many shards: parallel processes, a resume manifest, disk preflight, progress bars.
 
-Each finished, verified shard is recorded in the manifest (`<prefix>.ggtools.json`, resume_manifest.py) by
+Each finished, verified shard is recorded in the manifest (`<prefix>.ggtools.json`, manifest.py) by
 the process that wrote it, the moment it is renamed into place; so an interrupt, a killed run or several
 `--shard K` runs at once never lose a finished shard. --resume skips a shard only when its entry still
 matches (the output is re-hashed), and redoes every other one. Workers are one process per shard, at most
@@ -19,23 +19,17 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
-from ggtools import resume_manifest
-from ggtools.engine import ShardResult, rewrite_shard, source_identity
+from ggtools.byte_sizes import human_bytes
+from ggtools.engine import manifest
+from ggtools.engine.manifest import ShardResult, source_identity
+from ggtools.engine.rewrite import rewrite_shard
 from ggtools.errors import GGToolsError
-from ggtools.gguf import GGUFError, parse_shard_name
+from ggtools.gguf import GGUFError
 from ggtools.gguf.outputs import check_output, make_dir
 from ggtools.plan import Plan, ShardPlan
-from ggtools.byte_sizes import human_bytes
 
 HEADER_ALLOWANCE = 1 << 20      # disk preflight: room for each output's header
 STOP_WAIT = 10                  # seconds a stopped worker gets to remove its temporary file
-
-
-def manifest_path_for(plan: Plan) -> str:
-    first = plan.shards[0].dst
-    name = parse_shard_name(first)
-    stem = name.prefix if name else os.path.splitext(first)[0]
-    return f"{stem}.ggtools.json"
 
 
 class ShardFailed(GGToolsError):
@@ -67,16 +61,23 @@ class ShardJob:
     allow_nonfinite: bool
 
 
-def run_plan(plan: Plan, *, jobs=1, resume=False, force=False, verify=True, allow_nonfinite=False,
+def worker_count(jobs: int | None, n_shards: int) -> int:
+    """-j capped at the number of shards; when not given, twice the CPU count (a worker waits on the disk,
+    kernel copies and fsync, about half the time: two per core keep the cores busy)."""
+    return max(1, min(jobs or 2 * (os.cpu_count() or 1), n_shards))
+
+
+def run_plan(plan: Plan, *, jobs=None, resume=False, force=False, verify=True, allow_nonfinite=False,
              progress=None, resumable=True, make_dirs=False) -> RunReport:
-    """Write every shard of the plan (with resume, those not finished yet). resumable: whether the command
-    offers --resume (what the messages suggest); make_dirs: make missing output directories (removed again
-    if the run fails before writing into them)."""
-    job = ShardJob(manifest_path_for(plan), list(plan.inputs), verify, allow_nonfinite)
-    entries = resume_manifest.read_entries(job.manifest)
+    """Write every shard of the plan (with resume, those not finished yet). jobs: shards in parallel processes
+    (None: worker_count's default); resumable: whether the command offers --resume (what the messages
+    suggest); make_dirs: make missing output directories (removed again if the run fails before writing
+    into them)."""
+    job = ShardJob(manifest.path_for(plan), list(plan.inputs), verify, allow_nonfinite)
+    entries = manifest.read_entries(job.manifest)
     todo, skipped = [], []
     for shard in plan.shards:
-        if resume and resume_manifest.still_valid(entries, plan.shard_fingerprint(shard), shard):
+        if resume and manifest.still_valid(entries, plan.shard_fingerprint(shard), shard):
             skipped.append(shard.dst)
         else:
             todo.append(shard)
@@ -88,7 +89,7 @@ def run_plan(plan: Plan, *, jobs=1, resume=False, force=False, verify=True, allo
         for shard in todo:
             check_output(shard.dst, job.inputs, force=True)
         check_output(job.manifest, job.inputs, force=True)
-        _execute(plan, todo, jobs, job, Progress(todo, progress), report)
+        _execute(plan, todo, worker_count(jobs, len(todo)), job, Progress(todo, progress), report)
     except KeyboardInterrupt:
         _remove_empty(made)
         raise _interrupted(plan, job, resumable) from None
@@ -129,7 +130,7 @@ def _remove_empty(dirs):
 
 def _interrupted(plan, job, resumable) -> Interrupted:
     try:
-        recorded = resume_manifest.read_entries(job.manifest)
+        recorded = manifest.read_entries(job.manifest)
     except GGToolsError:
         recorded = {}
     n = sum(os.path.basename(s.dst) in recorded for s in plan.shards)
@@ -148,14 +149,14 @@ def _execute(plan, todo, jobs, job, bars, report):
 
     fingerprints = [plan.shard_fingerprint(s) for s in todo]
     try:
-        if min(jobs, len(todo)) <= 1:
+        if jobs == 1:
             for i, shard in enumerate(todo):
                 try:
                     finished(shard, run_shard(shard, fingerprints[i], job, bars.callback(i)))
                 except GGToolsError as e:
                     errors.append((shard, e))
         else:
-            _parallel(todo, fingerprints, min(jobs, len(todo)), job, bars, finished, errors)
+            _parallel(todo, fingerprints, jobs, job, bars, finished, errors)
     finally:
         bars.close()
     if len(errors) == 1:
@@ -170,7 +171,7 @@ def run_shard(shard: ShardPlan, fingerprint: str, job: ShardJob, on_bytes) -> Sh
     source = source_identity(shard.src)
     result = rewrite_shard(shard, force=True, verify=job.verify, inputs=job.inputs,
                            allow_nonfinite=job.allow_nonfinite, on_bytes=on_bytes)
-    resume_manifest.record(job.manifest, os.path.basename(shard.dst), resume_manifest.entry(fingerprint, source, result),
+    manifest.record(job.manifest, os.path.basename(shard.dst), manifest.entry(fingerprint, source, result),
                            job.inputs)
     return result
 

@@ -1,4 +1,4 @@
-"""engine: execute a Plan by streaming tensors from input shards to output shards.
+"""rewrite: execute one shard's plan by streaming tensors from the input shard to the output shard.
 
 One rewrite serves quantize, requant-trunk and patch. Per shard: KVs copied verbatim (with the plan's
 edits), tensor infos re-emitted with new types and offsets, copies done by kernel copy, conversions by
@@ -16,10 +16,10 @@ allow_nonfinite; then they are written and counted in ShardResult.nonfinite.
 import ctypes
 import hashlib
 import os
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from ggtools.engine.manifest import ShardResult, describe_output
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile, GGUFWriter, ggml_type_name
 from ggtools.gguf.check import check_file, check_tensors, refuse
@@ -42,16 +42,6 @@ class NonFiniteError(GGToolsError):
     def __init__(self, path, tensor, row, what):
         super().__init__(f"{path}: tensor '{tensor}': row {row}: {what}; pass --allow-nonfinite to write it "
                          "anyway (counted and reported)")
-
-
-@dataclass
-class ShardResult:
-    dst: str
-    size: int
-    digest: str                       # content digest: header bytes + every tensor's sha256
-    tensors: dict[str, str] = field(default_factory=dict)   # tensor sha256 in the output
-    verified: bool = False
-    nonfinite: dict[str, int] = field(default_factory=dict)  # tensor -> NaN/inf values or blocks written
 
 
 def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None, inputs=(), allow_nonfinite=False,
@@ -196,19 +186,3 @@ def same_bytes(a, b, n) -> bool:
     pa = np.frombuffer(a, np.uint8, n).ctypes.data
     pb = np.frombuffer(b, np.uint8, n).ctypes.data
     return _libc.memcmp(pa, pb, n) == 0
-
-
-def describe_output(path, name=None) -> ShardResult:
-    """Size and content digest of an output (what the resume manifest records and re-checks); name: the
-    path to report, when path is still the temporary file."""
-    with GGUFFile(path) as f:
-        digest, tensors = content_digest(f)
-        return ShardResult(name or path, f.file_size, digest, tensors)
-
-
-def source_identity(path) -> dict:
-    """What must not have changed for a finished output to still count: size, mtime, header hash."""
-    st = os.stat(path)
-    with GGUFFile(path) as f:
-        header = hashlib.sha256(np.frombuffer(f.buf, np.uint8, count=f.data_offset)).hexdigest()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "header_sha256": header}
