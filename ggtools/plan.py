@@ -104,6 +104,7 @@ class ShardPlan:
     dst: str
     tensors: list[TensorAction]
     kv_edits: KVEdits = field(default_factory=KVEdits)
+    verbatim: bool = False          # the output is the source file byte for byte (a shard a patch leaves alone)
 
     @property
     def bytes_in(self):
@@ -136,7 +137,7 @@ class Plan:
         """Identifies what a shard's output must be: same fingerprint, same bytes."""
         data = {"job": self.job, "src": os.path.basename(shard.src), "tensors": [_fields(a) for a in shard.tensors],
                 "kv_set": {k: shard.kv_edits.record(k).hex() for k in sorted(shard.kv_edits.changes)},
-                "kv_remove": sorted(shard.kv_edits.removed)}
+                "kv_remove": sorted(shard.kv_edits.removed)} | ({"verbatim": True} if shard.verbatim else {})
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()
 
     def as_dict(self):

@@ -32,7 +32,7 @@ class ShardResult:
     """An output shard as written: what the manifest records and --resume checks again."""
     dst: str
     size: int
-    digest: str                       # content digest: header bytes + every tensor's sha256
+    digest: str | None                # content digest: header bytes + every tensor's sha256 (None: not hashed)
     tensors: dict[str, str] = field(default_factory=dict)   # tensor sha256 in the output
     verified: bool = False
     nonfinite: dict[str, int] = field(default_factory=dict)  # tensor -> NaN/inf values or blocks written

@@ -24,6 +24,7 @@ from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile, GGUFWriter, ggml_type_name
 from ggtools.gguf.check import check_file, check_tensors, refuse
 from ggtools.gguf.hashing import HASH_CHUNK, content_digest
+from ggtools.gguf.outputs import copy_file
 from ggtools.plan import COPY, ShardPlan
 from ggtools.quants import CHUNK_VALUES, block_size, can_check_row_data, check_row_data, dequantize, iter_row_chunks, quantize
 
@@ -68,6 +69,12 @@ def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None, i
                       else describe_output(w.temp_path, name=plan.dst))
         result.nonfinite = nonfinite
         return result
+
+
+def copy_shard(plan: ShardPlan, *, force=False, inputs=()) -> ShardResult:
+    """Copy a verbatim shard whole (kernel copy, atomic); not re-read, so not hashed (digest None)."""
+    copy_file(plan.src, plan.dst, inputs=inputs, force=force)
+    return ShardResult(plan.dst, os.path.getsize(plan.dst), None)
 
 
 def planned_header(plan: ShardPlan, src: GGUFFile) -> GGUFFile:

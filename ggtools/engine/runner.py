@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from ggtools.byte_sizes import human_bytes
 from ggtools.engine import manifest
-from ggtools.engine.manifest import ShardResult, source_identity
-from ggtools.engine.rewrite import rewrite_shard
+from ggtools.engine.manifest import ShardResult, describe_output, source_identity
+from ggtools.engine.rewrite import copy_shard, rewrite_shard
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFError
 from ggtools.gguf.outputs import check_output, make_dir
@@ -48,14 +48,14 @@ class Interrupted(GGToolsError):
 class RunReport:
     done: list[str]
     skipped: list[str]
-    manifest: str
+    manifest: str | None            # None: a run that keeps no manifest
     nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)   # output -> tensor -> NaN/inf count
 
 
 @dataclass
 class ShardJob:
     """What a worker needs besides the shard plan (picklable)."""
-    manifest: str
+    manifest: str | None
     inputs: list[str]
     verify: bool
     allow_nonfinite: bool
@@ -68,13 +68,14 @@ def worker_count(jobs: int | None, n_shards: int) -> int:
 
 
 def run_plan(plan: Plan, *, jobs=None, resume=False, force=False, verify=True, allow_nonfinite=False,
-             progress=None, resumable=True, make_dirs=False) -> RunReport:
+             progress=None, resumable=True, make_dirs=False, record=True) -> RunReport:
     """Write every shard of the plan (with resume, those not finished yet). jobs: shards in parallel processes
     (None: worker_count's default); resumable: whether the command offers --resume (what the messages
     suggest); make_dirs: make missing output directories (removed again if the run fails before writing
-    into them)."""
-    job = ShardJob(manifest.path_for(plan), list(plan.inputs), verify, allow_nonfinite)
-    entries = manifest.read_entries(job.manifest)
+    into them); record: keep the resume manifest (without one nothing can be resumed, so a serial run
+    stops at the first failed shard)."""
+    job = ShardJob(manifest.path_for(plan) if record else None, list(plan.inputs), verify, allow_nonfinite)
+    entries = manifest.read_entries(job.manifest) if record else {}
     todo, skipped = [], []
     for shard in plan.shards:
         if resume and manifest.still_valid(entries, plan.shard_fingerprint(shard), shard):
@@ -88,10 +89,13 @@ def run_plan(plan: Plan, *, jobs=None, resume=False, force=False, verify=True, a
     try:
         for shard in todo:
             check_output(shard.dst, job.inputs, force=True)
-        check_output(job.manifest, job.inputs, force=True)
+        if record:
+            check_output(job.manifest, job.inputs, force=True)
         _execute(plan, todo, worker_count(jobs, len(todo)), job, Progress(todo, progress), report)
     except KeyboardInterrupt:
         _remove_empty(made)
+        if not record:
+            raise
         raise _interrupted(plan, job, resumable) from None
     except BaseException:
         _remove_empty(made)
@@ -154,6 +158,8 @@ def _execute(plan, todo, jobs, job, bars, report):
                 try:
                     finished(shard, run_shard(shard, fingerprints[i], job, bars.callback(i)))
                 except GGToolsError as e:
+                    if not job.manifest:
+                        raise
                     errors.append((shard, e))
         else:
             _parallel(todo, fingerprints, jobs, job, bars, finished, errors)
@@ -167,12 +173,18 @@ def _execute(plan, todo, jobs, job, bars, report):
 
 
 def run_shard(shard: ShardPlan, fingerprint: str, job: ShardJob, on_bytes) -> ShardResult:
-    """Rewrite one shard and record it in the manifest."""
-    source = source_identity(shard.src)
-    result = rewrite_shard(shard, force=True, verify=job.verify, inputs=job.inputs,
-                           allow_nonfinite=job.allow_nonfinite, on_bytes=on_bytes)
-    manifest.record(job.manifest, os.path.basename(shard.dst), manifest.entry(fingerprint, source, result),
-                           job.inputs)
+    """Write one shard (rewritten, or copied whole when verbatim) and record it in the manifest."""
+    source = source_identity(shard.src) if job.manifest else None
+    if shard.verbatim:
+        result = copy_shard(shard, force=True, inputs=job.inputs)
+        on_bytes(shard.bytes_in)
+    else:
+        result = rewrite_shard(shard, force=True, verify=job.verify, inputs=job.inputs,
+                               allow_nonfinite=job.allow_nonfinite, on_bytes=on_bytes)
+    if job.manifest:
+        described = result if result.digest else describe_output(shard.dst)
+        manifest.record(job.manifest, os.path.basename(shard.dst), manifest.entry(fingerprint, source, described),
+                        job.inputs)
     return result
 
 
