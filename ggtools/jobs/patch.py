@@ -101,8 +101,31 @@ def target_vocab_size(path) -> int | None:
 
 @dataclass
 class PatchResult:
+    edits: KVEdits
     written: list[str]
     nonfinite: dict[str, int]           # tensor -> NaN/inf values or blocks (copied as they are; reported)
+
+
+def patch_mask_token(path, token_id: int | None = None, target=None, **output) -> PatchResult:
+    """Set tokenizer.ggml.mask_token_id (see mask_token_edits); output: out, in_place, force as for patch()."""
+    with ShardSet(path) as s:
+        edits = mask_token_edits(s.first, token_id, target)
+    return patch(path, edits, also_read=target_files(target) if target else (), **output)
+
+
+def patch_set(path, assignments, **output) -> PatchResult:
+    """Add or change keys, each KEY=TYPE:VALUE (parse_assignment)."""
+    edits = KVEdits()
+    for a in assignments:
+        edits.put(*parse_assignment(a))
+    return patch(path, edits, **output)
+
+
+def patch_remove(path, keys, **output) -> PatchResult:
+    edits = KVEdits()
+    for k in keys:
+        edits.drop(k)
+    return patch(path, edits, **output)
 
 
 def patch(path, edits: KVEdits, *, out=None, in_place=False, force=False, also_read=()) -> PatchResult:
@@ -127,7 +150,7 @@ def patch(path, edits: KVEdits, *, out=None, in_place=False, force=False, also_r
             check_output(dst, inputs, force=force)
     report = run_plan(plan, jobs=1, force=force or in_place, allow_nonfinite=True, progress=False, resumable=False,
                       record=False)
-    return PatchResult(report.done, report.nonfinite.get(dsts[0], {}))
+    return PatchResult(edits, report.done, report.nonfinite.get(dsts[0], {}))
 
 
 def _copies(f: GGUFFile, reason: str):

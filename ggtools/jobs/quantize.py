@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as VT
 from gguf import LlamaFileType
 
+from ggtools.engine import RunReport, run_plan
 from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
 from ggtools.gguf.check import require_valid
@@ -79,6 +80,13 @@ def plan_quantize(path, out, scheme: str, overrides=(), *, allow_requantize=True
         plans.append(ShardPlan(f.path, dst, actions))
     _mark_file_type(plans[0], head_type if head_type == block_type else block_type)
     return Plan("quantize", plans, list(shards.paths))
+
+
+def quantize(plan: Plan, *, jobs=1, force=False, allow_nonfinite=False, progress=None) -> RunReport:
+    """Write (and verify) the plan's outputs; jobs: shards in parallel processes. No --resume: a rerun starts
+    over."""
+    return run_plan(plan, jobs=jobs, force=force, allow_nonfinite=allow_nonfinite, resumable=False,
+                    progress=progress)
 
 
 def _decide(t, head_type, block_type, rules, desc):

@@ -7,6 +7,7 @@ F32 norms, any other type, anything matching --copy, rows that do not fit --to â
 import os
 import re
 
+from ggtools.engine import RunReport, preflight_disk, run_plan
 from ggtools.gguf import GGUFError, ShardSet
 from ggtools.gguf.check import require_valid
 from ggtools.plan import Plan, ShardPlan, convert_action, copy_action
@@ -29,6 +30,20 @@ def plan_requant_trunk(path, out_dir, *, src_type="q8_0", dst_type="q4_k", copy_
         actions = [_decide(t, src_t, dst_t, patterns) for t in f.tensors]
         plans.append(ShardPlan(f.path, os.path.join(out_dir, os.path.basename(f.path)), actions))
     return Plan("requant-trunk", plans, list(shards.paths))
+
+
+def check_disk(plan: Plan):
+    """Refuse (exit 2) a plan whose outputs would not fit on their disks (--dry-run's disk check)."""
+    preflight_disk(plan.shards)
+
+
+def requant_trunk(plan: Plan, *, jobs=None, resume=False, force=False, verify=True, allow_nonfinite=False,
+                  progress=None) -> RunReport:
+    """Write the plan's shards (making the output directory), each recorded in the resume manifest; with
+    resume, only those not finished and intact. jobs: shards in parallel processes (None: the runner's
+    default)."""
+    return run_plan(plan, jobs=jobs, resume=resume, force=force, verify=verify, allow_nonfinite=allow_nonfinite,
+                    progress=progress, make_dirs=True)
 
 
 def _types(src_type, dst_type):
