@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from gguf import GGMLQuantizationType as T
 
 from ggtools.cli import main
-from ggtools.dflash.safetensors import CheckpointError
+from ggtools.dflash.errors import CheckpointError
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile
 from ggtools.jobs.convert import ConvertError, convert_dflash

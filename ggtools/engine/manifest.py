@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ggtools.engine.errors import ManifestError
 from ggtools.gguf import GGUFFile, parse_shard_name
-from ggtools.gguf.errors import GGUFError
 from ggtools.gguf.hashing import content_digest
 from ggtools.gguf.inputs import parse_json, read_text
 from ggtools.gguf.outputs import os_error, write_bytes
@@ -69,12 +69,12 @@ def read_entries(path) -> dict[str, dict]:
     data = parse_json(path, read_text(path))
     shards = data.get("shards") if isinstance(data, dict) else None
     if not isinstance(shards, dict):
-        raise GGUFError(path, "not a ggtools rewrite manifest (a JSON object with a 'shards' object); "
+        raise ManifestError(path, "not a ggtools rewrite manifest (a JSON object with a 'shards' object); "
                               "delete it to start over")
     for name, entry in shards.items():
         problem = _entry_problem(entry)
         if problem:
-            raise GGUFError(path, f"{problem}; delete the manifest to start over", where=f"shard '{name}'")
+            raise ManifestError(path, f"{problem}; delete the manifest to start over", where=f"shard '{name}'")
     return shards
 
 

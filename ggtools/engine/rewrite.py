@@ -19,30 +19,14 @@ import os
 
 import numpy as np
 
+from ggtools.engine.errors import NonFiniteError, RewriteError
 from ggtools.engine.manifest import ShardResult, describe_output
-from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile, GGUFWriter, ggml_type_name
 from ggtools.gguf.check import check_file, check_tensors, refuse
 from ggtools.gguf.hashing import HASH_CHUNK, content_digest
 from ggtools.gguf.outputs import copy_file
 from ggtools.plan import COPY, ShardPlan
 from ggtools.quants import CHUNK_VALUES, block_size, can_check_row_data, check_row_data, dequantize, iter_row_chunks, quantize
-
-
-class RewriteError(GGToolsError):
-    """A rewrite whose output failed verification."""
-
-    exit_code = 1
-
-
-class NonFiniteError(GGToolsError):
-    """Source data with NaN or inf values (or scales) that the rewrite would write or hide."""
-
-    exit_code = 2
-
-    def __init__(self, path, tensor, row, what):
-        super().__init__(f"{path}: tensor '{tensor}': row {row}: {what}; pass --allow-nonfinite to write it "
-                         "anyway (counted and reported)")
 
 
 def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None, inputs=(), allow_nonfinite=False,

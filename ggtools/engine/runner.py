@@ -19,29 +19,16 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
-from ggtools.byte_sizes import human_bytes
 from ggtools.engine import manifest
+from ggtools.engine.errors import DiskSpaceError, EngineError, Interrupted, ShardFailed
 from ggtools.engine.manifest import ShardResult, describe_output, source_identity
 from ggtools.engine.rewrite import copy_shard, rewrite_shard
 from ggtools.errors import GGToolsError
-from ggtools.gguf import GGUFError
 from ggtools.gguf.outputs import check_output, make_dir
 from ggtools.plan import Plan, ShardPlan
 
 HEADER_ALLOWANCE = 1 << 20      # disk preflight: room for each output's header
 STOP_WAIT = 10                  # seconds a stopped worker gets to remove its temporary file
-
-
-class ShardFailed(GGToolsError):
-    """One or more shards failed; the exit code is the worst of theirs."""
-
-    def __init__(self, message, exit_code):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class Interrupted(GGToolsError):
-    exit_code = 130
 
 
 @dataclass
@@ -106,8 +93,8 @@ def run_plan(plan: Plan, *, jobs=None, resume=False, force=False, verify=True, a
 def _refuse_existing(todo, replace, resumable):
     for shard in todo:
         if os.path.lexists(shard.dst) and not replace:
-            raise GGUFError(shard.dst, "output exists; pass --force to overwrite it"
-                            + (", or --resume to continue the run that wrote it" if resumable else ""))
+            raise EngineError(f"{shard.dst}: output exists; pass --force to overwrite it"
+                              + (", or --resume to continue the run that wrote it" if resumable else ""))
 
 
 def _make_dirs(todo) -> list[str]:
@@ -305,8 +292,7 @@ def preflight_disk(todo: list[ShardPlan]):
     for d, need in by_dir.items():
         free = shutil.disk_usage(_existing_ancestor(d)).free
         if need > free:
-            raise GGUFError(d, f"not enough disk space: the output needs {human_bytes(need)}, "
-                               f"{human_bytes(free)} are free")
+            raise DiskSpaceError(d, need, free)
 
 
 class Progress:

@@ -19,11 +19,11 @@ from importlib import resources
 from pathlib import Path
 
 from ggtools.byte_sizes import human_bytes
-from ggtools.errors import GGToolsError
 from ggtools.gguf.outputs import copy_file, make_dir
 from ggtools.jobs.accept import Candidate, measure
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.doctor import pair_check
+from ggtools.jobs.errors import JobError
 from ggtools.jobs.quantize import plan_quantize, quantize
 from ggtools.jobs.requant import plan_requant_trunk, requant_trunk
 from ggtools.jobs.validate import validate
@@ -34,7 +34,7 @@ SCHEMES = ("q8_0", "q4-mix", "q2_k")
 PROMPT_TOKENS = 128
 
 
-class DemoError(GGToolsError):
+class DemoError(JobError):
     exit_code = 1       # a check of the demo failed (a write error is a GGUFError, exit 2)
 
 

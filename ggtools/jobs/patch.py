@@ -13,19 +13,19 @@ from gguf import GGUFValueType as VT
 
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX
 from ggtools.engine import planned_header, run_plan
-from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile, ShardSet
 from ggtools.gguf.check import check_file, check_set, check_tensors, refuse
 from ggtools.gguf.outputs import check_output
 from ggtools.gguf.values import encode_kv, value_type
+from ggtools.jobs.errors import JobError
 from ggtools.plan import KVEdits, Plan, ShardPlan, copy_action
 
 MASK_KEY = LLAMACPP.key("mask")
 IN_PLACE_HINT = " (use --in-place to edit it)"
 
 
-class PatchError(GGToolsError):
-    exit_code = 2
+class PatchError(JobError):
+    pass
 
 
 def parse_assignment(text: str) -> tuple[str, VT, object, VT | None]:

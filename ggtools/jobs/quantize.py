@@ -16,6 +16,7 @@ from ggtools.engine import RunReport, run_plan
 from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
 from ggtools.gguf.check import require_valid
+from ggtools.jobs.errors import JobError
 from ggtools.plan import KVEdits, Plan, ShardPlan, convert_action, copy_action
 from ggtools.quants import fallback_type, has_dequantizer, has_quantizer, parse_qtype
 from ggtools.tensor_rules import never_quantized
@@ -30,8 +31,8 @@ SCHEMES = {
 K_FILE_TYPES = {T.Q3_K: "MOSTLY_Q3_K_M", T.Q4_K: "MOSTLY_Q4_K_M", T.Q5_K: "MOSTLY_Q5_K_M"}
 
 
-class QuantizePlanError(GGToolsError):
-    exit_code = 2
+class QuantizePlanError(JobError):
+    pass
 
 
 def scheme_types(scheme: str) -> tuple[str, T, T]:

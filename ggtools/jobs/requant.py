@@ -8,8 +8,9 @@ import os
 import re
 
 from ggtools.engine import RunReport, preflight_disk, run_plan
-from ggtools.gguf import GGUFError, ShardSet
+from ggtools.gguf import ShardSet
 from ggtools.gguf.check import require_valid
+from ggtools.jobs.errors import UsageError
 from ggtools.plan import Plan, ShardPlan, convert_action, copy_action
 from ggtools.quants import block_size, has_dequantizer, has_quantizer, parse_qtype
 from ggtools.tensor_rules import never_quantized
@@ -49,9 +50,9 @@ def requant_trunk(plan: Plan, *, jobs=None, resume=False, force=False, verify=Tr
 def _types(src_type, dst_type):
     src_t, dst_t = parse_qtype(src_type), parse_qtype(dst_type)
     if not has_dequantizer(src_t):
-        raise GGUFError("--from", f"ggtools cannot read {src_t.name} tensors")
+        raise UsageError("--from", f"ggtools cannot read {src_t.name} tensors")
     if not has_quantizer(dst_t):
-        raise GGUFError("--to", f"ggtools cannot write {dst_t.name} tensors")
+        raise UsageError("--to", f"ggtools cannot write {dst_t.name} tensors")
     return src_t, dst_t
 
 
@@ -73,15 +74,15 @@ def _regex(pattern):
     try:
         return re.compile(pattern)
     except re.error as e:
-        raise GGUFError("--copy", f"bad regular expression {pattern!r}: {e}") from None
+        raise UsageError("--copy", f"bad regular expression {pattern!r}: {e}") from None
 
 
 def _check_out_dir(shards, out_dir):
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
-        raise GGUFError(out_dir, "output path exists and is not a directory")
+        raise UsageError(out_dir, "output path exists and is not a directory")
     src_dir = os.path.dirname(os.path.abspath(shards.paths[0]))
     if os.path.isdir(out_dir) and os.path.samefile(src_dir, out_dir):
-        raise GGUFError(out_dir, "output directory is the input's directory; outputs keep the input names, "
+        raise UsageError(out_dir, "output directory is the input's directory; outputs keep the input names, "
                                  "so they would replace the input")
     shards.require_complete()
 
@@ -91,5 +92,5 @@ def _select(shards, only):
         return range(shards.count)
     for k in only:
         if not 1 <= k <= shards.count:
-            raise GGUFError(shards.paths[0], f"--shard {k} is outside 1..{shards.count}")
+            raise UsageError(shards.paths[0], f"--shard {k} is outside 1..{shards.count}")
     return sorted(set(k - 1 for k in only))
