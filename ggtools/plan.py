@@ -1,4 +1,7 @@
-"""TensorPlan: for every tensor of every shard, what happens to it (copy or convert to a type) and why.
+"""Plan: for every tensor of every shard, what happens to it (copy or convert to a type) and why.
+
+A Plan is a job's ShardPlans (one per output file: source, destination, metadata edits) and each ShardPlan its
+TensorActions (one per output tensor: source tensor, types, bytes in and out, reason).
 
 Plans know names, types and sizes, never bytes. The same plan object is printed by --dry-run and drives the
 real rewrite (ggtools/engine), so what is shown is what runs.
