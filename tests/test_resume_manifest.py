@@ -16,7 +16,7 @@ from ggtools.cli import main
 from ggtools.jobs.requant import plan_requant_trunk
 from ggtools.samples import write_moe_set
 from ggtools.engine import Interrupted, run_plan
-from hostile_corpus import DEMO
+from tests.hostile_corpus import DEMO
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,7 @@ class LlamaCpp:
 @pytest.fixture(scope="module")
 def smollm2_q8_0(smollm2_path, tmp_path_factory, llama_cpp):
     """SmolLM2 requantized to Q8_0 by llama.cpp's own quantizer (every matmul a Q8_0 one)."""
-    import llama_oracle
+    from scripts.fixtures import llama_oracle
     out = tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct.Q8_0.gguf"
     llama_oracle.quantize(smollm2_path, out, 7, allow_requantize=True)
     return out

@@ -10,7 +10,7 @@ The two runtimes are measured alternately, round after round, and each figure is
 shared machine other processes slow both down unpredictably, and the best round is the least disturbed.
 Also checks that both produced the same greedy tokens.
 
-  python scripts/bench/runtime.py [GGUF] [--threads 2] [--tokens 64] [--json]
+  python -m scripts.bench.runtime [GGUF] [--threads 2] [--tokens 64] [--json]
 """
 
 import argparse
