@@ -130,11 +130,14 @@ def test_resume_after_a_crash(moe_set, tmp_path, monkeypatch):
     plan = plan_requant_trunk(moe_set[0], str(tmp_path))
     real = shard_runner.rewrite_shard
     calls = collections.Counter()
+    killed = subprocess.Popen(["true"])      # the pid of a process that no longer runs
+    killed.wait()
+    stale = f".kimi-00002-of-00003.gguf.partial-{killed.pid}"
 
     def crash_on_second(shard, **kw):
         calls[os.path.basename(shard.dst)] += 1
         if shard is plan.shards[1]:
-            with open(os.path.join(tmp_path, f".{os.path.basename(shard.dst)}.partial-999"), "wb") as fh:
+            with open(os.path.join(tmp_path, stale), "wb") as fh:
                 fh.write(b"half a shard")     # what a killed process leaves behind
             raise RewriteError("simulated crash")
         return real(shard, **kw)
@@ -142,7 +145,7 @@ def test_resume_after_a_crash(moe_set, tmp_path, monkeypatch):
     monkeypatch.setattr(shard_runner, "rewrite_shard", crash_on_second)
     with pytest.raises(RewriteError, match="simulated crash"):
         run_plan(plan, jobs=1, progress=False)
-    assert sorted(os.listdir(tmp_path)) == sorted([".kimi-00002-of-00003.gguf.partial-999", "kimi-00001-of-00003.gguf",
+    assert sorted(os.listdir(tmp_path)) == sorted([stale, "kimi-00001-of-00003.gguf",
                                                    "kimi-00003-of-00003.gguf", "kimi.ggtools.json"])
     monkeypatch.setattr(shard_runner, "rewrite_shard", real)
     report = run_plan(plan_requant_trunk(moe_set[0], str(tmp_path)), jobs=1, resume=True, progress=False)
