@@ -5,7 +5,8 @@ the process that wrote it, the moment it is renamed into place; so an interrupt,
 `--shard K` runs at once never lose a finished shard. --resume skips a shard only when its entry still
 matches (the output is re-hashed), and redoes every other one. Workers are one process per shard, at most
 -j at a time (capped at the number of shards); on an interrupt they are stopped, and each removes its
-temporary file.
+temporary file. A run may also keep no manifest (patch: nothing to resume), and a plan may copy a shard whole
+(ShardPlan.verbatim: a shard a patch leaves alone).
 """
 
 import multiprocessing
