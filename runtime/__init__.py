@@ -11,15 +11,16 @@ Target numerics are llama.cpp's CPU backend's, bit for bit for the types its tes
     out = speculative_generate(model, drafter, drafter.new_kv(ring_cap=4096), ids, 64)   # = greedy output
 """
 
-from ggtools.runtime.draft_kv import FullKV, RingKV
 from ggtools.runtime.drafter import Drafter
+from ggtools.runtime.drafter.kv import FullKV, RingKV
+from ggtools.runtime.errors import ModelError
 from ggtools.runtime.generate import RunResult, continue_greedy, greedy, run, warm_up
-from ggtools.runtime.hparams import HParams, ModelError
-from ggtools.runtime.kvcache import KVCache
-from ggtools.runtime.model import TargetModel
 from ggtools.runtime.spec_run import SpecRun, TargetOnly, check_settings, measure_drafter, run_speculative
 from ggtools.runtime.speculative import DraftSettings, SpecOutput, Step, speculative_generate
 from ggtools.runtime.stats import DEFINITIONS, acceptance_stats
+from ggtools.runtime.target.hparams import HParams
+from ggtools.runtime.target.kvcache import KVCache
+from ggtools.runtime.target.model import TargetModel
 from ggtools.runtime.tokenizer import Tokenizer, TokenizerError
 
 __all__ = ["DEFINITIONS", "DraftSettings", "Drafter", "FullKV", "HParams", "KVCache", "ModelError", "RingKV",

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ggtools.runtime.hparams import ModelError
-from ggtools.runtime.model import TargetModel
+from ggtools.runtime.errors import ModelError
+from ggtools.runtime.target.model import TargetModel
 from ggtools.runtime.tokenizer import Tokenizer
 
 

@@ -15,9 +15,9 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ggtools.runtime.drafter import Drafter
+from ggtools.runtime.errors import ModelError
 from ggtools.runtime.generate import check_context, continue_greedy, load_tokenizer, warm_up
-from ggtools.runtime.hparams import ModelError
-from ggtools.runtime.model import TargetModel
+from ggtools.runtime.target.model import TargetModel
 from ggtools.runtime.speculative import DraftSettings, speculative_generate
 from ggtools.runtime.stats import acceptance_stats
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ggtools.runtime.draft_chain import cut_length
-from ggtools.runtime.draft_kv import DraftKV
+from ggtools.runtime.drafter.chain import cut_length
+from ggtools.runtime.drafter.kv import DraftKV
 
 
 @dataclass

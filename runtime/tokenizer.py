@@ -13,7 +13,7 @@ Pre-tokenizer regexes use Unicode property classes, expanded for Python's `re` (
 
 import heapq
 
-from ggtools.runtime.hparams import ModelError
+from ggtools.runtime.errors import ModelError
 from ggtools.runtime.unicode_classes import compile_pattern
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

@@ -1,41 +1,42 @@
 """Weights of a target GGUF as memory-mapped views: matrices stay in their ggml block layout.
 
 A `Matrix` is one 2-D weight (ne = [n_cols, n_rows]): `matmul` runs the dequantize-on-the-fly kernel,
-`rows` dequantizes selected rows (embedding lookup). Vectors (norms, biases) are small and become
-float32 arrays.
+`rows` dequantizes selected rows (embedding lookup); or a stack of experts (ne = [n_cols, n_rows, n_expert]),
+run through `MatrixGroup.run_experts`. Vectors (norms, biases) are small and become float32 arrays.
 """
 
 import numpy as np
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ggtools import quants
 from ggtools.gguf import ShardSet
-from ggtools.runtime import kernels
-from ggtools.runtime.hparams import ModelError
+from ggtools.runtime.kernels import matmul
+from ggtools.runtime.errors import ModelError
 
 
 class Matrix:
     def __init__(self, name: str, qtype: GGMLQuantizationType, n_rows: int, n_cols: int, buf: np.ndarray,
-                 offset: int = 0):
+                 offset: int = 0, n_expert: int = 1):
         self.name, self.qtype = name, qtype
         self.n_rows = n_rows    # outputs (ne[1])
         self.n_cols = n_cols    # inputs (ne[0], the row length)
-        self.layout = kernels.Layout(qtype, n_rows, n_cols)
+        self.n_expert = n_expert    # ne[2] of a stack of experts
+        self.layout = matmul.Layout(qtype, n_rows, n_cols)
         self.buf, self.offset = buf, offset   # uint8 array holding the matrix (a whole mapped file) and where
-        self.data = buf[offset:offset + n_rows * int(self.layout.row_bytes)]
-        # how llama.cpp rounds this matrix's input (kernels.ACT_*); equal kinds share one rounding
+        self.data = buf[offset:offset + n_expert * n_rows * int(self.layout.row_bytes)]
+        # how llama.cpp rounds this matrix's input (kernels.matmul.ACT_*); equal kinds share one rounding
         self.activation = self.layout.activation
-        self.plan = kernels.MatmulPlan([self.layout], buf, [offset]) if self.activation is not None else None
+        self.plan = matmul.MatmulPlan([self.layout], buf, [offset]) if self.activation is not None else None
 
-    def matmul(self, prepared: kernels.PreparedInput, stepwise: bool = False) -> np.ndarray:
+    def matmul(self, prepared: matmul.PreparedInput, stepwise: bool = False) -> np.ndarray:
         """prepared: input rows (rows, n_cols) rounded for this matrix's activation kind -> (rows, n_rows)."""
         return self.plan.run(prepared, stepwise)[0]
 
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> np.ndarray:
-        return self.matmul(kernels.PreparedInput(x, self.activation), stepwise)
+        return self.matmul(matmul.PreparedInput(x, self.activation), stepwise)
 
     def rows(self, ids) -> np.ndarray:
-        return kernels.dequantize_rows(self.layout, self.data, ids)
+        return matmul.dequantize_rows(self.layout, self.data, ids)
 
     def __repr__(self):
         return f"Matrix({self.name!r}, {self.qtype.name}, {self.n_rows}x{self.n_cols})"
@@ -67,18 +68,26 @@ class WeightFile:
         except KeyError:
             raise ModelError(f"{self.meta.path}: tensor '{name}' is missing") from None
 
-    def matrix(self, name: str, n_cols: int | None = None, n_rows: int | None = None) -> Matrix:
+    def matrix(self, name: str, n_cols: int | None = None, n_rows: int | None = None,
+               n_expert: int | None = None) -> Matrix:
+        """A 2-D weight, or with n_expert a 3-D stack of n_expert matrices (ne [n_cols, n_rows, n_expert]); a 1-D
+        weight asked for as one row (n_rows 1) is that row (qwen35moe's shared-expert gate)."""
         f, t = self._lookup(name)
-        if len(t.ne) != 2 or (n_cols is not None and t.ne[0] != n_cols) or (n_rows is not None and t.ne[1] != n_rows):
-            raise ModelError(f"{f.path}: tensor '{name}' has ne {list(t.ne)}, expected [{n_cols}, {n_rows}]")
+        want = [n_cols, n_rows] + ([n_expert] if n_expert is not None else [])
+        ne = list(t.ne) + ([1] if len(t.ne) == 1 and n_rows == 1 and n_expert is None else [])
+        if len(ne) != len(want) or any(w is not None and int(n) != w for n, w in zip(ne, want)):
+            raise ModelError(f"{f.path}: tensor '{name}' has ne {list(t.ne)}, expected {want}")
         try:
             qtype = GGMLQuantizationType(t.type_id)
         except ValueError:
             qtype = None
-        if qtype not in kernels.SUPPORTED_TYPES:
+        if qtype not in matmul.SUPPORTED_TYPES:
             raise ModelError(f"{f.path}: tensor '{name}' has type {t.type_name}, which the runtime cannot run")
+        if t.ne[0] % GGML_QUANT_SIZES[qtype][0]:
+            raise ModelError(f"{f.path}: tensor '{name}' rows of {t.ne[0]} values are not whole {qtype.name} blocks")
         f.tensor_data(t)   # checks the size and that the data lies inside the file
-        return Matrix(name, qtype, int(t.ne[1]), int(t.ne[0]), self._buffer(f), t.data_start)
+        return Matrix(name, qtype, int(ne[1]), int(ne[0]), self._buffer(f), t.data_start,
+                      int(ne[2]) if n_expert is not None else 1)
 
     def _buffer(self, f) -> np.ndarray:
         """The whole mapped file as one uint8 array (matrices are addressed by offset into it)."""
@@ -107,16 +116,28 @@ class MatrixGroup:
         self.matrices = matrices
         parts = {}
         for i, m in enumerate(matrices):
-            parts.setdefault((m.qtype, m.n_cols, id(m.buf)), []).append(i)
-        self.parts = [(idx, kernels.MatmulPlan([matrices[i].layout for i in idx], matrices[idx[0]].buf,
-                                               [matrices[i].offset for i in idx])) for idx in parts.values()]
+            parts.setdefault((m.qtype, m.n_cols, m.layout.tinyblas, id(m.buf)), []).append(i)
+        self.parts = [(idx, matmul.MatmulPlan([matrices[i].layout for i in idx], matrices[idx[0]].buf,
+                                              [matrices[i].offset for i in idx], matrices[idx[0]].n_expert))
+                      for idx in parts.values()]
 
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> list[np.ndarray]:
+        return self._each_plan(x, None, lambda plan, prepared: plan.run(prepared, stepwise))
+
+    def run_experts(self, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, groups: np.ndarray) -> list:
+        """Stacks of experts: input rows x[rows[j]] for j in groups[g]..groups[g + 1]-1 through expert experts[g]
+        (each input row rounded once, however many experts it goes to; rows None: x's rows in order) ->
+        outputs in the order of `rows`."""
+        return self._each_plan(x, rows, lambda plan, prepared: plan.run_experts(prepared, experts, groups))
+
+    def _each_plan(self, x, rows, run) -> list:
         prepared, outs = {}, [None] * len(self.matrices)
         for idx, plan in self.parts:
             kind = plan.layout.activation
             if kind not in prepared:
-                prepared[kind] = kernels.PreparedInput(x, kind)
-            for i, out in zip(idx, plan.run(prepared[kind], stepwise)):
+                prepared[kind] = matmul.PreparedInput(x, kind)
+                if rows is not None:
+                    prepared[kind] = prepared[kind].take(rows)
+            for i, out in zip(idx, run(plan, prepared[kind])):
                 outs[i] = out
         return outs

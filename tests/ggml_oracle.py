@@ -31,6 +31,74 @@ class _TypeTraits(ctypes.Structure):
                 ("from_float_ref", ctypes.c_void_p)]
 
 
+_from_float_t = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+_vec_dot_t = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                              ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+class _TypeTraitsCpu(ctypes.Structure):
+    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p), ("vec_dot_type", ctypes.c_int),
+                ("nrows", ctypes.c_int64)]
+
+
+class GGMLCpu:
+    """libggml-cpu's kernels: a weight type's input rounding (from_float of its vec_dot_type), its vec_dot, and
+    the MXFP4 8x8 gemv that llama.cpp runs repacked MXFP4 weights through on AVX2."""
+
+    def __init__(self, path: str):
+        lib = ctypes.CDLL(path)
+        lib.ggml_cpu_init.argtypes = []
+        lib.ggml_cpu_init()
+        lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_TypeTraitsCpu)
+        lib.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
+        lib.ggml_gemv_mxfp4_8x8_q8_0.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        self.lib = lib
+
+    def _traits(self, qtype):
+        return self.lib.ggml_get_type_traits_cpu(int(qtype)).contents
+
+    def prepare(self, qtype, x: np.ndarray) -> np.ndarray:
+        """x (rows, n) rounded as the CPU backend rounds a matmul input for weights of qtype: rows of bytes."""
+        vec_dot_type = self._traits(qtype).vec_dot_type
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        blck, tsize = GGML_QUANT_SIZES[GGMLQuantizationType(vec_dot_type)]
+        out = np.zeros((x.shape[0], x.shape[1] // blck * tsize), dtype=np.uint8)
+        from_float = _from_float_t(self._traits(vec_dot_type).from_float)
+        for r in range(x.shape[0]):
+            from_float(x[r].ctypes.data, out[r].ctypes.data, x.shape[1])
+        return out
+
+    def vec_dot(self, qtype, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """w (rows, bytes) weight rows . x (rows, n) float inputs: (x rows, w rows), one vec_dot call each."""
+        n = x.shape[1]
+        xq = self.prepare(qtype, x)
+        w = np.ascontiguousarray(w, dtype=np.uint8)
+        vec_dot = _vec_dot_t(self._traits(qtype).vec_dot)
+        out = np.zeros((x.shape[0], w.shape[0]), dtype=np.float32)
+        for t in range(x.shape[0]):
+            for r in range(w.shape[0]):
+                vec_dot(n, out[t:t + 1, r:r + 1].ctypes.data, 0, w[r].ctypes.data, 0, xq[t].ctypes.data, 0, 1)
+        return out
+
+    def gemv_mxfp4_repacked(self, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """MXFP4 rows w (a multiple of 8) repacked as llama.cpp's CPU_REPACK buffer does (make_block_mxfp4x8)
+        and x (rows, n) through ggml_gemv_mxfp4_8x8_q8_0, one input row at a time: (x rows, w rows)."""
+        n_rows, n = w.shape[0], x.shape[1]
+        blocks = np.ascontiguousarray(w, dtype=np.uint8).reshape(n_rows // 8, 8, n // 32, 17)
+        packed = np.empty((n_rows // 8, n // 32, 8 + 128), dtype=np.uint8)
+        packed[..., :8] = blocks[..., 0].transpose(0, 2, 1)
+        qs = blocks[..., 1:].transpose(0, 2, 1, 3)                    # (group, block, row, 16)
+        for i in range(16):                                           # 8-byte chunk i: row i % 8, bytes (i // 8) * 8..
+            packed[..., 8 + 8 * i:16 + 8 * i] = qs[:, :, i % 8, (i // 8) * 8:(i // 8) * 8 + 8]
+        xq = self.prepare(GGMLQuantizationType.MXFP4, x)
+        out = np.zeros((x.shape[0], n_rows), dtype=np.float32)
+        for t in range(x.shape[0]):
+            self.lib.ggml_gemv_mxfp4_8x8_q8_0(n, out[t].ctypes.data, 0, packed.ctypes.data, xq[t].ctypes.data, 1,
+                                              n_rows)
+        return out
+
+
 class GGML:
     """The few libggml-base entry points the quants tests need."""
 
@@ -79,16 +147,25 @@ class GGML:
         return bool(self.lib.ggml_validate_row_data(int(qtype), data.ctypes.data, data.size))
 
 
-_instance = None
+_libraries = {}
+
+
+def _load(lib_name: str, cls):
+    """cls on llama-cpp-python's lib/<lib_name>, loaded once, or pytest.skip when it is not installed."""
+    if lib_name not in _libraries:
+        llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (ggml oracle) not installed")
+        path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", lib_name)
+        if not os.path.exists(path):
+            pytest.skip(f"llama-cpp-python has no {path}")
+        _libraries[lib_name] = cls(path)
+    return _libraries[lib_name]
+
+
+def load_ggml_cpu() -> GGMLCpu:
+    """libggml-cpu as an oracle, or pytest.skip when llama-cpp-python is not installed."""
+    return _load("libggml-cpu.so", GGMLCpu)
 
 
 def load_ggml() -> GGML:
     """The oracle, or pytest.skip when llama-cpp-python is not installed."""
-    global _instance
-    if _instance is None:
-        llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (ggml oracle) not installed")
-        path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so")
-        if not os.path.exists(path):
-            pytest.skip(f"llama-cpp-python has no {path}")
-        _instance = GGML(path)
-    return _instance
+    return _load("libggml-base.so", GGML)

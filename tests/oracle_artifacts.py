@@ -113,6 +113,36 @@ class Qwen35MoeSet:
     manifest: dict = field(repr=False)
 
 
+@dataclass
+class HybridTarget:
+    """A tiny Gated DeltaNet hybrid target (hybrid_targets.py) with the DFlash drafters built for it."""
+    arch: str                       # "qwen35" | "qwen35moe"
+    hf_dir: Path
+    gguf: dict[str, Path]           # llama.cpp GGUFs by encoding: f32, f16, q8_0 (qwen35) / mxfp4_moe (qwen35moe)
+    drafter_dirs: dict[str, Path]   # "v1" / "v2": z-lab HF dirs (target_layer_ids in drafter_layer_ids)
+    drafter_refs: dict[str, Path]   # "v1" / "v2": llama.cpp's f16 conversions (--target-model-dir hf_dir)
+    drafter_layer_ids: list[int]
+    split: list[Path] = field(default_factory=list)   # a split set of one encoding, when the unit has one
+
+
+def _hybrid_target(arch: str, hf_dir: Path, gguf: dict, split=()) -> HybridTarget:
+    d, m = oracle_unit("hybrid-drafters")
+    return HybridTarget(arch=arch, hf_dir=hf_dir, gguf=gguf, split=list(split),
+                        drafter_dirs={v: d / m["dirs"][f"{arch}/{v}"] for v in ("v1", "v2")},
+                        drafter_refs={v: d / m["refs"][f"{arch}/{v}"]["path"] for v in ("v1", "v2")},
+                        drafter_layer_ids=m["target_layer_ids"][arch])
+
+
+@dataclass
+class MoeTarget:
+    """Tiny routed-expert target (moe_targets.py): HF dir and llama.cpp GGUFs "f32", "f16" and the quantized
+    one ("Q8_0" for qwen3moe, "MXFP4_MOE" for gpt-oss)."""
+    arch: str
+    hf_dir: Path
+    gguf: dict[str, Path]
+    manifest: dict = field(repr=False)
+
+
 def _version_key(version) -> str:
     if isinstance(version, int):
         return f"v{version}"
@@ -176,3 +206,43 @@ def qwen35moe_set() -> Qwen35MoeSet:
     return Qwen35MoeSet(hf_dir=d / m["hf_dir"], f16=f["f16"], mxfp4_moe=f["mxfp4_moe"], surgical=f["surgical"],
                         split=[d / e["path"] for e in m["split"]],
                         split_surgical=[d / e["path"] for e in m["split_surgical"]], loads=m["loads"], manifest=m)
+
+
+@pytest.fixture(scope="session")
+def qwen35_target() -> HybridTarget:
+    """Tiny dense qwen35: 6 layers (linear, full, linear, linear, linear, full), f32 / f16 / q8_0 GGUFs."""
+    d, m = oracle_unit("qwen35")
+    return _hybrid_target("qwen35", d / m["hf_dir"], {k: d / e["path"] for k, e in m["gguf"].items()})
+
+
+@pytest.fixture(scope="session")
+def qwen35moe_target(qwen35moe_set) -> HybridTarget:
+    """Tiny qwen35moe (3 linear + 1 full layer, 8 experts top-2): f32 / f16 / mxfp4_moe GGUFs and the
+    MXFP4_MOE file as 3 shards."""
+    d, m = oracle_unit("qwen35moe-f32")
+    gguf = {"f32": d / m["gguf"]["path"], "f16": qwen35moe_set.f16, "mxfp4_moe": qwen35moe_set.mxfp4_moe}
+    return _hybrid_target("qwen35moe", qwen35moe_set.hf_dir, gguf, qwen35moe_set.split)
+
+
+def _moe_target(arch: str) -> MoeTarget:
+    d, m = oracle_unit(f"{arch}-target")
+    return MoeTarget(arch=arch, hf_dir=d / m["hf_dir"], gguf={k: d / e["path"] for k, e in m["gguf"].items()},
+                     manifest=m)
+
+
+@pytest.fixture(scope="session")
+def qwen3moe_target() -> MoeTarget:
+    return _moe_target("qwen3moe")
+
+
+@pytest.fixture(scope="session")
+def gpt_oss_target() -> MoeTarget:
+    return _moe_target("gpt-oss")
+
+
+@pytest.fixture(scope="session")
+def moe_drafters() -> dict[str, dict[str, Path]]:
+    """{"qwen3moe" | "gpt-oss": {"v1": HF dir, "v2": HF dir}}: z-lab drafters for the tiny MoE targets
+    (target_layer_ids [1, 2])."""
+    d, m = oracle_unit("moe-drafters")
+    return {arch: {v: d / p for v, p in dirs.items()} for arch, dirs in m["dirs"].items()}

@@ -43,7 +43,7 @@ def work(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sources():
     """runtime -> {file: text} of its source, for the runtimes whose sources are here (others skip)."""
-    out = {"ggtools": {p.name: p.read_text() for p in RUNTIME_DIR.glob("*.py")}}
+    out = {"ggtools": {str(p.relative_to(RUNTIME_DIR)): p.read_text() for p in RUNTIME_DIR.rglob("*.py")}}
     for runtime, read in (("llama.cpp", runtime_sources.llama_cpp_texts), ("lucebox", runtime_sources.lucebox_texts)):
         try:
             out[runtime] = read()

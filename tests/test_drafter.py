@@ -11,7 +11,7 @@ from ggtools.jobs.patch import patch
 from ggtools.jobs.quantize import plan_quantize
 from ggtools.plan import KVEdits
 from ggtools.runtime import ModelError, TargetModel
-from ggtools.runtime.draft_chain import DraftChain, cut_length, top_candidates
+from ggtools.runtime.drafter.chain import DraftChain, cut_length, top_candidates
 from ggtools.runtime.drafter import Drafter
 from ggtools.engine import run_plan
 

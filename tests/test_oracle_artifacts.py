@@ -235,3 +235,17 @@ def test_llama_loads_missing_shard(qwen35moe_set, tmp_path):
     assert llama_loads(qwen35moe_set.split[0])
     assert not llama_loads(tmp_path / qwen35moe_set.split[0].name)
 
+
+
+def test_moe_targets(qwen3moe_target, gpt_oss_target):
+    """The routed-expert targets: the converter's keys and types, experts as 3-D stacks, all six GGUFs load."""
+    q, g = qwen3moe_target, gpt_oss_target
+    assert _kv(_reader(q.gguf["f16"]), "general.architecture") == "qwen3moe"
+    assert _types(q.gguf["Q8_0"]) == {"Q8_0": 30, "F32": 21}
+    r = _reader(g.gguf["f16"])
+    assert _kv(r, "general.architecture") == "gpt-oss" and _kv(r, "gpt-oss.attention.sliding_window") == 16
+    assert _kv(r, "gpt-oss.rope.scaling.type") == "yarn" and _kv(r, "gpt-oss.expert_used_count") == 4
+    assert _types(g.gguf["MXFP4_MOE"]) == {"MXFP4": 12, "Q8_0": 18, "F32": 49}
+    exps = {n: t for n, t in _tensors(g.gguf["MXFP4_MOE"]).items() if "_exps.weight" in n}
+    assert len(exps) == 12 and all(t[0] == "MXFP4" and t[1][2] == 8 for t in exps.values())
+    assert all(r["ok"] for m in (q.manifest, g.manifest) for r in m["loads"].values())

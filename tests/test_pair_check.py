@@ -11,6 +11,7 @@ from ggtools.cli import main
 from ggtools.jobs.convert import convert_dflash
 from ggtools.dflash.findings import failed
 from ggtools.jobs.doctor import doctor, pair_check
+from ggtools.runtime.target.archs import ARCHS
 from tests.oracle_artifacts import ref_drafter_gguf, tiny_target  # noqa: F401  (fixtures)
 from tests.test_convert_support import H, make_checkpoint, make_target_gguf, rewrite_gguf
 
@@ -127,7 +128,7 @@ def test_target_arch_without_layer_inputs(pair):
     one_failure(r, "target_arch[llama.cpp]", 'GGML_ASSERT(t_layer_inp[il] != nullptr && "layer input tensor is '
                                              'null") failed')
     one_failure(r, "target_arch[ggtools]", f"{pair[4] / 'gemma3.gguf'}: architecture 'gemma3' is not supported by "
-                                           "the runtime (supported: llama, qwen3)")
+                                           f"the runtime (supported: {', '.join(ARCHS)})")
 
 
 def test_not_a_drafter(pair):

@@ -6,10 +6,10 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from ggtools import quants
-from ggtools.runtime import kernels, workers
-from ggtools.runtime.ggmlmath import expf, silu
+from ggtools.runtime.kernels import matmul, workers
+from ggtools.runtime.kernels.ggmlmath import expf, silu
 
-BLOCK32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+BLOCK32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4]
 KQUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
 FLOATS = [T.F32, T.F16, T.BF16]
 ALL = FLOATS + BLOCK32 + KQUANTS
@@ -18,26 +18,33 @@ ALL = FLOATS + BLOCK32 + KQUANTS
 def make_weights(qtype, n_rows=12, n_cols=512, seed=0):
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((n_rows, n_cols)) * rng.uniform(0.01, 2.0, (n_rows, 1))).astype(np.float32)
-    data = quants.quantize(qtype, x).reshape(-1)
+    data = quantize(qtype, x)
     return data, quants.dequantize(qtype, data, n_cols).reshape(n_rows, n_cols)
+
+
+def quantize(qtype, x):
+    if qtype == T.MXFP4:     # ggtools.quants has no MXFP4 quantizer; gguf-py's is exact with ggml's
+        import gguf
+        return gguf.quants.quantize(x, qtype).reshape(-1)
+    return quants.quantize(qtype, x).reshape(-1)
 
 
 def reference_input(qtype, x):
     """The input values llama.cpp's dot products see, computed plainly in numpy."""
-    kind = kernels.ACTIVATION[qtype]
-    if kind == kernels.ACT_F16:
+    kind = matmul.ACTIVATION[qtype]
+    if kind == matmul.ACT_F16:
         return x.astype(np.float16).astype(np.float32)
-    if kind == kernels.ACT_BF16:
+    if kind == matmul.ACT_BF16:
         bits = x.view(np.uint32).astype(np.uint64)
         return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
-    if kind in (kernels.ACT_Q8_0, kernels.ACT_Q8_1):
+    if kind in (matmul.ACT_Q8_0, matmul.ACT_Q8_1):
         b = x.reshape(x.shape[0], -1, 32)
         amax = np.abs(b).max(-1, keepdims=True)
         d = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
         with np.errstate(divide="ignore"):
             inv = np.where(amax > 0, np.float32(127) / amax, 0).astype(np.float32)
         return (np.rint(b * inv) * d).reshape(x.shape)
-    if kind == kernels.ACT_Q8_K:
+    if kind == matmul.ACT_Q8_K:
         b = x.reshape(x.shape[0], -1, 256)
         idx = np.abs(b).argmax(-1)[..., None]
         vmax = np.take_along_axis(b, idx, -1)
@@ -48,21 +55,17 @@ def reference_input(qtype, x):
 
 
 def run_matmul(qtype, data, n_rows, x, stepwise=False):
-    layout = kernels.Layout(qtype, n_rows, x.shape[1])
-    return kernels.matmul(layout, data, kernels.PreparedInput(x, layout.activation), stepwise)
+    layout = matmul.Layout(qtype, n_rows, x.shape[1])
+    return matmul.matmul(layout, data, matmul.PreparedInput(x, layout.activation), stepwise)
 
 
 @pytest.mark.parametrize("qtype", ALL + [T.MXFP4], ids=lambda t: t.name)
 def test_decoders_are_bit_exact_with_quants(qtype):
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((6, 512)) * 3).astype(np.float32)
-    if qtype == T.MXFP4:
-        import gguf
-        data = gguf.quants.quantize(x, qtype).reshape(-1)
-    else:
-        data = quants.quantize(qtype, x).reshape(-1)
+    data = quantize(qtype, x)
     want = quants.dequantize(qtype, data, 512).reshape(6, 512)
-    got = kernels.dequantize_rows(kernels.Layout(qtype, 6, 512), data, np.array([5, 0, 3, 3]))
+    got = matmul.dequantize_rows(matmul.Layout(qtype, 6, 512), data, np.array([5, 0, 3, 3]))
     assert np.array_equal(got.view(np.uint32), want[[5, 0, 3, 3]].view(np.uint32))
 
 
@@ -112,7 +115,7 @@ def test_stepwise_float_matmul_equals_one_row_steps(qtype):
 def test_q8_1_block_sums_are_rounded_like_ggml():
     """Q4_1 dots add m * fp16(d * sum(q)) per block: the sum carries its own f16 rounding."""
     x = np.random.default_rng(5).standard_normal((1, 64)).astype(np.float32) * 7
-    prepared = kernels.PreparedInput(x, kernels.ACT_Q8_1)
+    prepared = matmul.PreparedInput(x, matmul.ACT_Q8_1)
     b = x.reshape(2, 32)
     amax = np.abs(b).max(1)
     q = np.rint(b * (np.float32(127) / amax)[:, None])
@@ -129,35 +132,38 @@ def test_ggml_expf_is_accurate_and_saturates():
     assert silu(np.float32(0.0)) == 0.0 and abs(silu(np.float32(3.0)) - 3 / (1 + np.exp(-3.0))) < 1e-6
 
 
-@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
-def test_portable_block_dot_equals_the_avx2_one(name):
-    """Without AVX2 the block dots run on float planes (lane-major inputs); same bits."""
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "mxfp4_repacked"])
+@pytest.mark.parametrize("n_cols", [256, 224])
+def test_portable_block_dot_equals_the_avx2_one(name, n_cols):
+    """Without AVX2 the block dots run on float planes (lane-major inputs); same bits. (224: an odd number of
+    blocks, MXFP4's last-block path.)"""
     from numba import njit
-    from ggtools.runtime import simd
+    from ggtools.runtime.kernels import simd
 
     if not simd.HAVE_AVX2:
         pytest.skip("the AVX2 kernels need an AVX2 CPU")
-    qtype = T[name.upper()]
-    data, w = make_weights(qtype, n_rows=3, n_cols=256)
-    x = np.random.default_rng(6).standard_normal((5, 256)).astype(np.float32)
-    prepared = kernels.PreparedInput(x, kernels.ACTIVATION[qtype])          # int8, value order
+    qtype = T[name.upper().removesuffix("_REPACKED")]
+    data, w = make_weights(qtype, n_rows=3, n_cols=n_cols)
+    x = np.random.default_rng(6).standard_normal((5, n_cols)).astype(np.float32)
+    prepared = matmul.PreparedInput(x, matmul.ACTIVATION[qtype])          # int8, value order
     lanes = np.empty(prepared.xq.shape, np.float32)                           # float, lane-major
-    for b in range(0, 256, 32):
-        lanes[:, b + kernels.LANE_POS] = prepared.xq[:, b:b + 32]
+    for b in range(0, n_cols, 32):
+        lanes[:, b + matmul.LANE_POS] = prepared.xq[:, b:b + 32]
     layout = simd.BLOCK32_LAYOUTS[name]
     portable, avx2 = simd._dot_row_block32(layout, 1), simd._dot_row_block32_avx2(layout, 1)
 
     @njit
-    def both(data, row_bytes, xq8, xq, xd, xs, out):
+    def both(data, row_bytes, n_blocks, xq8, xq, xd, xs, out):
         for r in range(out.shape[1]):
             for t in range(out.shape[2]):
-                (out[0, r, t],) = portable(data, np.uint64(r * row_bytes), 8, xq, xd, xs, t)
-                (out[1, r, t],) = avx2(data, np.uint64(r * row_bytes), 8, xq8, xd, xs, t)
+                (out[0, r, t],) = portable(data, np.uint64(r * row_bytes), n_blocks, xq, xd, xs, t)
+                (out[1, r, t],) = avx2(data, np.uint64(r * row_bytes), n_blocks, xq8, xd, xs, t)
 
     out = np.empty((2, 3, 5), np.float32)
-    both(data, data.size // 3, prepared.xq, lanes, prepared.xd, prepared.xs, out)
+    both(data, data.size // 3, n_cols // 32, prepared.xq, lanes, prepared.xd, prepared.xs, out)
     assert np.array_equal(out[0], out[1])
-    assert np.abs(out[1] - run_matmul(qtype, data, 3, x).T).max() == 0
+    if name != "mxfp4_repacked":      # a 3-row matrix is not repacked
+        assert np.abs(out[1] - run_matmul(qtype, data, 3, x).T).max() == 0
 
 
 @pytest.mark.parametrize("qtype", FLOATS, ids=lambda t: t.name)
@@ -188,3 +194,25 @@ def test_matmul_bits_do_not_depend_on_the_thread_count(qtype):
         workers.set_threads(workers.default_threads())
     for big, small in results[1:]:
         assert np.array_equal(big, results[0][0]) and np.array_equal(small, results[0][1])
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("n_rows, n_cols", [(5, 256), (7, 224), (16, 256), (24, 96)])
+@pytest.mark.parametrize("n_in", [1, 6])
+def test_mxfp4_matmul_equals_ggml(n_rows, n_cols, n_in):
+    """Bit for bit with libggml-cpu: matrices with a multiple of 8 rows against the repacked 8x8 gemv llama.cpp
+    runs them through on AVX2, the others against ggml_vec_dot_mxfp4_q8_0 (even and odd block counts)."""
+    from tests.ggml_oracle import load_ggml_cpu
+
+    ggml = load_ggml_cpu()
+    data, _ = make_weights(T.MXFP4, n_rows=n_rows, n_cols=n_cols, seed=n_rows)
+    x = (np.random.default_rng(n_cols).standard_normal((n_in, n_cols)) * 3).astype(np.float32)
+    rows = data.reshape(n_rows, -1)
+    layout = matmul.Layout(T.MXFP4, n_rows, n_cols)
+    if n_rows % 8 == 0 and matmul.HAVE_AVX2:
+        assert layout.kernel_id == matmul.MXFP4_REPACKED
+        want = ggml.gemv_mxfp4_repacked(rows, x)
+    else:
+        want = ggml.vec_dot(T.MXFP4, rows, x)
+    got = run_matmul(T.MXFP4, data, n_rows, x)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

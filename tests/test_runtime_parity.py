@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ggtools.runtime import TargetModel, Tokenizer, greedy
+from tests.llama_runner import LlamaCpp, assert_prompt_logits_identical, avx2_llama_cpp
 
 pytestmark = pytest.mark.oracle
 
@@ -25,32 +26,7 @@ TEXT_PROMPTS = [
 
 @pytest.fixture(scope="module")
 def llama_cpp():
-    module = pytest.importorskip("llama_cpp")
-    info = module.llama_print_system_info().decode()
-    if "AVX2 = 1" not in info or "AVX512 = 1" in info:
-        pytest.skip(f"llama.cpp's CPU backend is not the AVX2 build the runtime reproduces: {info}")
-    return module
-
-
-class LlamaCpp:
-    """llama-cpp-python with its defaults (flash attention off, f16 KV cache), 2 threads."""
-
-    def __init__(self, llama_cpp, path, **kwargs):
-        self.llm = llama_cpp.Llama(str(path), n_ctx=512, n_threads=2, n_threads_batch=2, logits_all=True,
-                                   verbose=False, **kwargs)
-
-    def prompt_logits(self, ids):
-        self.llm.reset()
-        self.llm.eval(list(ids))
-        return np.array(self.llm.scores[:len(ids)], dtype=np.float32)
-
-    def greedy(self, ids, n):
-        out = []
-        for token in self.llm.generate(list(ids), temp=0.0, reset=True):
-            out.append(int(token))
-            if len(out) == n:
-                return out
-        return out
+    return avx2_llama_cpp()
 
 
 @pytest.fixture(scope="module")
@@ -80,12 +56,7 @@ def prompts_for(name, path, count):
 def test_prompt_logits_are_bit_identical(targets, llama_cpp, name):
     path = targets[name]
     oracle, model = LlamaCpp(llama_cpp, path), TargetModel(path, threads=2)
-    for ids in prompts_for(name, path, 2):
-        model.kv.clear()
-        ours, _ = model.forward(ids)
-        want = oracle.prompt_logits(ids)
-        print(f"{name}: {len(ids)} prompt tokens, max abs logit difference {np.abs(ours - want).max()}")
-        assert np.array_equal(ours, want)
+    assert_prompt_logits_identical(oracle, model, prompts_for(name, path, 2), name)
 
 
 @pytest.mark.slow

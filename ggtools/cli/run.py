@@ -5,6 +5,8 @@ from tqdm import tqdm
 
 from ggtools.cli.draft_options import draft_options, draft_options_given, draft_setup
 from ggtools.cli.render import emit_json, human_bytes
+from ggtools.dflash.profiles import LLAMACPP
+from ggtools.dflash.target import OpenTarget
 from ggtools.runtime.generate import run
 from ggtools.runtime.spec_run import run_speculative
 from ggtools.runtime.stats import DEFINITIONS
@@ -71,6 +73,10 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
         _show_target_only(result, as_json)
         return
     ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
+    warnings = _pair_warnings(target)
+    if not as_json:
+        for w in warnings:
+            click.echo(f"warning: {w}", err=True)
     with _progress_bar(n * (1 if no_baseline else 2), as_json) as bar:
         result = run_speculative(target, draft, [prompt if ids is None else ids], n, ring_cap=ring_cap,
                                  settings=settings, threads=threads, stop_at_eog=not ignore_eos,
@@ -80,10 +86,19 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
         if failures:
             click.echo(f"error: {'; '.join(failures)}", err=True)
         emit_json(result.to_dict() | {"failures": failures, "exit_code": 1 if failures else 0,
-                                      "error": "; ".join(failures) or None})
+                                      "error": "; ".join(failures) or None, "warnings": warnings})
     else:
         _show_speculative(result, failures)
     sys.exit(1 if failures else 0)
+
+
+def _pair_warnings(target) -> list[str]:
+    """What keeps this pair from running elsewhere though it runs here (this runtime taps every target arch)."""
+    with OpenTarget(target) as t:
+        if t.arch and t.arch not in LLAMACPP.tap_archs:
+            return [f"target arch '{t.arch}' does not expose layer inputs in llama.cpp (DFlash aborts there with "
+                    "\"layer input tensor is null\"); this runtime runs the pair"]
+    return []
 
 
 def _failures(result, min_acceptance, no_baseline) -> list[str]:

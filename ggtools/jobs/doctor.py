@@ -138,25 +138,26 @@ def _default_runtimes(d: DraftFile) -> list[str]:
 
 def runtime_tap_archs() -> dict:
     """runtime -> the target archs whose layer inputs it taps; ggtools' from its own runtime."""
-    from ggtools.runtime.hparams import SUPPORTED_ARCHS
-    return {LLAMACPP.runtime: LLAMACPP.tap_archs, LUCEBOX.runtime: LUCEBOX.tap_archs,
-            "ggtools": frozenset(SUPPORTED_ARCHS)}
+    from ggtools.runtime.target.archs import ARCHS
+    return {LLAMACPP.runtime: LLAMACPP.tap_archs, LUCEBOX.runtime: LUCEBOX.tap_archs, "ggtools": frozenset(ARCHS)}
 
 
 def _ggtools_refusal(t: TargetInfo) -> dict:
     """What ggtools' runtime says when it refuses this target (its own words, from running its reader)."""
-    from ggtools.runtime.hparams import ModelError, read_hparams
+    from ggtools.runtime.errors import ModelError
+    from ggtools.runtime.target.archs import arch_of
+    from ggtools.runtime.target.hparams import read_hparams
     try:
-        read_hparams(t.file, t.vocab or 0)
+        read_hparams(t.file, t.vocab or 0, arch_of(t.file))
     except ModelError as e:
         return {"ggtools": str(e)}
     return {}
 
 
 def ggtools_loader_findings(d: DraftFile) -> list[Finding]:
-    """ggtools' own drafter loader (runtime/draft_hparams.py), run on the file."""
-    from ggtools.runtime.draft_hparams import read_draft_hparams
-    from ggtools.runtime.hparams import ModelError
+    """ggtools' own drafter loader (runtime/drafter/hparams.py), run on the file."""
+    from ggtools.runtime.drafter.hparams import read_draft_hparams
+    from ggtools.runtime.errors import ModelError
     try:
         hp = read_draft_hparams(d.file, set(d.file.tensor))
     except ModelError as e:

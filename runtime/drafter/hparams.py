@@ -11,7 +11,7 @@ HF id + 1.
 from dataclasses import dataclass, field
 
 from ggtools.dflash.profiles import PROFILES, profile_of
-from ggtools.runtime.hparams import ModelError
+from ggtools.runtime.errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class DraftHParams:
     causal: bool = False        # noise block causal (dflash.attention.causal); context always visible
     sliding_window: int = 0
     sliding_layers: tuple = ()  # per layer: does the sliding window apply
+    rope_sections: tuple = ()   # M-RoPE sections (drafters of qwen35 targets; llama.cpp runs them as MROPE)
     v2: DFlash2Params | None = None
     names: dict = field(default_factory=dict)   # role -> tensor name (fc, hidden_norm, ffn_norm suffix)
 
@@ -107,6 +108,7 @@ def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None) -> DraftH
         rope_freq_scale=1.0 / factor, block_size=int(block), mask_id=int(mask), taps=tuple(taps),
         embedding_scale=float(key("embedding_scale", 1.0)), causal=bool(key("attention.causal", False)),
         sliding_window=window,
+        rope_sections=tuple(int(v) for v in key("rope.dimension_sections", ())),
         sliding_layers=tuple(bool(sliding) for sliding in pattern) if pattern is not None else (bool(window),) * n_layer,
         v2=_dflash2(gguf, key, tensor_names), names=names)
 

@@ -7,10 +7,13 @@ runtime's own workers (workers.py), never numba's prange.
 
 Numerics follow what llama.cpp (x86-64, AVX2 build) does for the weight type, operation for
 operation (see ggmlmath for why):
-- 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the input is quantized to Q8_0 / Q8_1
+- 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4): the input is quantized to Q8_0 / Q8_1
   (quantize_row_q8_0/1) and the dot is ggml_vec_dot_qX_q8_Y: per block, 8 lanes each holding the
   exact integer dot of 4 consecutive values, accumulated with fma(d_w * d_x, lane, acc), then hsum8.
   tinyBLAS (used by llama.cpp for batches) has the same structure, so these are batch-invariant.
+  MXFP4 sums even and odd blocks apart (ggml_vec_dot_mxfp4_q8_0), or, for matrices llama.cpp repacks
+  (AVX2, rows a multiple of 8: its default extra buffer type), one fma per block of the block's integer
+  sum (the 8x8 gemv/gemm kernels); see simd.Block32Layout.
   Block values are stored lane-major (position i*8 + lane for value 4*lane + i) so the lane loop
   is unit-stride.
 - F32 / F16 / BF16: the input is rounded to the weight's type; one-row products follow
@@ -31,13 +34,15 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import njit
 
-from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, nearest_int
 from ggtools.quants.block32 import KVALUES_MXFP4
-from ggtools.runtime import workers
-from ggtools.runtime.workers import claim, enter, leave
-from ggtools.runtime.ggmlmath import EXACT, fma, to_f16, to_f16_row
-from ggtools.runtime.simd import (HAVE_AVX2, decode_f16_8, dot2_lanes8_1, dot2_lanes8_2, dot2_lanes8_3, dot2_lanes8_4,
-                                  dot_4x8_2, dot_4x8_main, dot_lanes8_1, dot_lanes8_2, dot_lanes8_3, dot_lanes8_4,
+from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, nearest_int
+from ggtools.runtime.kernels import workers
+from ggtools.runtime.kernels.workers import claim, enter, leave
+from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
+from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_4x8_stored_1,
+                                  dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
+                                  stored2_lanes8_4,
+                                  dot_row_mxfp4_1, dot_row_mxfp4_4, dot_row_mxfp4r_1, dot_row_mxfp4r_4,
                                   dot_row_q4_0_1, dot_row_q4_0_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
@@ -48,16 +53,18 @@ ROWS_PER_TASK = 16
 ACT_F32, ACT_F16, ACT_BF16, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K = range(6)
 ACTIVATION = {
     T.F32: ACT_F32, T.F16: ACT_F16, T.BF16: ACT_BF16,
-    T.Q4_0: ACT_Q8_0, T.Q4_1: ACT_Q8_1, T.Q5_0: ACT_Q8_0, T.Q5_1: ACT_Q8_1, T.Q8_0: ACT_Q8_0,
+    T.Q4_0: ACT_Q8_0, T.Q4_1: ACT_Q8_1, T.Q5_0: ACT_Q8_0, T.Q5_1: ACT_Q8_1, T.Q8_0: ACT_Q8_0, T.MXFP4: ACT_Q8_0,
     T.Q2_K: ACT_Q8_K, T.Q3_K: ACT_Q8_K, T.Q4_K: ACT_Q8_K, T.Q5_K: ACT_Q8_K, T.Q6_K: ACT_Q8_K,
 }
 SUPPORTED_TYPES = frozenset(ACTIVATION)
-BLOCK32_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0})
+BLOCK32_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4})
 
 # type ids as plain ints for the numba dispatch
 F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 = (int(t) for t in (
     T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4))
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K))
+MXFP4_REPACKED = 1000 + MXFP4    # kernel id: MXFP4 summed as llama.cpp's repacked kernels sum it
+FIRST_EXPERT = np.zeros(1, np.int64)   # a plain matmul: one group of rows through "expert" 0
 
 U = np.uint64
 U0, U1, U2, U3, U4, U6, U8, U12, U16, U32 = (U(v) for v in (0, 1, 2, 3, 4, 6, 8, 12, 16, 32))
@@ -396,33 +403,6 @@ def dot_one_row(w, x, t, f16_tail):
     return s
 
 
-@njit(inline="always", **EXACT)
-def dot_rows_float(w, x, one_row_structure, f16_tail, out, r):
-    """out[t, r] = w . x[t] in the vec_dot layout (one_row_structure) or tinyBLAS's."""
-    n_in = x.shape[0]
-    if one_row_structure:
-        t = 0
-        if w.size % 32 == 0:     # no tail: row pairs share the loads of w (8 accumulators fit the registers)
-            n = w.size
-            while t + 2 <= n_in:
-                out[t, r], out[t + 1, r] = dot_4x8_2(w, x, t, n)
-                t += 2
-        for t in range(t, n_in):
-            out[t, r] = dot_one_row(w, x, t, f16_tail)
-        return
-    t = 0     # rows in groups sharing the loads of w (independent accumulators, so no change to any row)
-    while t + 4 <= n_in:
-        out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_lanes8_4(w, x, t)
-        t += 4
-    left = n_in - t
-    if left == 3:
-        out[t, r], out[t + 1, r], out[t + 2, r] = dot_lanes8_3(w, x, t)
-    elif left == 2:
-        out[t, r], out[t + 1, r] = dot_lanes8_2(w, x, t)
-    elif left == 1:
-        (out[t, r],) = dot_lanes8_1(w, x, t)
-
-
 # ---- activations ---------------------------------------------------------------------------------
 
 @njit(**EXACT)
@@ -478,6 +458,10 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q5_0_4(data, so, n_blocks, xq, xd, xs, t)
         elif qtype == Q5_1:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q5_1_4(data, so, n_blocks, xq, xd, xs, t)
+        elif qtype == MXFP4:
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_mxfp4_4(data, so, n_blocks, xq, xd, xs, t)
+        elif qtype == MXFP4_REPACKED:
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_mxfp4r_4(data, so, n_blocks, xq, xd, xs, t)
         else:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q8_0_4(data, so, n_blocks, xq, xd, xs, t)
         return 4
@@ -489,73 +473,117 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
         (out[t, r],) = dot_row_q5_0_1(data, so, n_blocks, xq, xd, xs, t)
     elif qtype == Q5_1:
         (out[t, r],) = dot_row_q5_1_1(data, so, n_blocks, xq, xd, xs, t)
+    elif qtype == MXFP4:
+        (out[t, r],) = dot_row_mxfp4_1(data, so, n_blocks, xq, xd, xs, t)
+    elif qtype == MXFP4_REPACKED:
+        (out[t, r],) = dot_row_mxfp4r_1(data, so, n_blocks, xq, xd, xs, t)
     else:
         (out[t, r],) = dot_row_q8_0_1(data, so, n_blocks, xq, xd, xs, t)
     return 1
 
 
 @njit(**EXACT)
-def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, counter):
-    """Tasks (byte offset of a weight row in buf, rows, output column), claimed through counter
-    (workers.py): out[t, column + i] = weight row i . input row t."""
+def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, counter):
+    """Task k = (group g, template task j): template tasks (byte offset of a weight row in buf, rows, output
+    column, bytes per expert), claimed through counter (workers.py): out[t, column + i] = weight row i of
+    expert experts[g] . input row t, for the input rows of group g, groups[g] <= t < groups[g + 1]
+    (a plain matmul is one group of all rows through expert 0)."""
     n_blocks = xq.shape[1] // 32
+    n_template = tasks.shape[0]
     enter(counter)
     while True:
         k = claim(counter)
-        if k >= tasks.shape[0]:
+        if k >= n_template * experts.size:
             break
-        offset, column = U(tasks[k, 0]), tasks[k, 2]
-        for i in range(tasks[k, 1]):
+        g, j = k // n_template, k % n_template
+        offset, column = U(tasks[j, 0] + experts[g] * tasks[j, 3]), tasks[j, 2]
+        t0, t1 = groups[g], groups[g + 1]
+        gq, gd, gs, g_out = xq[t0:t1], xd[t0:t1], xs[t0:t1], out[t0:t1]
+        for i in range(tasks[j, 1]):
             t = 0
-            while t < xq.shape[0]:
-                t += dot_row_block32(qtype, buf, offset + U(i) * row_bytes, n_blocks, xq, xd, xs, t, out, column + i)
+            while t < t1 - t0:
+                t += dot_row_block32(qtype, buf, offset + U(i) * row_bytes, n_blocks, gq, gd, gs, t, g_out, column + i)
     leave(counter)
 
 
-@njit(inline="always", **EXACT)
-def dot_weight_pair(w, x, out, r):
-    """out[t, r + k] = w[k] . x[t] in tinyBLAS's layout for the two weight rows of w: every load of x
-    serves both (each pair of rows keeps its own accumulator, so no bit changes)."""
-    n_in = x.shape[0]
-    t = 0
-    while t + 4 <= n_in:
-        dots = dot2_lanes8_4(w, x, t)
-        for j in range(4):
-            out[t + j, r], out[t + j, r + 1] = dots[j], dots[4 + j]
-        t += 4
-    left = n_in - t      # the rest in one group (3 of a drafter's 7 rows): lone rows would wait on fma latency
-    if left == 3:
-        dots3 = dot2_lanes8_3(w, x, t)
-        for j in range(3):
-            out[t + j, r], out[t + j, r + 1] = dots3[j], dots3[3 + j]
-    elif left == 2:
-        dots2 = dot2_lanes8_2(w, x, t)
-        for j in range(2):
-            out[t + j, r], out[t + j, r + 1] = dots2[j], dots2[2 + j]
-    elif left == 1:
-        out[t, r], out[t, r + 1] = dot2_lanes8_1(w, x, t)
-
-
 @njit(**EXACT)
-def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x, out, tasks, one_row_structure, f16_tail, counter):
-    """As matmul_block32, weights dequantized row by row, dots in vec_dot's or tinyBLAS's layout (there, two
-    weight rows at a time)."""
-    w = np.empty((2, x.shape[1]), np.float32)
+def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, experts, groups, one_row_structure,
+                 f16_tail, counter):
+    """As matmul_block32 for weights dotted in float: in vec_dot's layout (one_row_structure: four 8-lane
+    accumulators over steps of 32, input rows in pairs sharing the weight loads) or tinyBLAS's (8 lanes, two
+    weight rows at a time against up to four input rows, every load of an input row serving both). F16 and F32
+    rows are read straight from the file, as ggml's dots read them; other types are decoded to float first.
+    The loops are written out here: behind helpers taking the arrays they ran about 3x slower."""
+    n = x_all.shape[1]
+    decoded = np.empty(2 * n * 4, np.uint8)            # two decoded rows, as float32 bytes
+    w = decoded.view(np.float32).reshape((2, n))
+    w0, w1 = w[0], w[1]
+    direct = qtype == F16 or qtype == F32
+    f16 = qtype == F16
+    tail = n % (32 if one_row_structure else 8) != 0   # vec_dot's leftover loop (its own summation)
+    n_template = tasks.shape[0]
     enter(counter)
     while True:
         k = claim(counter)
-        if k >= tasks.shape[0]:
+        if k >= n_template * experts.size:
             break
-        offset, column = U(tasks[k, 0]), tasks[k, 2]
+        g, j = k // n_template, k % n_template
+        offset, column = U(tasks[j, 0] + experts[g] * tasks[j, 3]), tasks[j, 2]
+        x, out = x_all[groups[g]:groups[g + 1]], out_all[groups[g]:groups[g + 1]]
+        n_in, n_rows = x.shape[0], tasks[j, 1]
         i = 0
-        while not one_row_structure and i + 2 <= tasks[k, 1]:
-            decode_row(qtype, buf, offset + U(i) * row_bytes, w[0], qk, block_bytes)
-            decode_row(qtype, buf, offset + U(i + 1) * row_bytes, w[1], qk, block_bytes)
-            dot_weight_pair(w, x, out, column + i)
-            i += 2
-        for i in range(i, tasks[k, 1]):
-            decode_row(qtype, buf, offset + U(i) * row_bytes, w[0], qk, block_bytes)
-            dot_rows_float(w[0], x, one_row_structure, f16_tail, out, column + i)
+        while i < n_rows:
+            r = column + i
+            if tail:
+                decode_row(qtype, buf, offset + U(i) * row_bytes, w0, qk, block_bytes)
+                for t in range(n_in):
+                    out[t, r] = dot_one_row(w0, x, t, f16_tail)
+                i += 1
+                continue
+            # tinyBLAS's layout takes two weight rows; a lone last one goes as a pair with itself (stride 0)
+            pair = not one_row_structure and i + 1 < n_rows
+            if direct:
+                so, stride = offset + U(i) * row_bytes, row_bytes if pair else U0
+            else:
+                decode_row(qtype, buf, offset + U(i) * row_bytes, w0, qk, block_bytes)
+                if pair:
+                    decode_row(qtype, buf, offset + U(i + 1) * row_bytes, w1, qk, block_bytes)
+                so, stride = U0, U(4 * n) if pair else U0
+            t = 0
+            if one_row_structure:
+                while t + 2 <= n_in:
+                    out[t, r], out[t + 1, r] = dot_4x8_stored_2(buf, decoded, not direct, so, f16, x, t, n)
+                    t += 2
+                if t < n_in:
+                    (out[t, r],) = dot_4x8_stored_1(buf, decoded, not direct, so, f16, x, t, n)
+                i += 1
+                continue
+            while t + 4 <= n_in:
+                d4 = stored2_lanes8_4(buf, decoded, not direct, so, stride, f16, x, t)
+                for q in range(4):
+                    out[t + q, r] = d4[q]
+                    if pair:
+                        out[t + q, r + 1] = d4[4 + q]
+                t += 4
+            left = n_in - t     # the rest in one group (3 of a drafter's 7 rows): lone rows would wait on fma latency
+            if left == 3:
+                d3 = stored2_lanes8_3(buf, decoded, not direct, so, stride, f16, x, t)
+                for q in range(3):
+                    out[t + q, r] = d3[q]
+                    if pair:
+                        out[t + q, r + 1] = d3[3 + q]
+            elif left == 2:
+                d2 = stored2_lanes8_2(buf, decoded, not direct, so, stride, f16, x, t)
+                for q in range(2):
+                    out[t + q, r] = d2[q]
+                    if pair:
+                        out[t + q, r + 1] = d2[2 + q]
+            elif left == 1:
+                d1 = stored2_lanes8_1(buf, decoded, not direct, so, stride, f16, x, t)
+                out[t, r] = d1[0]
+                if pair:
+                    out[t, r + 1] = d1[1]
+            i += 2 if pair else 1
     leave(counter)
 
 
@@ -571,9 +599,11 @@ def decode_rows(qtype, qk, block_bytes, row_bytes, data, rows, out):
 class PreparedInput:
     """Input rows rounded for one activation kind; shared by the matrices that take the same input."""
 
-    def __init__(self, x: np.ndarray, kind: int):
-        x = np.ascontiguousarray(x, np.float32)
+    def __init__(self, x: np.ndarray | None, kind: int):
         self.kind = kind
+        if x is None:
+            return
+        x = np.ascontiguousarray(x, np.float32)
         n_rows, n = x.shape
         quantized = kind in (ACT_Q8_0, ACT_Q8_1)
         self.xd = np.empty((n_rows, n // 32 if quantized else 0), np.float32)
@@ -583,6 +613,12 @@ class PreparedInput:
         else:
             self.xq = np.empty(x.shape, np.int8 if quantized and HAVE_AVX2 else np.float32)
             prepare_rows(kind, x, self.xq, self.xd, self.xs)
+
+    def take(self, rows: np.ndarray) -> "PreparedInput":
+        """The prepared rows `rows` (repeats allowed), as one contiguous input."""
+        out = PreparedInput(None, self.kind)
+        out.xq, out.xd, out.xs = self.xq[rows], self.xd[rows], self.xs[rows]
+        return out
 
 
 class Layout:
@@ -595,27 +631,40 @@ class Layout:
         self.qk, self.block_bytes = U(qk), U(block_bytes)
         self.row_bytes = U(n_cols // qk * block_bytes)
         self.n_rows, self.n_cols = n_rows, n_cols
-        self.activation = ACTIVATION.get(self.qtype)  # None: decode only (MXFP4)
+        self.activation = ACTIVATION.get(self.qtype)
         self.block32 = self.qtype in BLOCK32_TYPES
         self.float_type = self.qtype in (T.F32, T.F16, T.BF16)
+        # llama.cpp's tinyBLAS (AVX2) takes a batch only for rows of whole 8-lane steps (k % 8) and a row count
+        # that its 4-row tiles cover (m % 4); other matrices (qwen35moe's one-row shared-expert gate) go to
+        # vec_dot row by row
+        self.tinyblas = n_cols % 8 == 0 and n_rows % 4 == 0
+        # the dot's summation order: MXFP4 matrices llama.cpp repacks (AVX2, rows a multiple of 8) use its
+        # repacked kernels' order
+        repacked = self.qtype == T.MXFP4 and HAVE_AVX2 and n_rows % 8 == 0
+        self.kernel_id = MXFP4_REPACKED if repacked else self.type_id
 
 
 class MatmulPlan:
     """One kernel call for several matrices of one type and row length that take the same input
     (Q, K and V; gate and up) and lie in one buffer (a whole mapped GGUF file): one fork-join, one
-    output array whose column ranges are the matrices' outputs."""
+    output array whose column ranges are the matrices' outputs.
 
-    def __init__(self, layouts: list, buf: np.ndarray, offsets: list):
+    With n_expert > 1 the matrices are stacks of experts (3-D tensors: n_expert matrices of the layout's
+    shape, one after the other) and run_experts sends each group of input rows through one expert."""
+
+    def __init__(self, layouts: list, buf: np.ndarray, offsets: list, n_expert: int = 1):
         first = layouts[0]
-        if any(l.qtype != first.qtype or l.n_cols != first.n_cols for l in layouts):
-            raise ValueError("a plan's matrices must share type and row length")
+        if any(l.qtype != first.qtype or l.n_cols != first.n_cols or l.tinyblas != first.tinyblas for l in layouts):
+            raise ValueError("a plan's matrices must share type, row length and batch layout")
         self.layout, self.buf = first, buf
         self.columns, tasks, column = [], [], 0
         for layout, offset in zip(layouts, offsets):
-            if offset + layout.n_rows * int(layout.row_bytes) > buf.size:
+            expert_bytes = layout.n_rows * int(layout.row_bytes)
+            if offset + n_expert * expert_bytes > buf.size:
                 raise ValueError("matrix data lies outside the buffer")
             for r in range(0, layout.n_rows, ROWS_PER_TASK):
-                tasks.append((offset + r * int(layout.row_bytes), min(ROWS_PER_TASK, layout.n_rows - r), column + r))
+                tasks.append((offset + r * int(layout.row_bytes), min(ROWS_PER_TASK, layout.n_rows - r), column + r,
+                              expert_bytes))
             self.columns.append((column, column + layout.n_rows))
             column += layout.n_rows
         self.n_rows, self.tasks = column, np.array(tasks, np.int64)
@@ -624,17 +673,27 @@ class MatmulPlan:
         """(rows, n_cols) input prepared for the plan's activation kind -> one (rows, n_rows) output
         per matrix (column views of one array). stepwise: every row computed as llama.cpp computes a
         one-row batch (only changes float types)."""
+        n_in = a.xq.shape[0]
+        # llama.cpp takes tinyBLAS for batches of 2+ rows when the matrix's shape allows, vec_dot otherwise
+        one_row = n_in == 1 or stepwise or not self.layout.tinyblas
+        return self._run(a, FIRST_EXPERT, np.array([0, n_in], np.int64), one_row)
+
+    def run_experts(self, a: PreparedInput, experts: np.ndarray, groups: np.ndarray) -> list:
+        """Input rows groups[g]..groups[g + 1]-1 through expert experts[g]'s matrices, each expert's weights
+        read once. Every row is a one-row dot, as in llama.cpp's mul_mat_id."""
+        return self._run(a, experts, groups, one_row=True)
+
+    def _run(self, a: PreparedInput, experts: np.ndarray, groups: np.ndarray, one_row: bool) -> list:
         layout, n_in = self.layout, a.xq.shape[0]
         out = np.empty((n_in, self.n_rows), np.float32)
-        split = (len(self.tasks), n_in * self.n_rows * layout.n_cols, workers.MATMUL_MIN_WORK)
+        split = (len(self.tasks) * len(experts), n_in * self.n_rows * layout.n_cols, workers.MATMUL_MIN_WORK)
         if layout.block32:
-            workers.run(matmul_block32, *split, layout.type_id, layout.block_bytes, layout.row_bytes, self.buf,
-                        a.xq, a.xd, a.xs, out, self.tasks)
+            workers.run(matmul_block32, *split, layout.kernel_id, layout.block_bytes, layout.row_bytes, self.buf,
+                        a.xq, a.xd, a.xs, out, self.tasks, experts, groups)
         else:
-            # llama.cpp takes tinyBLAS for batches of 2+ rows when the row length allows, vec_dot otherwise
-            one_row = layout.float_type and (n_in == 1 or stepwise or layout.n_cols % 8 != 0)
             workers.run(matmul_float, *split, layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes,
-                        self.buf, a.xq, out, self.tasks, one_row, layout.qtype != T.F32)
+                        self.buf, a.xq, out, self.tasks, experts, groups, layout.float_type and one_row,
+                        layout.qtype != T.F32)
         return [out[:, lo:hi] for lo, hi in self.columns]
 
 

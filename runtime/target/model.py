@@ -1,78 +1,32 @@
-"""TargetModel: a llama-family target GGUF (llama, qwen3) run on the CPU, as llama.cpp runs it.
+"""TargetModel: a target GGUF run on the CPU, as llama.cpp runs it.
 
-Each layer is `x += mixer(norm(x)); x += ffn(norm(x))`. The mixer is causal self-attention here; the
-layer structure is what lets a recurrent mixer (qwen35's Gated DeltaNet) or a routed FFN (qwen35moe)
-slot in beside it.
+Each layer is `x += mixer(norm(x)); x += ffn(norm(x))`; which mixer and which FFN a layer has comes from the
+architecture table (archs.py).
 
     model = TargetModel("target.gguf")
     logits, features = model.forward(prompt_ids, taps=[1, 5])   # appends to model.kv
     model.kv.crop(n)                                             # roll back to n tokens
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from ggtools.runtime import ops, workers
-from ggtools.runtime.attention import attention, prepare_attention
-from ggtools.runtime.hparams import HParams, ModelError, read_hparams
-from ggtools.runtime.kvcache import KVCache
-from ggtools.runtime.weights import Matrix, MatrixGroup, WeightFile
-
-NO_NORM = np.zeros(0, np.float32)
-
-
-@dataclass
-class Attention:
-    wq: Matrix
-    wk: Matrix
-    wv: Matrix
-    wo: Matrix
-    bq: np.ndarray | None = None
-    bk: np.ndarray | None = None
-    bv: np.ndarray | None = None
-    # qwen3: per-head RMS norms of q and k before RoPE (empty: none)
-    q_norm: np.ndarray = field(default_factory=lambda: NO_NORM)
-    k_norm: np.ndarray = field(default_factory=lambda: NO_NORM)
-
-    def __post_init__(self):
-        self.qkv = MatrixGroup(self.wq, self.wk, self.wv)
-
-    def __call__(self, h, positions, rope, kv: KVCache, slot: int, hp: HParams, stepwise: bool) -> np.ndarray:
-        n_tokens = h.shape[0]
-        q, k, v = self.qkv(h, stepwise)
-        for out, bias in ((q, self.bq), (k, self.bk), (v, self.bv)):
-            if bias is not None:
-                out += bias
-        start = int(positions[0])
-        roped = np.empty((n_tokens, hp.n_head, hp.head_dim), np.float32)
-        prepare_attention(q, k, v, self.q_norm, self.k_norm, np.float32(hp.rms_eps), *rope, hp.rope_neox,
-                          kv.k[slot], kv.v[slot], start, kv.f16, roped)
-        n_ctx = start + n_tokens
-        out = attention(roped, kv.k[slot], kv.v[slot], positions, n_ctx, hp.attn_scale, kv.f16, stepwise)
-        return self.wo(out, stepwise)
-
-
-@dataclass
-class DenseFFN:
-    gate: Matrix
-    up: Matrix
-    down: Matrix
-
-    def __post_init__(self):
-        self.gate_up = MatrixGroup(self.gate, self.up)
-
-    def __call__(self, h, stepwise: bool) -> np.ndarray:
-        gate, up = self.gate_up(h, stepwise)
-        return self.down(ops.swiglu(gate, up), stepwise)
+from ggtools.runtime.errors import ModelError
+from ggtools.runtime.kernels import ops, workers
+from ggtools.runtime.target.archs import arch_of
+from ggtools.runtime.target.hparams import read_hparams
+from ggtools.runtime.target.kvcache import KVCache
+from ggtools.runtime.weights import WeightFile
 
 
 @dataclass
 class Layer:
     attn_norm: np.ndarray
-    mixer: Attention
+    mixer: object
     ffn_norm: np.ndarray
-    ffn: DenseFFN
+    ffn: object
+    slot: int = 0       # the mixer's place in the cache: its index among the layers with the same kind of mixer
 
 
 class TargetModel:
@@ -84,42 +38,29 @@ class TargetModel:
         self.threads = (workers.set_threads(threads) if threads else workers.pool()).n_threads
         self.weights = w = WeightFile(path)
         self.path = str(path)
+        self.arch = arch_of(w.meta)
         self.token_embd = w.matrix("token_embd.weight")
-        self.hp = hp = read_hparams(w.meta, n_vocab=self.token_embd.n_rows)
+        self.hp = hp = read_hparams(w.meta, n_vocab=self.token_embd.n_rows, arch_entry=self.arch)
         self.output_norm = w.vector("output_norm.weight", hp.n_embd)
         # tied embeddings: llama.cpp uses token_embd as the head when output.weight is absent
         self.output = w.matrix("output.weight", hp.n_embd) if w.has("output.weight") else self.token_embd
         freq_factors = w.optional_vector("rope_freqs.weight")
         self.rope_freq_factors = np.zeros(0, np.float32) if freq_factors is None else freq_factors
+        # M-RoPE on text: pairs of the fourth section keep position 0's angles (none with Qwen3.5's sections)
+        self.rope_still = np.zeros(0, bool)
+        if self.arch.rope_sections:
+            self.rope_still = ops.fourth_section_pairs(hp.rope_dims // 2, hp.rope_sections,
+                                                       self.arch.rope_sections == "imrope")
         self.layers = [self._load_layer(i) for i in range(hp.n_layer)]
-        self.kv = KVCache(hp.n_layer, hp.n_head_kv, hp.head_dim, type=kv_type)
+        kinds = [type(layer.mixer) for layer in self.layers]
+        for i, layer in enumerate(self.layers):
+            layer.slot = kinds[:i].count(kinds[i])
+        self.kv = self.arch.cache(self.layers, hp, kv_type)
 
     def _load_layer(self, i: int) -> Layer:
-        w, hp = self.weights, self.hp
-        p = f"blk.{i}."
-        q_dim, kv_dim = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-        attn = Attention(
-            wq=w.matrix(p + "attn_q.weight", hp.n_embd, q_dim),
-            wk=w.matrix(p + "attn_k.weight", hp.n_embd, kv_dim),
-            wv=w.matrix(p + "attn_v.weight", hp.n_embd, kv_dim),
-            wo=w.matrix(p + "attn_output.weight", q_dim, hp.n_embd),
-            bq=w.optional_vector(p + "attn_q.bias", q_dim),
-            bk=w.optional_vector(p + "attn_k.bias", kv_dim),
-            bv=w.optional_vector(p + "attn_v.bias", kv_dim),
-        )
-        q_norm = w.optional_vector(p + "attn_q_norm.weight", hp.head_dim)
-        k_norm = w.optional_vector(p + "attn_k_norm.weight", hp.head_dim)
-        if (q_norm is None) != (k_norm is None):
-            raise ModelError(f"{self.path}: layer {i} has only one of attn_q_norm / attn_k_norm")
-        if q_norm is not None:
-            attn.q_norm, attn.k_norm = q_norm, k_norm
-        ffn = DenseFFN(
-            gate=w.matrix(p + "ffn_gate.weight", hp.n_embd, hp.n_ff),
-            up=w.matrix(p + "ffn_up.weight", hp.n_embd, hp.n_ff),
-            down=w.matrix(p + "ffn_down.weight", hp.n_ff, hp.n_embd),
-        )
-        return Layer(w.vector(p + "attn_norm.weight", hp.n_embd), attn,
-                     w.vector(p + "ffn_norm.weight", hp.n_embd), ffn)
+        w, hp, arch = self.weights, self.hp, self.arch
+        return Layer(w.vector(f"blk.{i}.attn_norm.weight", hp.n_embd), arch.mixer(w, hp, i),
+                     w.vector(f"blk.{i}.{arch.ffn_norm}.weight", hp.n_embd), arch.ffn(w, hp, i))
 
     @property
     def n_vocab(self) -> int:
@@ -153,14 +94,15 @@ class TargetModel:
             raise ValueError("logits must be 'all', 'last' or 'none'")
 
         self.kv.reserve(start + len(tokens))
-        rope = ops.rope_angles(positions, hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale),
-                               self.rope_freq_factors)
+        rope = self._rope(positions)
+        if self.rope_still.any():
+            rope = ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), self.rope_still)
         features = np.empty((len(tokens), len(taps), hp.n_embd), np.float32)
         x = self.token_embd.rows(tokens)
         for i, layer in enumerate(self.layers):
             self._tap(features, taps, i, x)
             h = ops.rms_norm(x, layer.attn_norm, hp.rms_eps)
-            x = layer.mixer(h, positions, rope, self.kv, i, hp, stepwise) + x
+            x = layer.mixer(h, positions, rope, self.kv, layer.slot, hp, stepwise) + x
             x = layer.ffn(ops.rms_norm(x, layer.ffn_norm, hp.rms_eps), stepwise) + x
         self.kv.n_tokens = start + len(tokens)
         out = ops.rms_norm(x, self.output_norm, hp.rms_eps)
@@ -168,6 +110,12 @@ class TargetModel:
         if logits == "none":
             return None, features
         return self.output(out if logits == "all" else out[-1:], stepwise), features
+
+    def _rope(self, positions):
+        hp = self.hp
+        return ops.rope_angles(positions, hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale),
+                               self.rope_freq_factors, np.float32(hp.rope_ext_factor),
+                               np.float32(hp.rope_attn_factor), np.array(hp.rope_corr_dims, np.float32))
 
     @staticmethod
     def _tap(features, taps, layer, x):

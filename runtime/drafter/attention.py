@@ -13,15 +13,15 @@ window keeps |q_pos - k_pos| < window, as z-lab's reference masks it.
 import numpy as np
 from numba import njit
 
-from ggtools.runtime import kernels, workers
-from ggtools.runtime.ggmlmath import EXACT
-from ggtools.runtime.simd import dot_4x8_2, dot_4x8_main, exp_blocks8
-from ggtools.runtime.ops import rms_norm_row, rope_head
-from ggtools.runtime.workers import claim, enter, leave
+from ggtools.runtime.kernels import matmul, workers
+from ggtools.runtime.kernels.ggmlmath import EXACT
+from ggtools.runtime.kernels.simd import dot_4x8_2, dot_4x8_main, exp_blocks8
+from ggtools.runtime.kernels.ops import rms_norm_row, rope_head
+from ggtools.runtime.kernels.workers import claim, enter, leave
 
 U = np.uint64
 
-STORE_TYPE_IDS = {np.dtype(np.float16): kernels.F16, np.dtype(np.float32): kernels.F32}
+STORE_TYPE_IDS = {np.dtype(np.float16): matmul.F16, np.dtype(np.float32): matmul.F32}
 
 
 @njit(**EXACT)
@@ -55,7 +55,7 @@ def attention_groups(q, k_store, v_store, store_type, n_kv, slots, k_pos, q_pos,
     group = n_head // n_kv
     n_keys = slots.size
     n_pad = (n_keys + 7) // 8 * 8
-    row_bytes = U(d) * (U(2) if store_type == kernels.F16 else U(4))
+    row_bytes = U(d) * (U(2) if store_type == matmul.F16 else U(4))
     enter(counter)
     while True:
         g = claim(counter)
@@ -68,7 +68,7 @@ def attention_groups(q, k_store, v_store, store_type, n_kv, slots, k_pos, q_pos,
         w = np.full((n_q, n_pad), -np.inf, np.float32)
         row = np.empty(d, np.float32)
         for i in range(n_keys):
-            kernels.decode_row(store_type, k_store, (U(slots[i]) * U(n_kv) + U(g)) * row_bytes, row, U(1), U(1))
+            matmul.decode_row(store_type, k_store, (U(slots[i]) * U(n_kv) + U(g)) * row_bytes, row, U(1), U(1))
             scores_of_key(row, qg, d, w, i)
         e = np.empty((n_q, n_pad), np.float32)
         total = np.empty(n_q, np.float32)
@@ -84,7 +84,7 @@ def attention_groups(q, k_store, v_store, store_type, n_kv, slots, k_pos, q_pos,
             total[r] = np.float32(exp_blocks8(w[r], np.float32(m), e[r]))
         acc = np.zeros((n_q, d), np.float32)
         for i in range(n_keys):
-            kernels.decode_row(store_type, v_store, (U(slots[i]) * U(n_kv) + U(g)) * row_bytes, row, U(1), U(1))
+            matmul.decode_row(store_type, v_store, (U(slots[i]) * U(n_kv) + U(g)) * row_bytes, row, U(1), U(1))
             for r in range(n_q):
                 p = e[r, i]
                 if p != np.float32(0.0):

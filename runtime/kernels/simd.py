@@ -11,9 +11,10 @@ on how LLVM schedules them.
   plus the m_w * s_x sum for types with a min. On AVX2 CPUs this is ggml's own instruction sequence
   (maddubs, madd, convert; int8 inputs in value order); elsewhere a portable float version ("planes":
   lane l of plane i holds value 4l + i; inputs lane-major) gives the same bits.
-- dot_lanes8_1 .. _4: tinyBLAS: lane l accumulates w[k] * x[k], k = l mod 8, with fma; hsum8.
-  dot2_lanes8_1 .. _4: the same for two weight rows sharing the loads of x.
-- dot_4x8_main: ggml_vec_dot_f32 / f16: four 8-lane accumulators over steps of 32, reduce4x8.
+- stored2_lanes8_1 .. _4: tinyBLAS: lane l accumulates w[k] * x[k], k = l mod 8, with fma; hsum8; two weight rows
+  read from their stored f16 / f32 bytes sharing the loads of x.
+- dot_4x8_main: ggml_vec_dot_f32 / f16: four 8-lane accumulators over steps of 32, reduce4x8 (dot_4x8_stored_1 / _2:
+  the weight row read from its stored bytes).
 - dot_rows_4x8 / dot_rows_lanes8, exp_blocks8: attention's many dots against one vector and
   ggml_v_expf over a row (softmax).
 """
@@ -23,6 +24,8 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from ggtools.quants.block32 import KVALUES_MXFP4 as KVALUES_MXFP4_F32
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
@@ -104,31 +107,74 @@ def _tuple(context, builder, values, n):
 
 # ---- dot products --------------------------------------------------------------------------------
 
-def _dot_lanes8(n_rows, n_weights=1):
-    """tinyBLAS dot of row w with rows t..t+n_rows-1 of x (length a multiple of 8). With n_weights = 2, w is
-    a (2, n) array of two weight rows sharing the loads of x: results w[0] . x[t..], then w[1] . x[t..]."""
-    def typer(typingctx, w, x, t):
+def _load_stored8(builder, base, at, is_f16):
+    """The 8 weights at element `at` of a row stored from base: f16 (widened: exact) or f32, by a runtime flag
+    that is constant in the callers' loops."""
+    v8h, v8s = ir.VectorType(ir.HalfType(), 8), ir.VectorType(ir.IntType(16), 8)
+    with builder.if_else(is_f16) as (then, otherwise):
+        with then:
+            raw = builder.load(builder.bitcast(builder.gep(base, [builder.mul(at, ir.Constant(I64, 2))]),
+                                               v8s.as_pointer()), align=1)
+            from_f16, f16_block = builder.fpext(builder.bitcast(raw, v8h), V8F), builder.block
+        with otherwise:
+            ptr = builder.gep(base, [builder.mul(at, ir.Constant(I64, 4))])
+            from_f32, f32_block = builder.load(builder.bitcast(ptr, V8F.as_pointer()), align=1), builder.block
+    w = builder.phi(V8F)
+    w.add_incoming(from_f16, f16_block)
+    w.add_incoming(from_f32, f32_block)
+    return w
+
+
+def _row_base(context, builder, data_t, data_a, other_t, other_a, from_other, offset):
+    """Pointer to byte `offset` of data, or (from_other) of other: a weight row in the file or a decoded copy,
+    chosen in IR so that the caller assigns no array variable in its loop (numba would count references)."""
+    a = _element_ptr(context, builder, data_t, data_a, ir.Constant(I64, 0))
+    b = _element_ptr(context, builder, other_t, other_a, ir.Constant(I64, 0))
+    return builder.gep(builder.select(from_other, b, a), [_i64(builder, offset)])
+
+
+def _dot_lanes8_pair(n_rows):
+    """tinyBLAS's dot of two weight rows stored at byte `offset` of data (or of `decoded`, when from_decoded)
+    and row_bytes further on (f16 when is_f16, else f32; read straight from the bytes: widening f16 is exact)
+    with input rows t..t+n_rows-1 (length a multiple of 8), every load of x serving both: lane l sums
+    w[i] * x[i] for i = l mod 8 with fma, then hsum8. Results: row 0 . x[t..], then row 1 . x[t..] (each pair
+    of rows keeps its own accumulator)."""
+    def typer(typingctx, data, decoded, from_decoded, offset, row_bytes, is_f16, x, t):
         def codegen(context, builder, signature, args):
-            w_a, x_a, t_v = args
-            w_t, x_t, _ = signature.args
-            t_v = _i64(builder, t_v)
-            rows = [builder.add(t_v, ir.Constant(I64, j)) for j in range(n_rows)]
-            n = builder.udiv(_i64(builder, context.make_array(w_t)(context, builder, w_a).nitems),
-                             ir.Constant(I64, n_weights))
-            weight_rows = [[ir.Constant(I64, k)] if w_t.ndim == 2 else [] for k in range(n_weights)]
-            acc = _Accumulators(builder, n_weights * n_rows, ir.Constant(V8F, [0.0] * 8))
+            data_a, dec_a, from_dec, off_v, stride_v, f16_v, x_a, t_v = args
+            data_t, dec_t, _, _, _, _, x_t, _ = signature.args
+            first = _row_base(context, builder, data_t, data_a, dec_t, dec_a, from_dec, off_v)
+            bases = [first, builder.gep(first, [_i64(builder, stride_v)])]
+            n = _i64(builder, builder.extract_value(context.make_array(x_t)(context, builder, x_a).shape, 1))
+            rows = [builder.add(_i64(builder, t_v), ir.Constant(I64, j)) for j in range(n_rows)]
+            acc = _Accumulators(builder, 2 * n_rows, ir.Constant(V8F, [0.0] * 8))
             with cgutils.for_range(builder, builder.udiv(n, ir.Constant(I64, 8))) as loop:
                 o = builder.mul(loop.index, ir.Constant(I64, 8))
-                ws = [_load8(builder, _element_ptr(context, builder, w_t, w_a, *index, o)) for index in weight_rows]
+                ws = [_load_stored8(builder, base, o, f16_v) for base in bases]
                 for j, row in enumerate(rows):
                     xv = _load8(builder, _element_ptr(context, builder, x_t, x_a, row, o))
                     for k, wv in enumerate(ws):
                         acc[k * n_rows + j] = _fma8(builder, wv, xv, acc[k * n_rows + j])
-            n_out = n_weights * n_rows
-            return _tuple(context, builder, [_hsum8(builder, acc[j]) for j in range(n_out)], n_out)
+            return _tuple(context, builder, [_hsum8(builder, acc[j]) for j in range(2 * n_rows)], 2 * n_rows)
 
-        return types.UniTuple(types.float32, n_weights * n_rows)(w, x, t), codegen
+        return types.UniTuple(types.float32, 2 * n_rows)(data, decoded, from_decoded, offset, row_bytes, is_f16, x,
+                                                         t), codegen
     return intrinsic(typer)
+
+
+def _sums_4x8(context, builder, load_w, x_t, x_a, t_v, n_v, n_rows):
+    """ggml_vec_dot_f32 / f16's main part for input rows t..t+n_rows-1 sharing each load_w(offset, j) (the
+    weights' 8 floats at offset + 8 j): four 8-lane accumulators per row over steps of 32, reduce4x8."""
+    rows = [builder.add(_i64(builder, t_v), ir.Constant(I64, j)) for j in range(n_rows)]
+    acc = _Accumulators(builder, 4 * n_rows, ir.Constant(V8F, [0.0] * 8))
+    with cgutils.for_range(builder, builder.udiv(_i64(builder, n_v), ir.Constant(I64, 32))) as loop:
+        o = builder.mul(loop.index, ir.Constant(I64, 32))
+        ws = [load_w(o, j) for j in range(4)]
+        for r, row in enumerate(rows):
+            xp = _element_ptr(context, builder, x_t, x_a, row, o)
+            for j in range(4):
+                acc[4 * r + j] = _fma8(builder, ws[j], _load8(builder, xp, 8 * j), acc[4 * r + j])
+    return [_reduce4x8(builder, [acc[4 * r + j] for j in range(4)]) for r in range(n_rows)]
 
 
 def _dot_4x8(n_rows=None):
@@ -138,17 +184,11 @@ def _dot_4x8(n_rows=None):
         def codegen(context, builder, signature, args):
             w_a, x_a, t_v, n_v = args
             w_t, x_t, _, _ = signature.args
-            rows = [builder.add(_i64(builder, t_v), ir.Constant(I64, j)) for j in range(n_rows or 1)]
-            acc = _Accumulators(builder, 4 * len(rows), ir.Constant(V8F, [0.0] * 8))
-            with cgutils.for_range(builder, builder.udiv(_i64(builder, n_v), ir.Constant(I64, 32))) as loop:
-                o = builder.mul(loop.index, ir.Constant(I64, 32))
-                wp = _element_ptr(context, builder, w_t, w_a, o)
-                ws = [_load8(builder, wp, 8 * j) for j in range(4)]
-                for r, row in enumerate(rows):
-                    xp = _element_ptr(context, builder, x_t, x_a, row, o)
-                    for j in range(4):
-                        acc[4 * r + j] = _fma8(builder, ws[j], _load8(builder, xp, 8 * j), acc[4 * r + j])
-            sums = [_reduce4x8(builder, [acc[4 * r + j] for j in range(4)]) for r in range(len(rows))]
+
+            def load_w(o, j):
+                return _load8(builder, _element_ptr(context, builder, w_t, w_a, o), 8 * j)
+
+            sums = _sums_4x8(context, builder, load_w, x_t, x_a, t_v, n_v, n_rows or 1)
             return sums[0] if n_rows is None else _tuple(context, builder, sums, n_rows)
 
         ret = types.float32 if n_rows is None else types.UniTuple(types.float32, n_rows)
@@ -156,13 +196,30 @@ def _dot_4x8(n_rows=None):
     return intrinsic(typer)
 
 
-dot_lanes8_1 = _dot_lanes8(1)
-dot_lanes8_2 = _dot_lanes8(2)
-dot_lanes8_3 = _dot_lanes8(3)
-dot_lanes8_4 = _dot_lanes8(4)
-dot2_lanes8_1, dot2_lanes8_2, dot2_lanes8_3, dot2_lanes8_4 = (_dot_lanes8(n, n_weights=2) for n in (1, 2, 3, 4))
+def _dot_4x8_stored(n_rows=1):
+    """As _dot_4x8, with the weight row read straight from its stored bytes at `offset` of data (or of decoded,
+    when from_decoded), f16 (is_f16) or f32: widening f16 is exact, so the bits are those of decoding first;
+    a tuple of n_rows results."""
+    def typer(typingctx, data, decoded, from_decoded, offset, is_f16, x, t, n32):
+        def codegen(context, builder, signature, args):
+            data_a, dec_a, from_dec, off_v, f16_v, x_a, t_v, n_v = args
+            data_t, dec_t, _, _, _, x_t, _, _ = signature.args
+            base = _row_base(context, builder, data_t, data_a, dec_t, dec_a, from_dec, off_v)
+
+            def load_w(o, j):
+                return _load_stored8(builder, base, builder.add(o, ir.Constant(I64, 8 * j)), f16_v)
+
+            sums = _sums_4x8(context, builder, load_w, x_t, x_a, t_v, n_v, n_rows)
+            return _tuple(context, builder, sums, n_rows)
+
+        return types.UniTuple(types.float32, n_rows)(data, decoded, from_decoded, offset, is_f16, x, t, n32), codegen
+    return intrinsic(typer)
+
+
+stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3, stored2_lanes8_4 = (_dot_lanes8_pair(n) for n in (1, 2, 3, 4))
 dot_4x8_main = _dot_4x8()
 dot_4x8_2 = _dot_4x8(2)
+dot_4x8_stored_1, dot_4x8_stored_2 = _dot_4x8_stored(1), _dot_4x8_stored(2)
 
 
 @intrinsic
@@ -208,12 +265,26 @@ def round_f16_8(typingctx, src, dst, n8):
 # ---- fused decode + dot for 32-value block types --------------------------------------------------
 
 class Block32Layout:
-    """Where a 32-value block type keeps its fields (bytes from the block start)."""
+    """Where a 32-value block type keeps its fields (bytes from the block start) and how ggml sums its dot.
 
-    def __init__(self, block_bytes, qs, nibbles, value_offset=0, m=None, qh=None):
+    scale: "f16" (an fp16 d at byte 0) or "e8m0_half" (MXFP4: a byte e, d = 2^(e - 128), the values doubled).
+    lut: the 16 signed values a nibble indexes (MXFP4), else nibbles are values (minus value_offset).
+    accumulate: how block products are summed, as ggml does for the type:
+      "lanes"       acc = fma(d_w * d_x, lanes, acc) over blocks, then hsum8 (ggml_vec_dot_q*_q8_*);
+      "pairs"       the same with even and odd blocks in two accumulators, hsum8(acc0 + acc1), and a last odd
+                    block added as fma(d_w * d_x, its integer sum, total) (ggml_vec_dot_mxfp4_q8_0, AVX2);
+      "block_sums"  one scalar chain s = fma(integer sum of the block, d_w * d_x, s) (the repacked 8x8 gemv /
+                    gemm kernels llama.cpp runs MXFP4 through on AVX2 when a matrix has a multiple of 8 rows).
+    """
+
+    def __init__(self, block_bytes, qs, nibbles, value_offset=0, m=None, qh=None, scale="f16", lut=None,
+                 accumulate="lanes"):
         self.block_bytes, self.qs, self.nibbles = block_bytes, qs, nibbles
         self.value_offset, self.m, self.qh = value_offset, m, qh
+        self.scale, self.lut, self.accumulate = scale, lut, accumulate
 
+
+KVALUES_MXFP4 = tuple(int(v) for v in KVALUES_MXFP4_F32)   # ggml's kvalues_mxfp4: e2m1 values doubled
 
 BLOCK32_LAYOUTS = {
     "q4_0": Block32Layout(18, qs=2, nibbles=True, value_offset=8),
@@ -221,7 +292,19 @@ BLOCK32_LAYOUTS = {
     "q5_0": Block32Layout(22, qs=6, nibbles=True, value_offset=16, qh=2),
     "q5_1": Block32Layout(24, qs=8, nibbles=True, m=2, qh=4),
     "q8_0": Block32Layout(34, qs=2, nibbles=False),
+    "mxfp4": Block32Layout(17, qs=1, nibbles=True, scale="e8m0_half", lut=KVALUES_MXFP4, accumulate="pairs"),
+    "mxfp4_repacked": Block32Layout(17, qs=1, nibbles=True, scale="e8m0_half", lut=KVALUES_MXFP4,
+                                    accumulate="block_sums"),
 }
+
+V16S = ir.VectorType(ir.IntType(16), 16)
+HAVE_AVX2 = bool(llvm_binding.get_host_cpu_features().get("avx2"))
+
+
+def _x86(builder, name, ret, args):
+    module = builder.module
+    fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
 
 
 def _load_half(builder, byte_ptr):
@@ -229,14 +312,51 @@ def _load_half(builder, byte_ptr):
     return builder.fpext(builder.bitcast(h, ir.HalfType()), F32)
 
 
+def _load_scale(builder, block_ptr, layout):
+    """The block's d: fp16, or E8M0 halved (ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128), subnormal for e < 2)."""
+    if layout.scale == "f16":
+        return _load_half(builder, block_ptr)
+    e = builder.zext(builder.load(block_ptr), I32)
+    small = builder.shl(ir.Constant(I32, 0x00200000), e)
+    normal = builder.shl(builder.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23))
+    bits = builder.select(builder.icmp_unsigned("<", e, ir.Constant(I32, 2)), small, normal)
+    return builder.bitcast(bits, F32)
+
+
+def _nibble_indices(builder, qs_ptr):
+    """<32 x i8>: the 16 bytes' low nibbles (values 0-15), then their high nibbles (values 16-31)."""
+    raw = builder.load(builder.bitcast(qs_ptr, V16B.as_pointer()), align=1)
+    low = builder.and_(raw, ir.Constant(V16B, [15] * 16))
+    high = builder.and_(builder.lshr(raw, ir.Constant(V16B, [4] * 16)), ir.Constant(V16B, [15] * 16))
+    return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+
+
+def _lut_bytes(builder, qs_ptr, lut):
+    """The block's values lut[nibble] as <32 x i8> in value order: pshufb on AVX2 (as ggml), selects elsewhere."""
+    idx = _nibble_indices(builder, qs_ptr)
+    if HAVE_AVX2:
+        return _x86(builder, "llvm.x86.avx2.pshuf.b", V32B, [ir.Constant(V32B, list(lut) * 2), idx])
+    values = ir.Constant(V32B, [lut[0]] * 32)
+    for k in range(1, 16):
+        hit = builder.icmp_unsigned("==", idx, ir.Constant(V32B, [k] * 32))
+        values = builder.select(hit, ir.Constant(V32B, [lut[k]] * 32), values)
+    return values
+
+
+def _byte_planes(builder, values):
+    """Four lane-major planes of <32 x i8> signed values in value order: lane l of plane i is value 4l + i."""
+    return [builder.sitofp(builder.sext(builder.shuffle_vector(
+        values, ir.Constant(V32B, ir.Undefined), ir.Constant(V8I, [4 * lane + i for lane in range(8)])), V8I), V8F)
+        for i in range(4)]
+
+
 def _block_planes(builder, block_ptr, layout):
     """The four lane-major planes (<8 x float> integer values) of the block at block_ptr."""
     qs_ptr = builder.gep(block_ptr, [ir.Constant(I64, layout.qs)])
+    if layout.lut is not None:
+        return _byte_planes(builder, _lut_bytes(builder, qs_ptr, layout.lut))
     if not layout.nibbles:
-        raw = builder.load(builder.bitcast(qs_ptr, V32B.as_pointer()), align=1)
-        return [builder.sitofp(builder.sext(builder.shuffle_vector(
-            raw, ir.Constant(V32B, ir.Undefined), ir.Constant(V8I, [4 * lane + i for lane in range(8)])), V8I), V8F)
-            for i in range(4)]
+        return _byte_planes(builder, builder.load(builder.bitcast(qs_ptr, V32B.as_pointer()), align=1))
     raw = builder.load(builder.bitcast(qs_ptr, V16B.as_pointer()), align=1)
     qh = None
     if layout.qh is not None:
@@ -259,10 +379,10 @@ def _block_planes(builder, block_ptr, layout):
 
 
 def _dot_row_block32_with(decode_block, row_lanes):
-    """ggml_vec_dot_qX_q8_Y of the weight row at data[row_offset] (n_blocks blocks, decoded in registers)
-    with input rows t..t+n_rows-1 of (xq, xd, xs): per block, decode_block(builder, block_ptr) once and
-    row_lanes(builder, decoded, x_ptr) -> <8 x float> per row; acc = fma(d_w * d_x, lanes, acc), hsum8,
-    plus the m_w * s_x sum for types with a min."""
+    """ggml's dot of the weight row at data[row_offset] (n_blocks blocks, decoded in registers) with input
+    rows t..t+n_rows-1 of (xq, xd, xs): per block, decode_block(builder, block_ptr, layout) once and
+    row_lanes(builder, decoded, x_ptr) -> <8 x float> per row (exact integer sums of 4 products each), summed
+    as layout.accumulate says, plus the m_w * s_x sum for types with a min."""
     def build(layout, n_rows):
         def typer(typingctx, data, row_offset, n_blocks, xq, xd, xs, t):
             def codegen(context, builder, signature, args):
@@ -271,18 +391,54 @@ def _dot_row_block32_with(decode_block, row_lanes):
                 row_ptr = _element_ptr(context, builder, data_t, data_a, row_off)
                 t_v = _i64(builder, t_v)
                 rows = [builder.add(t_v, ir.Constant(I64, j)) for j in range(n_rows)]
-                acc = _Accumulators(builder, n_rows, ir.Constant(V8F, [0.0] * 8))
-                summs = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
-                with cgutils.for_range(builder, _i64(builder, nb_v)) as loop:
-                    b = loop.index
+                nb = _i64(builder, nb_v)
+
+                def block(b):
+                    """[(lanes, d_w * d_x) per row] of block b."""
                     block_ptr = builder.gep(row_ptr, [builder.mul(b, ir.Constant(I64, layout.block_bytes))])
-                    d_w = _load_half(builder, block_ptr)
+                    d_w = _load_scale(builder, block_ptr, layout)
                     decoded = decode_block(builder, block_ptr, layout)
                     o = builder.mul(b, ir.Constant(I64, 32))
-                    for j, row in enumerate(rows):
+                    terms = []
+                    for row in rows:
                         lanes = row_lanes(builder, decoded, _element_ptr(context, builder, xq_t, xq_a, row, o))
                         d_x = builder.load(_element_ptr(context, builder, xd_t, xd_a, row, b))
-                        acc[j] = _fma8(builder, _splat(builder, builder.fmul(d_w, d_x)), lanes, acc[j])
+                        terms.append((lanes, builder.fmul(d_w, d_x)))
+                    return terms, block_ptr
+
+                if layout.accumulate == "block_sums":
+                    sums = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
+                    with cgutils.for_range(builder, nb) as loop:
+                        for j, (lanes, d) in enumerate(block(loop.index)[0]):    # hsum8 of exact integers: exact
+                            sums[j] = _fma1(builder, _hsum8(builder, lanes), d, sums[j])
+                    return _tuple(context, builder, [sums[j] for j in range(n_rows)], n_rows)
+
+                zero8 = ir.Constant(V8F, [0.0] * 8)
+                acc = _Accumulators(builder, n_rows, zero8)
+                if layout.accumulate == "pairs":
+                    odd = _Accumulators(builder, n_rows, zero8)
+                    with cgutils.for_range(builder, builder.udiv(nb, ir.Constant(I64, 2))) as loop:
+                        b = builder.mul(loop.index, ir.Constant(I64, 2))
+                        for j, (lanes, d) in enumerate(block(b)[0]):
+                            acc[j] = _fma8(builder, _splat(builder, d), lanes, acc[j])
+                        for j, (lanes, d) in enumerate(block(builder.add(b, ir.Constant(I64, 1)))[0]):
+                            odd[j] = _fma8(builder, _splat(builder, d), lanes, odd[j])
+                    totals = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
+                    for j in range(n_rows):
+                        totals[j] = _hsum8(builder, builder.fadd(acc[j], odd[j]))
+                    last = builder.sub(nb, ir.Constant(I64, 1))
+                    with builder.if_then(builder.icmp_unsigned("==", builder.and_(nb, ir.Constant(I64, 1)),
+                                                               ir.Constant(I64, 1))):
+                        for j, (lanes, d) in enumerate(block(last)[0]):
+                            totals[j] = _fma1(builder, d, _hsum8(builder, lanes), totals[j])
+                    return _tuple(context, builder, [totals[j] for j in range(n_rows)], n_rows)
+
+                summs = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
+                with cgutils.for_range(builder, nb) as loop:
+                    b = loop.index
+                    terms, block_ptr = block(b)
+                    for j, (lanes, d) in enumerate(terms):
+                        acc[j] = _fma8(builder, _splat(builder, d), lanes, acc[j])
                     if layout.m is not None:
                         m_w = _load_half(builder, builder.gep(block_ptr, [ir.Constant(I64, layout.m)]))
                         for j, row in enumerate(rows):
@@ -307,25 +463,14 @@ _dot_row_block32 = _dot_row_block32_with(_block_planes, _plane_products)
 
 # ---- the same dot on AVX2's integer instructions ---------------------------------------------------
 
-V16S = ir.VectorType(ir.IntType(16), 16)
-HAVE_AVX2 = bool(llvm_binding.get_host_cpu_features().get("avx2"))
-
-
-def _x86(builder, name, ret, args):
-    module = builder.module
-    fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, [a.type for a in args]), name)
-    return builder.call(fn, args)
-
-
 def _block_bytes(builder, block_ptr, layout):
     """The block's 32 values as <32 x i8> in value order, and whether they are signed."""
     qs_ptr = builder.gep(block_ptr, [ir.Constant(I64, layout.qs)])
+    if layout.lut is not None:
+        return _lut_bytes(builder, qs_ptr, layout.lut), True
     if not layout.nibbles:
         return builder.load(builder.bitcast(qs_ptr, V32B.as_pointer()), align=1), True
-    raw = builder.load(builder.bitcast(qs_ptr, V16B.as_pointer()), align=1)
-    low = builder.and_(raw, ir.Constant(V16B, [15] * 16))
-    high = builder.and_(builder.lshr(raw, ir.Constant(V16B, [4] * 16)), ir.Constant(V16B, [15] * 16))
-    values = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+    values = _nibble_indices(builder, qs_ptr)
     if layout.qh is not None:
         qh_ptr = builder.gep(block_ptr, [ir.Constant(I64, layout.qh)])
         qh = builder.load(builder.bitcast(qh_ptr, I32.as_pointer()), align=1)
@@ -454,3 +599,6 @@ dot_row_q4_1_1, dot_row_q4_1_4 = _DOT_ROW(BLOCK32_LAYOUTS["q4_1"], 1), _DOT_ROW(
 dot_row_q5_0_1, dot_row_q5_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_0"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q5_0"], 4)
 dot_row_q5_1_1, dot_row_q5_1_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 4)
 dot_row_q8_0_1, dot_row_q8_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 4)
+dot_row_mxfp4_1, dot_row_mxfp4_4 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 1), _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 4)
+dot_row_mxfp4r_1 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4_repacked"], 1)
+dot_row_mxfp4r_4 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4_repacked"], 4)

@@ -9,7 +9,7 @@ The attention layer writes the rows of new positions (attention.prepare_attentio
 
 import numpy as np
 
-from ggtools.runtime.attention import KV_PAD
+from ggtools.runtime.target.mixers.attention import KV_PAD
 
 
 class KVCache:
@@ -23,6 +23,11 @@ class KVCache:
         self.k: list[np.ndarray] = []
         self.v: list[np.ndarray] = []
         self.reserve(capacity)
+
+    @classmethod
+    def for_layers(cls, layers, hp, type: str = "f16") -> "KVCache":
+        """The cache of a model whose every layer is attention."""
+        return cls(len(layers), hp.n_head_kv, hp.head_dim, type=type)
 
     def reserve(self, n_tokens: int) -> None:
         """Make room for positions 0..n_tokens-1."""

@@ -16,12 +16,12 @@ Context rows use `stepwise` matmuls, so a row's K/V are the same bits whatever b
 
 import numpy as np
 
-from ggtools.runtime import ops
-from ggtools.runtime.draft_attention import attention, norm_rope
-from ggtools.runtime.draft_chain import DraftChain, Selector, chain_v1
-from ggtools.runtime.draft_hparams import DraftHParams, read_draft_hparams
-from ggtools.runtime.draft_kv import DraftKV, FullKV, RingKV
-from ggtools.runtime.hparams import ModelError
+from ggtools.runtime.kernels import ops
+from ggtools.runtime.drafter.attention import attention, norm_rope
+from ggtools.runtime.drafter.chain import DraftChain, Selector, chain_v1
+from ggtools.runtime.drafter.hparams import DraftHParams, read_draft_hparams
+from ggtools.runtime.drafter.kv import DraftKV, FullKV, RingKV
+from ggtools.runtime.errors import ModelError
 from ggtools.runtime.weights import MatrixGroup, WeightFile
 
 NO_NORM = np.zeros(0, np.float32)
@@ -129,9 +129,17 @@ class Drafter:
         return RingKV(*args, cap=ring_cap, kv_type=kv_type)
 
     def _rope(self, positions):
+        rope = self._plain_rope(positions)
+        # llama.cpp's converter gives drafters of M-RoPE targets the sections [n_rot/2, 0, 0, 0], which rotate
+        # every pair by the position as plain RoPE does; text_rope_angles keeps any other split exact too
+        still = ops.fourth_section_pairs(self.hp.rope_dims // 2, self.hp.rope_sections, False) \
+            if any(self.hp.rope_sections) else np.zeros(0, bool)
+        return ops.text_rope_angles(rope, self._plain_rope([0]), still) if still.any() else rope
+
+    def _plain_rope(self, positions):
         hp = self.hp
         return ops.rope_angles(np.asarray(positions, np.int64), hp.rope_dims, hp.rope_base,
-                               np.float32(hp.rope_freq_scale), self.freq_factors)
+                               np.float32(hp.rope_freq_scale), self.freq_factors, *ops.NO_YARN)
 
     def context(self, features: np.ndarray) -> np.ndarray:
         """Target features (T, n_taps * H) -> fused context rows (T, H)."""

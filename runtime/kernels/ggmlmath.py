@@ -18,7 +18,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ggtools.quants.floatbits import FP16_TO_F32, f32_bits, f32_from_bits, fp32_to_fp16
-from ggtools.runtime.simd import round_f16_8
+from ggtools.runtime.kernels.simd import round_f16_8
 
 EXACT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 F32 = np.float32

@@ -1,0 +1,200 @@
+"""Routed experts (qwen3moe, gpt-oss; the routed part of qwen35moe), as llama.cpp's build_moe_ffn computes them.
+
+    logits  = router . h (+ router bias)                       ffn_gate_inp
+    SOFTMAX:        probs = softmax(logits); the k largest probs, weights = those probs
+    SOFTMAX_WEIGHT: the k largest logits, weights = softmax over those k logits (gpt-oss)
+    weights /= max(sum(weights), 2^-14)                        normalized routings (qwen3moe)
+    out     = sum over the k slots, in descending order, of weight * down_e(act(gate_e(h), up_e(h)))
+
+with the experts' optional biases added after each expert matmul and act SwiGLU or gpt-oss's clamped
+variant. The experts' matmuls are llama.cpp's mul_mat_id: every row of a batch is a one-row dot, so a token's
+output does not depend on the batch. Rows are grouped by expert, so a verify batch reads each routed expert's
+weights once, and experts no token routes to are never read (their pages are never touched).
+
+A shared expert (qwen35moe) composes with this class: `RoutedExperts` is the routed part only.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from ggtools.runtime.errors import ModelError
+from ggtools.runtime.kernels import ops
+from ggtools.runtime.kernels.ggmlmath import EXACT
+from ggtools.runtime.weights import Matrix, MatrixGroup
+
+SOFTMAX, SOFTMAX_WEIGHT = 0, 1           # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, _SOFTMAX_WEIGHT
+SWIGLU, SWIGLU_OAI = "swiglu", "swiglu_oai"
+WEIGHTS_SUM_MIN = np.float32(6.103515625e-5)   # build_moe_ffn clamps the weights' sum (the smallest normal f16)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How an architecture routes (the arguments llama.cpp's graph passes build_moe_ffn)."""
+    gating: int = SOFTMAX
+    normalize: bool = False
+    activation: str = SWIGLU
+
+
+@njit(**EXACT)
+def route_rows(logits, k, gating, normalize, scale, experts, weights):
+    """Per token: the k experts in descending order of probability (ggml_argsort_top_k; ties to the lower id)
+    and their weights, as build_moe_ffn computes them from the router's logits (T, n_expert)."""
+    n_expert = logits.shape[1]
+    probs = np.empty(n_expert, np.float32)
+    picked = np.empty(k, np.float32)
+    for t in range(logits.shape[0]):
+        if gating == SOFTMAX:
+            ops.soft_max(logits[t], probs, np.float32(-np.inf))
+        else:
+            probs[:] = logits[t]
+        taken = np.zeros(n_expert, np.bool_)
+        for j in range(k):
+            best = -1
+            for e in range(n_expert):
+                if not taken[e] and (best < 0 or probs[e] > probs[best]):
+                    best = e
+            taken[best] = True
+            experts[t, j] = best
+            picked[j] = probs[best]
+        if gating == SOFTMAX:
+            weights[t] = picked
+        else:
+            ops.soft_max(picked, weights[t], np.float32(-np.inf))
+        if normalize:
+            total = np.float64(0.0)
+            for j in range(k):
+                total += np.float64(weights[t, j])
+            norm = max(np.float32(total), WEIGHTS_SUM_MIN)
+            for j in range(k):
+                weights[t, j] = weights[t, j] / norm
+        if scale != np.float32(0.0) and scale != np.float32(1.0):
+            for j in range(k):
+                weights[t, j] = weights[t, j] * scale
+
+
+@njit(**EXACT)
+def group_by_expert(experts, n_expert):
+    """The T * k slots (token t, rank j) sorted by expert, in (t, j) order within an expert (mul_mat_id's
+    row groups). Returns the token of each sorted slot, its expert, each slot's sorted position (T * k,
+    in (t, j) order), the experts used and the group bounds (len(used) + 1)."""
+    n_tokens, k = experts.shape
+    counts = np.zeros(n_expert + 1, np.int64)
+    for t in range(n_tokens):
+        for j in range(k):
+            counts[experts[t, j] + 1] += 1
+    n_used = 0
+    for e in range(n_expert):
+        n_used += counts[e + 1] > 0
+        counts[e + 1] += counts[e]
+    used, groups = np.empty(n_used, np.int64), np.empty(n_used + 1, np.int64)
+    g = 0
+    for e in range(n_expert):
+        if counts[e + 1] > counts[e]:
+            used[g], groups[g] = e, counts[e]
+            g += 1
+    groups[n_used] = n_tokens * k
+    rows, sorted_experts = np.empty(n_tokens * k, np.int64), np.empty(n_tokens * k, np.int64)
+    slot_pos = np.empty(n_tokens * k, np.int64)
+    for t in range(n_tokens):
+        for j in range(k):
+            e = experts[t, j]
+            p = counts[e]
+            counts[e] += 1
+            rows[p], sorted_experts[p], slot_pos[t * k + j] = t, e, p
+    return rows, sorted_experts, slot_pos, used, groups
+
+
+@njit(**EXACT)
+def add_expert_bias(x, bias, sorted_experts):
+    """ggml_add_id: each row plus its expert's bias row (in place; an empty bias adds nothing)."""
+    if bias.size:
+        for r in range(x.shape[0]):
+            for i in range(x.shape[1]):
+                x[r, i] = x[r, i] + bias[sorted_experts[r], i]
+
+
+@njit(**EXACT)
+def activate(gate, up, gate_bias, up_bias, sorted_experts, oai, out):
+    """out = act(gate + gate bias, up + up bias) per row (biases by the row's expert): SwiGLU, or with oai
+    gpt-oss's clamped variant (alpha 1.702, limit 7, as llama.cpp's graph passes them)."""
+    add_expert_bias(gate, gate_bias, sorted_experts)
+    add_expert_bias(up, up_bias, sorted_experts)
+    if oai:
+        ops.swiglu_oai_rows(gate, up, np.float32(1.702), np.float32(7.0), out)
+    else:
+        ops.swiglu_rows(gate, up, out)
+
+
+@njit(**EXACT)
+def combine_rows(down, bias, sorted_experts, slot_pos, weights, out):
+    """out[t] = w[t, 0] * (down of slot (t, 0) + its bias) + w[t, 1] * ... added in slot order: add_id, then
+    ggml_mul by the weights, then one ggml_add per slot."""
+    k = weights.shape[1]
+    for t in range(out.shape[0]):
+        for i in range(out.shape[1]):
+            acc = np.float32(0.0)
+            for j in range(k):
+                p = slot_pos[t * k + j]
+                v = down[p, i] + bias[sorted_experts[p], i] if bias.size else down[p, i]
+                acc = v * weights[t, j] if j == 0 else acc + v * weights[t, j]
+            out[t, i] = acc
+
+
+NO_BIAS = np.zeros((0, 0), np.float32)
+
+
+class RoutedExperts:
+    """The routed-expert FFN of one layer: router (+ bias), expert stacks gate/up/down (+ biases)."""
+
+    def __init__(self, router: Matrix, gate: Matrix, up: Matrix, down: Matrix, n_expert_used: int,
+                 routing: Routing, router_bias=None, biases=(NO_BIAS, NO_BIAS, NO_BIAS), weights_scale: float = 0.0):
+        self.router, self.router_bias = router, router_bias
+        self.gate_up, self.down = MatrixGroup(gate, up), MatrixGroup(down)
+        self.gate_bias, self.up_bias, self.down_bias = biases
+        self.n_expert, self.n_expert_used = gate.n_expert, n_expert_used
+        self.routing, self.weights_scale = routing, np.float32(weights_scale)
+
+    @classmethod
+    def load(cls, w, hp, i: int, routing: Routing = Routing()) -> "RoutedExperts":
+        """Layer i's blk.i.ffn_gate_inp and ffn_{gate,up,down}_exps (and their biases, where present)."""
+        if not 0 < hp.n_expert_used <= hp.n_expert:
+            raise ModelError(f"{w.meta.path}: {hp.n_expert_used} experts used of {hp.n_expert}; need 0 < used <= count")
+        p, n_embd, n_ff, n_expert = f"blk.{i}.", hp.n_embd, hp.n_ff_exp, hp.n_expert
+
+        def bias(name, n):
+            b = w.optional_vector(p + name, n * n_expert)
+            return NO_BIAS if b is None else b.reshape(n_expert, n)
+
+        return cls(router=w.matrix(p + "ffn_gate_inp.weight", n_embd, n_expert),
+                   gate=w.matrix(p + "ffn_gate_exps.weight", n_embd, n_ff, n_expert),
+                   up=w.matrix(p + "ffn_up_exps.weight", n_embd, n_ff, n_expert),
+                   down=w.matrix(p + "ffn_down_exps.weight", n_ff, n_embd, n_expert),
+                   n_expert_used=hp.n_expert_used, routing=routing,
+                   router_bias=w.optional_vector(p + "ffn_gate_inp.bias", n_expert),
+                   biases=(bias("ffn_gate_exps.bias", n_ff), bias("ffn_up_exps.bias", n_ff),
+                           bias("ffn_down_exps.bias", n_embd)),
+                   weights_scale=hp.expert_weights_scale)
+
+    def route(self, h: np.ndarray, stepwise: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(T, n_embd) -> experts (T, k) int64 in descending order of probability, weights (T, k) float32."""
+        logits = self.router(h, stepwise)
+        if self.router_bias is not None:
+            logits = logits + self.router_bias
+        experts = np.empty((len(h), self.n_expert_used), np.int64)
+        weights = np.empty((len(h), self.n_expert_used), np.float32)
+        route_rows(np.ascontiguousarray(logits), self.n_expert_used, self.routing.gating, self.routing.normalize,
+                   self.weights_scale, experts, weights)
+        return experts, weights
+
+    def __call__(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
+        experts, weights = self.route(h, stepwise)
+        rows, sorted_experts, slot_pos, used, groups = group_by_expert(experts, self.n_expert)
+        gate, up = self.gate_up.run_experts(h, rows, used, groups)
+        act = np.empty_like(gate)
+        activate(gate, up, self.gate_bias, self.up_bias, sorted_experts, self.routing.activation == SWIGLU_OAI, act)
+        (down,) = self.down.run_experts(act, None, used, groups)
+        out = np.empty((len(h), down.shape[1]), np.float32)
+        combine_rows(down, self.down_bias, sorted_experts, slot_pos, weights, out)
+        return out

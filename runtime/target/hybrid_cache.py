@@ -1,0 +1,103 @@
+"""HybridCache: the KV cache of a hybrid model's attention layers plus the recurrent state of its Gated
+DeltaNet layers, cropped together, so `crop(n)` then generating gives what never going further gives.
+
+A recurrent state cannot be cut back like a KV cache, so each layer keeps a checkpoint (its state at
+position `base`) and the inputs of positions base..n_tokens-1 (the qkv rows before the conv, the decay g and
+beta: what the recurrence consumes). crop(n) restores the checkpoint and replays positions base..n-1 through
+the same kernels, which gives the state bit for bit. Before a batch (`reserve`), when the logged positions
+plus the batch would exceed `window`, the checkpoint moves to the current end; so the last batch (a verify)
+and at least the last `window` positions can always be rolled back; crop(0) always can (the initial state
+is zero).
+"""
+
+import numpy as np
+
+from ggtools.runtime.target.kvcache import KVCache
+from ggtools.runtime.target.mixers.gated_delta_net import GatedDeltaNet
+
+DEFAULT_WINDOW = 64
+
+
+class RecurrentState:
+    """One Gated DeltaNet layer: its conv rows and delta-rule matrices at the cache's end, the checkpoint, and
+    the logged inputs since the checkpoint. `mixer.recur(conv, ssm, qkv, g, beta)` advances a state."""
+
+    def __init__(self, mixer):
+        self.mixer = mixer
+        self.conv = np.zeros((mixer.conv.shape[0] - 1, mixer.conv.shape[1]), np.float32)
+        self.ssm = np.zeros((mixer.n_v_heads, mixer.head_dim, mixer.head_dim), np.float32)
+        self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Make the current state the one rollbacks start from."""
+        self.base_conv, self.base_ssm = self.conv.copy(), self.ssm.copy()
+        self.log: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def append(self, qkv: np.ndarray, g: np.ndarray, beta: np.ndarray) -> None:
+        """Log the inputs of the positions the mixer is about to consume."""
+        self.log.append((qkv, g, beta))
+
+    def rollback(self, n_keep: int) -> None:
+        """The state after the first n_keep logged positions."""
+        qkv, g, beta = (np.concatenate(parts)[:n_keep] for parts in zip(*self.log))
+        self.conv, self.ssm = self.base_conv.copy(), self.base_ssm.copy()
+        self.mixer.recur(self.conv, self.ssm, qkv, g, beta)
+        self.log = [(qkv, g, beta)]
+
+    def clear(self) -> None:
+        self.conv[:] = 0
+        self.ssm[:] = 0
+        self.checkpoint()
+
+    @property
+    def nbytes(self) -> int:
+        logged = sum(a.nbytes for entry in self.log for a in entry)
+        return 2 * (self.conv.nbytes + self.ssm.nbytes) + logged
+
+
+class HybridCache(KVCache):
+    """KVCache over the attention layers (slots 0..n_attention-1) plus `recurrent[i]`, the state of the i-th
+    Gated DeltaNet layer."""
+
+    def __init__(self, n_attention: int, n_head_kv: int, head_dim: int, recurrent: list[RecurrentState],
+                 type: str = "f16", window: int = DEFAULT_WINDOW):
+        self.recurrent, self.window, self.base = recurrent, window, 0
+        super().__init__(n_attention, n_head_kv, head_dim, type=type)
+
+    @classmethod
+    def for_layers(cls, layers, hp, type: str = "f16") -> "HybridCache":
+        """The cache of a model whose layers mix attention and Gated DeltaNet mixers (slots in layer order)."""
+        recurrent = [RecurrentState(layer.mixer) for layer in layers if isinstance(layer.mixer, GatedDeltaNet)]
+        return cls(len(layers) - len(recurrent), hp.n_head_kv, hp.head_dim, recurrent, type=type)
+
+    def reserve(self, n_tokens: int) -> None:
+        """Make room for positions up to n_tokens - 1, the next batch; moves the checkpoint when the log
+        would grow past the window."""
+        super().reserve(n_tokens)
+        if n_tokens - self.base > self.window and self.base < self.n_tokens:
+            for state in self.recurrent:
+                state.checkpoint()
+            self.base = self.n_tokens
+
+    def crop(self, n_tokens: int) -> None:
+        if not 0 <= n_tokens <= self.n_tokens:
+            raise ValueError(f"cannot crop a cache of {self.n_tokens} tokens to {n_tokens}")
+        if n_tokens == 0:
+            return self.clear()
+        if n_tokens < self.base:
+            raise ValueError(f"cannot crop to {n_tokens} tokens: the recurrent state rolls back only to position "
+                             f"{self.base} (the last {self.window} positions or the last batch)")
+        if n_tokens < self.n_tokens:
+            for state in self.recurrent:
+                state.rollback(n_tokens - self.base)
+        super().crop(n_tokens)
+
+    def clear(self) -> None:
+        super().clear()
+        for state in self.recurrent:
+            state.clear()
+        self.base = 0
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + sum(state.nbytes for state in self.recurrent)

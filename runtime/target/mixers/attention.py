@@ -1,0 +1,204 @@
+"""Causal GQA attention over the KV cache, as llama.cpp's CPU backend computes it without flash
+attention (its default in llama-cpp-python), operation for operation. With an f16 cache (llama.cpp's
+default; an f32 cache skips the f16 roundings):
+
+    scores = K . f16(q)              mul_mat(k, q): q rounded to f16, dots with fma lanes
+    w      = scores * scale + mask   soft_max_ext: masked positions -inf (future ones; with a sliding
+                                     window of n, also those n or more positions back)
+    e      = ggml_v_expf(w - max)    in blocks of 8, each block's hsum8 added in float64
+    p      = f16(e * (1 / sum))      mul_mat(v, kq) rounds the probabilities to f16
+    out    = V^T . p
+
+Attention sinks (gpt-oss; soft_max_add_sinks): one more logit per head, taking part in the max and, as
+libm expf(sink - max), in the sum, but not in the output.
+
+One-row batches use ggml_vec_dot's layout, longer ones tinyBLAS's, as llama.cpp picks them: tinyBLAS
+only takes contiguous inputs of a matching type, and the permuted queries qualify only once
+converted to f16, so with an f32 cache the scores always use vec_dot. The cache length is padded to a multiple of 32 with zero rows, as llama.cpp pads n_kv, which leaves
+the values unchanged but fixes which lane each position lands in.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from ggtools.runtime.errors import ModelError
+from ggtools.runtime.kernels import ops, workers
+from ggtools.runtime.kernels.workers import claim, enter, leave
+from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16, to_f16_row
+from ggtools.runtime.kernels.matmul import dot_one_row
+from ggtools.runtime.kernels.ops import rms_norm_row, rope_head, soft_max
+from ggtools.runtime.kernels.simd import dot_rows_4x8, dot_rows_lanes8
+from ggtools.runtime.weights import Matrix, MatrixGroup
+
+NO_NORM = np.zeros(0, np.float32)
+NO_SINKS = np.zeros(0, np.float32)
+
+KV_PAD = 32
+
+
+@njit(**EXACT)
+def dots(w, x, n_rows, one_row, f16, out):
+    """out[r] = w . x[r] for r < n_rows, in ggml_vec_dot_f16/f32's layout (one_row) or tinyBLAS's."""
+    if one_row and w.size % 32:     # rows with a leftover part: ggml's tail loop, row by row
+        for r in range(n_rows):
+            out[r] = dot_one_row(w, x, r, f16)
+    elif one_row:
+        dot_rows_4x8(w, x, n_rows, out)
+    else:
+        dot_rows_lanes8(w, x, n_rows, out)
+
+
+@njit(**EXACT)
+def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sinks, one_row, f16, out, counter):
+    """The T * n_head (token, head) pairs, claimed through counter (workers.py). q: (T, n_head, d)
+    after RoPE; k_cache: (n_kv, capacity, d), vt_cache: (n_kv, d, capacity) (f16-valued when f16);
+    window: a query sees the last `window` positions (0: all); sinks: per head (empty: none);
+    out: (T, n_head * d)."""
+    n_tokens, n_head, d = q.shape
+    group = n_head // k_cache.shape[0]
+    n_pad = (n_ctx + KV_PAD - 1) // KV_PAD * KV_PAD
+    enter(counter)
+    while True:
+        job = claim(counter)
+        if job >= n_tokens * n_head:
+            break
+        t, h = job // n_head, job % n_head
+        g = h // group
+        q16 = np.empty(d, np.float32)
+        if f16:
+            to_f16_row(q[t, h], q16)
+        else:
+            q16[:] = q[t, h]
+        w = np.empty(n_pad, np.float32)
+        dots(q16, k_cache[g], n_pad, one_row or not f16, f16, w)
+        lo = q_positions[t] - window + 1 if window else 0
+        for s in range(n_pad):
+            w[s] = w[s] * scale if lo <= s <= q_positions[t] else -np.inf
+        p = np.empty(n_pad, np.float32)
+        soft_max(w, p, sinks[h] if sinks.size else np.float32(-np.inf))
+        if f16:      # mul_mat(v, kq) rounds the probabilities to f16
+            to_f16_row(p, p)
+        dots(p, vt_cache[g], d, one_row, f16, out[t, h * d:(h + 1) * d])
+    leave(counter)
+
+
+@njit(**EXACT)
+def prepare_attention(q, k, v, q_norm, k_norm, eps, cos, sin, neox, k_cache, vt_cache, start, f16, q_out):
+    """One layer's new tokens: per-head RMS norm of q and k (qwen3; skipped when the norms are empty),
+    RoPE, and the cache write of k and v (rounded to f16 for an f16 cache) at positions start...
+    q, k, v: (T, heads * d) projections; q_out: (T, n_head, d)."""
+    n_tokens, n_head, d = q_out.shape
+    n_kv = k_cache.shape[0]
+    head = np.empty(d, np.float32)
+    for t in range(n_tokens):
+        for h in range(n_head + n_kv):
+            src = q[t, h * d:(h + 1) * d] if h < n_head else k[t, (h - n_head) * d:(h - n_head + 1) * d]
+            norm = q_norm if h < n_head else k_norm
+            if norm.size:
+                rms_norm_row(src, norm, eps, head)
+            else:
+                head[:] = src
+            rope_head(head, cos[t], sin[t], neox)
+            if h < n_head:
+                q_out[t, h] = head
+            else:
+                for i in range(d):
+                    k_cache[h - n_head, start + t, i] = to_f16(head[i]) if f16 else head[i]
+        for g in range(n_kv):
+            for i in range(d):
+                value = v[t, g * d + i]
+                vt_cache[g, i, start + t] = to_f16(value) if f16 else value
+
+
+def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positions: np.ndarray,
+              n_ctx: int, scale: float, f16: bool = True, stepwise: bool = False, window: int = 0,
+              sinks: np.ndarray = NO_SINKS) -> np.ndarray:
+    """(T, n_head, d) queries at q_positions over cache positions 0..n_ctx-1 -> (T, n_head * d)."""
+    n_tokens, n_head, d = q.shape
+    out = np.empty((n_tokens, n_head * d), np.float32)
+    one_row = n_tokens == 1 or stepwise
+    args = (np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64), n_ctx,
+            np.float32(scale), window, sinks, one_row, f16, out)
+    workers.run(attention_rows, n_tokens * n_head, n_tokens * n_head * n_ctx * d * 2, workers.ATTENTION_MIN_WORK,
+                *args)
+    return out
+
+
+@dataclass
+class Attention:
+    """The attention mixer: Q, K, V projections (optional biases, qwen3's per-head q/k RMS norms), RoPE,
+    the cache write, causal attention over the cache (optionally a sliding window, and gpt-oss's sinks),
+    the output projection (optional bias). With output_gate (qwen35) the Q projection gives each head's
+    query followed by a gate, and the attention output is multiplied by sigmoid(gate) before the output
+    projection."""
+    wq: Matrix
+    wk: Matrix
+    wv: Matrix
+    wo: Matrix
+    bq: np.ndarray | None = None
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+    # qwen3: per-head RMS norms of q and k before RoPE (empty: none)
+    q_norm: np.ndarray = field(default_factory=lambda: NO_NORM)
+    k_norm: np.ndarray = field(default_factory=lambda: NO_NORM)
+    bo: np.ndarray | None = None
+    sinks: np.ndarray = field(default_factory=lambda: NO_SINKS)
+    window: int = 0      # sliding window (0: full causal attention)
+    output_gate: bool = False
+
+    def __post_init__(self):
+        self.qkv = MatrixGroup(self.wq, self.wk, self.wv)
+
+    @classmethod
+    def load(cls, w, hp, i: int, output_gate: bool = False) -> "Attention":
+        """Layer i's attention tensors (blk.i.attn_*) from a WeightFile."""
+        p = f"blk.{i}."
+        q_dim, kv_dim = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        attn = cls(
+            wq=w.matrix(p + "attn_q.weight", hp.n_embd, q_dim * (2 if output_gate else 1)),
+            wk=w.matrix(p + "attn_k.weight", hp.n_embd, kv_dim),
+            wv=w.matrix(p + "attn_v.weight", hp.n_embd, kv_dim),
+            wo=w.matrix(p + "attn_output.weight", q_dim, hp.n_embd),
+            bq=w.optional_vector(p + "attn_q.bias", q_dim),
+            bk=w.optional_vector(p + "attn_k.bias", kv_dim),
+            bv=w.optional_vector(p + "attn_v.bias", kv_dim),
+            bo=w.optional_vector(p + "attn_output.bias", hp.n_embd),
+            window=hp.n_swa if hp.swa_layers[i] else 0,
+            output_gate=output_gate,
+        )
+        sinks = w.optional_vector(p + "attn_sinks.weight", hp.n_head)
+        if sinks is not None:
+            attn.sinks = sinks
+        q_norm = w.optional_vector(p + "attn_q_norm.weight", hp.head_dim)
+        k_norm = w.optional_vector(p + "attn_k_norm.weight", hp.head_dim)
+        if (q_norm is None) != (k_norm is None):
+            raise ModelError(f"{w.meta.path}: layer {i} has only one of attn_q_norm / attn_k_norm")
+        if q_norm is not None:
+            attn.q_norm, attn.k_norm = q_norm, k_norm
+        return attn
+
+    def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
+        n_tokens = h.shape[0]
+        q, k, v = self.qkv(h, stepwise)
+        for out, bias in ((q, self.bq), (k, self.bk), (v, self.bv)):
+            if bias is not None:
+                out += bias
+        if self.output_gate:
+            heads = q.reshape(n_tokens, hp.n_head, 2, hp.head_dim)
+            q, gate = (np.ascontiguousarray(heads[:, :, j]).reshape(n_tokens, -1) for j in (0, 1))
+        start = int(positions[0])
+        roped = np.empty((n_tokens, hp.n_head, hp.head_dim), np.float32)
+        prepare_attention(q, k, v, self.q_norm, self.k_norm, np.float32(hp.rms_eps), *rope, hp.rope_neox,
+                          kv.k[slot], kv.v[slot], start, kv.f16, roped)
+        n_ctx = start + n_tokens
+        out = attention(roped, kv.k[slot], kv.v[slot], positions, n_ctx, hp.attn_scale, kv.f16, stepwise,
+                        self.window, self.sinks)
+        if self.output_gate:
+            ops.sigmoid_rows(gate, gate)
+            out *= gate
+        out = self.wo(out, stepwise)
+        if self.bo is not None:
+            out += self.bo
+        return out

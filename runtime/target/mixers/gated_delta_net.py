@@ -1,0 +1,212 @@
+"""Gated DeltaNet: the linear-attention mixer of qwen35 / qwen35moe, as llama.cpp's CPU backend runs it
+(src/models/qwen35.cpp with the fused ggml_gated_delta_net op, llama.cpp's default on the CPU).
+
+Per token, with C = 2 * key_dim + value_dim conv channels:
+
+    qkv   = W_qkv x                      z = W_gate x                   (matmuls)
+    beta  = sigmoid(W_beta x)            g = softplus(W_alpha x + dt) * a      (a = -exp(A_log), per v-head)
+    c     = silu(causal depthwise conv over the last K qkv rows)  (the K - 1 earlier rows are the conv state)
+    q, k  = l2norm per head of c[:key_dim], c[key_dim:2 key_dim];  v = c[2 key_dim:]
+    per v-head h (q/k head h % n_k_heads: the converter stores v heads tiled):
+        S   = exp(g) S;   d = (v - S^T k) beta;   S += k d^T;   o = S^T q / sqrt(head_dim)
+    out   = W_out (rmsnorm(o) * norm * silu(z))    per v-head
+
+Operation order and roundings are ggml's: l2norm is rms_norm(eps / n) then a scale by 1 / sqrt(n); the
+conv sum is a float chain of separately rounded products and sums (ggml's build does not contract it); S is
+stored transposed (row j is column j of S), so both S^T k and S^T q are ggml_vec_dot_f32 dots and the update
+is ggml_vec_mad_f32 (fma); sigmoid, softplus and exp use libm.
+The recurrence is per token whatever the batch, so a verify batch gives the same bits as one-token steps.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from ggtools.runtime.kernels import workers
+from ggtools.runtime.kernels.ggmlmath import EXACT, fma
+from ggtools.runtime.kernels.matmul import dot_one_row
+from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, silu_rows
+from ggtools.runtime.kernels.workers import claim, enter, leave
+from ggtools.runtime.weights import Matrix, MatrixGroup
+
+F32 = np.float32
+NO_OUTPUT = np.zeros((0, 0), np.float32)
+
+
+@njit(**EXACT)
+def conv_rows(conv_state, qkv, weight, out):
+    """ggml_ssm_conv over the conv state's K - 1 rows followed by the T rows of qkv: out[t, c] =
+    sum_i row[t + i, c] * weight[i, c], each product and sum rounded, in order of i; then the state becomes
+    the last K - 1 rows. conv_state: (K - 1, C); weight: (K, C), the taps of each channel."""
+    n_tokens, n_channels = out.shape
+    kept = conv_state.shape[0]
+    window = np.empty((kept + n_tokens, n_channels), np.float32)
+    window[:kept] = conv_state
+    window[kept:] = qkv
+    for t in range(n_tokens):
+        row = out[t]
+        row[:] = 0.0
+        for i in range(kept + 1):
+            src, taps = window[t + i], weight[i]
+            for c in range(n_channels):
+                row[c] = row[c] + src[c] * taps[c]
+    conv_state[:] = window[n_tokens:]
+
+
+@njit(**EXACT)
+def l2_norm_heads(x, head_dim, eps, out):
+    """Each head_dim slice of each row: rms_norm(eps / n), then a scale by 1 / sqrtf(n) (build_gdn_l2_norm).
+    eps: the model's rms eps (float32)."""
+    n = F32(head_dim)
+    head_eps = eps / n
+    rescale = F32(1.0) / np.sqrt(n)
+    no_weight = np.ones(head_dim, np.float32)
+    for t in range(x.shape[0]):
+        for h in range(x.shape[1] // head_dim):
+            part = out[t, h * head_dim:(h + 1) * head_dim]
+            rms_norm_row(x[t, h * head_dim:(h + 1) * head_dim], no_weight, head_eps, part)
+            for i in range(head_dim):
+                part[i] = part[i] * rescale
+
+
+@njit(**EXACT)
+def conv_silu_l2(conv_state, qkv, weight, key_dim, head_dim, eps, conv, qk):
+    """The conv (advancing conv_state), SiLU, and the L2 norms of the q and k heads: conv (T, C) gets the
+    SiLU output (v is its last value_dim columns), qk (T, 2 key_dim) the normed q and k."""
+    conv_rows(conv_state, qkv, weight, conv)
+    silu_rows(conv, conv)
+    l2_norm_heads(conv[:, :2 * key_dim], head_dim, eps, qk)
+
+
+@njit(**EXACT)
+def decay_and_beta(alpha, beta_in, dt_bias, a, g, beta):
+    """g = softplus(alpha + dt_bias) * a (ggml's softplus: x above 20 is kept); beta = sigmoid(beta_in)."""
+    for t in range(alpha.shape[0]):
+        for h in range(alpha.shape[1]):
+            x = alpha[t, h] + dt_bias[h]
+            soft = x if x > F32(20.0) else np.log(F32(1.0) + np.exp(x))
+            g[t, h] = soft * a[h]
+            beta[t, h] = sigmoid(beta_in[t, h])
+
+
+@njit(**EXACT)
+def delta_rule_heads(q, k, v, g, beta, state, head_dim, out, counter):
+    """The gated delta rule over T tokens, one task per v-head; state (n_v_heads, S, S) holds S transposed
+    and is updated in place. q, k: (T, n_k_heads * S); v, out: (T, n_v_heads * S); out may be empty
+    (replaying inputs only to rebuild the state)."""
+    n_tokens = v.shape[0]
+    n_v_heads = state.shape[0]
+    n_k_heads = q.shape[1] // head_dim
+    scale = F32(1.0) / np.sqrt(F32(head_dim))
+    delta = np.empty(head_dim, np.float32)
+    kt = np.empty((1, head_dim), np.float32)     # contiguous copies of the head's k and q rows
+    qt = np.empty((1, head_dim), np.float32)
+    enter(counter)
+    while True:
+        h = claim(counter)
+        if h >= n_v_heads:
+            break
+        m = state[h]
+        flat = m.reshape(head_dim * head_dim)
+        hk = h % n_k_heads
+        for t in range(n_tokens):
+            kt[0] = k[t, hk * head_dim:(hk + 1) * head_dim]
+            decay = np.exp(g[t, h])
+            for i in range(flat.size):
+                flat[i] = flat[i] * decay
+            for j in range(head_dim):
+                delta[j] = (v[t, h * head_dim + j] - dot_one_row(m[j], kt, 0, False)) * beta[t, h]
+            for j in range(head_dim):
+                row, d = m[j], delta[j]
+                for i in range(head_dim):
+                    row[i] = fma(kt[0, i], d, row[i])
+            if out.size:
+                qt[0] = q[t, hk * head_dim:(hk + 1) * head_dim]
+                for j in range(head_dim):
+                    out[t, h * head_dim + j] = dot_one_row(m[j], qt, 0, False) * scale
+    leave(counter)
+
+
+@njit(**EXACT)
+def gated_norm_heads(x, weight, z, eps, out):
+    """Per head: rms_norm(x) * weight * silu(z) (silu over each head_dim row of z, as ggml_silu runs it)."""
+    head_dim = weight.size
+    gate = np.empty((1, head_dim), np.float32)
+    for t in range(x.shape[0]):
+        for h in range(x.shape[1] // head_dim):
+            part = out[t, h * head_dim:(h + 1) * head_dim]
+            rms_norm_row(x[t, h * head_dim:(h + 1) * head_dim], weight, eps, part)
+            silu_rows(z[t:t + 1, h * head_dim:(h + 1) * head_dim], gate)
+            for i in range(head_dim):
+                part[i] = part[i] * gate[0, i]
+
+
+@dataclass
+class GatedDeltaNet:
+    wqkv: Matrix            # n_embd -> conv channels (q, k, v)
+    wgate: Matrix           # n_embd -> value_dim (z)
+    wbeta: Matrix           # n_embd -> n_v_heads
+    walpha: Matrix          # n_embd -> n_v_heads
+    conv: np.ndarray        # (kernel, channels) float32: the conv taps, tap-major
+    dt_bias: np.ndarray     # (n_v_heads,)
+    a: np.ndarray           # (n_v_heads,) = -exp(A_log)
+    norm: np.ndarray        # (head_dim,)
+    wout: Matrix            # value_dim -> n_embd
+    n_k_heads: int
+    head_dim: int
+    eps: float
+
+    def __post_init__(self):
+        self.inputs = MatrixGroup(self.wqkv, self.wgate, self.wbeta, self.walpha)
+        self.n_v_heads = self.a.size
+        self.key_dim = self.n_k_heads * self.head_dim
+
+    @classmethod
+    def load(cls, w, hp, i: int) -> "GatedDeltaNet":
+        """Layer i's Gated DeltaNet tensors (blk.i.attn_qkv / attn_gate / ssm_*) from a WeightFile."""
+        p, shape = f"blk.{i}.", hp.delta_net
+        value_dim = shape.n_v_heads * shape.head_dim
+        channels = 2 * shape.n_k_heads * shape.head_dim + value_dim
+        return cls(
+            wqkv=w.matrix(p + "attn_qkv.weight", hp.n_embd, channels),
+            wgate=w.matrix(p + "attn_gate.weight", hp.n_embd, value_dim),
+            wbeta=w.matrix(p + "ssm_beta.weight", hp.n_embd, shape.n_v_heads),
+            walpha=w.matrix(p + "ssm_alpha.weight", hp.n_embd, shape.n_v_heads),
+            conv=np.ascontiguousarray(
+                w.vector(p + "ssm_conv1d.weight", channels * shape.conv_kernel).reshape(channels, -1).T),
+            dt_bias=w.vector(p + "ssm_dt.bias", shape.n_v_heads),
+            a=w.vector(p + "ssm_a", shape.n_v_heads),
+            norm=w.vector(p + "ssm_norm.weight", shape.head_dim),
+            wout=w.matrix(p + "ssm_out.weight", value_dim, hp.n_embd),
+            n_k_heads=shape.n_k_heads, head_dim=shape.head_dim, eps=hp.rms_eps)
+
+    def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
+        """The mixer interface: kv is a HybridCache and slot this layer's index among its recurrent states."""
+        return self.mix(h, kv.recurrent[slot], stepwise)
+
+    def mix(self, h: np.ndarray, state, stepwise: bool) -> np.ndarray:
+        """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens."""
+        qkv, z, beta_in, alpha = self.inputs(h, stepwise)
+        qkv = np.ascontiguousarray(qkv)     # a column view of the group's output; the log keeps only these
+        g = np.empty_like(alpha)
+        beta = np.empty_like(alpha)
+        decay_and_beta(alpha, beta_in, self.dt_bias, self.a, g, beta)
+        core = np.empty((len(h), self.n_v_heads * self.head_dim), np.float32)
+        state.append(qkv, g, beta)
+        self.recur(state.conv, state.ssm, qkv, g, beta, core)
+        normed = np.empty_like(core)
+        gated_norm_heads(core, self.norm, z, F32(self.eps), normed)
+        return self.wout(normed, stepwise)
+
+    def recur(self, conv_state, ssm_state, qkv, g, beta, out=NO_OUTPUT) -> None:
+        """Advance conv_state ((K - 1, C)) and ssm_state ((n_v_heads, S, S)) over the rows of qkv, g, beta,
+        writing the heads' outputs to out (T, value_dim) unless it is empty."""
+        conv = np.empty_like(qkv)
+        qk = np.empty((len(qkv), 2 * self.key_dim), np.float32)
+        conv_silu_l2(conv_state, qkv, self.conv, self.key_dim, self.head_dim, F32(self.eps), conv, qk)
+        q, k = qk[:, :self.key_dim], qk[:, self.key_dim:]
+        v = conv[:, 2 * self.key_dim:]
+        work = len(qkv) * self.n_v_heads * self.head_dim * self.head_dim * 3
+        workers.run(delta_rule_heads, self.n_v_heads, work, workers.ATTENTION_MIN_WORK,
+                    q, k, v, g, beta, ssm_state, self.head_dim, out)

@@ -1,0 +1,175 @@
+"""Gated DeltaNet hybrid targets (qwen35, qwen35moe) against their oracles: llama.cpp (llama-cpp-python,
+non-flash attention, f16 KV cache) logit for logit and token for token on the tiny models its own converter
+and quantizer made, transformers' hidden states for the feature taps, and the recurrent state's rollback
+against never having gone further.
+
+Prompts are random id sequences whose llama.cpp greedy path keeps a clear top-1/top-2 margin (checked
+here and printed with the logit differences), so that float-level differences could not decide a token.
+"""
+
+import numpy as np
+import pytest
+
+from ggtools.runtime import TargetModel, greedy
+from tests.llama_runner import LlamaCpp, assert_prompt_logits_identical, avx2_llama_cpp
+
+pytestmark = pytest.mark.oracle
+
+N_GREEDY = 40
+MIN_MARGIN = 0.005      # logits of these models span about +-7; float-level differences are ~1e-6
+# seeds of prompts whose llama.cpp greedy paths keep a margin of at least 0.01 in every encoding
+PROMPT_SEEDS = {"qwen35": [3, 13, 17, 21, 24], "qwen35moe": [4, 12, 29, 36, 11]}
+ENCODINGS = [("qwen35", "f32"), ("qwen35", "f16"), ("qwen35", "q8_0"),
+             ("qwen35moe", "f32"), ("qwen35moe", "f16"), ("qwen35moe", "mxfp4_moe")]
+
+
+def prompt(seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [1] + rng.integers(3, 1000, int(rng.integers(4, 40))).tolist()
+
+
+@pytest.fixture(scope="module")
+def llama_cpp():
+    return avx2_llama_cpp()
+
+
+@pytest.fixture(scope="module")
+def targets(qwen35_target, qwen35moe_target):
+    return {"qwen35": qwen35_target, "qwen35moe": qwen35moe_target}
+
+
+@pytest.fixture(scope="module")
+def models(targets):
+    """One loaded TargetModel per (arch, encoding), shared by the tests of this module."""
+    loaded = {}
+
+    def get(arch, encoding, kv_type="f16"):
+        key = (arch, encoding, kv_type)
+        if key not in loaded:
+            loaded[key] = TargetModel(targets[arch].gguf[encoding], threads=2, kv_type=kv_type)
+        loaded[key].kv.clear()
+        return loaded[key]
+
+    yield get
+    for model in loaded.values():
+        model.close()
+
+
+def our_greedy_path(model: TargetModel, ids, n):
+    """Greedy tokens and the logits row each was chosen from, as LlamaCpp.greedy_logits gives them; the prompt's
+    logits are all computed, as llama.cpp's logits_all does (a one-row output matmul of float weights has
+    other bits than a batch's)."""
+    logits, _ = model.forward(ids, logits="all")
+    tokens, rows = [], []
+    for _ in range(n):
+        rows.append(logits[-1])
+        tokens.append(int(logits[-1].argmax()))
+        logits, _ = model.forward([tokens[-1]], logits="last")
+    return tokens, np.array(rows)
+
+
+def top2_margin(rows) -> float:
+    top = np.sort(rows, axis=1)[:, -2:]
+    return float((top[:, 1] - top[:, 0]).min())
+
+
+@pytest.mark.parametrize("arch, encoding", ENCODINGS)
+def test_prompt_logits_are_bit_identical(targets, models, llama_cpp, arch, encoding):
+    oracle, model = LlamaCpp(llama_cpp, targets[arch].gguf[encoding]), models(arch, encoding)
+    assert_prompt_logits_identical(oracle, model, [prompt(seed) for seed in PROMPT_SEEDS[arch][:2]],
+                                   f"{arch} {encoding}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, encoding", ENCODINGS)
+def test_greedy_tokens_are_identical(targets, models, llama_cpp, arch, encoding):
+    oracle, model = LlamaCpp(llama_cpp, targets[arch].gguf[encoding]), models(arch, encoding)
+    for seed in PROMPT_SEEDS[arch]:
+        ids = prompt(seed)
+        want, want_rows = oracle.greedy_logits(ids, N_GREEDY)
+        model.kv.clear()
+        ours, rows = our_greedy_path(model, ids, N_GREEDY)
+        margin = top2_margin(want_rows)
+        print(f"{arch} {encoding} seed {seed}: {len(ids)} + {N_GREEDY} tokens, min top-1/top-2 margin {margin:.4f}, "
+              f"max abs logit difference {np.abs(rows - want_rows).max()}")
+        assert margin >= MIN_MARGIN, "the prompt no longer has a clear margin on llama.cpp's path: choose another"
+        assert ours == want
+        assert np.array_equal(rows, want_rows)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
+def test_feature_taps_equal_transformers_hidden_states(targets, models, arch):
+    """hidden_states[j] is the residual entering layer j (the last one the final normed state), linear and
+    full attention layers alike; f32 GGUF with an f32 cache: float rounding (measured 7e-6 relative)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(targets[arch].hf_dir, dtype=torch.float32).eval()
+    ids = [1] + np.random.default_rng(1).integers(3, 1024, 30).tolist()
+    with torch.no_grad():
+        hidden = [h[0].numpy() for h in hf(torch.tensor([ids]), output_hidden_states=True).hidden_states]
+    model = models(arch, "f32", kv_type="f32")
+    taps = list(range(model.hp.n_layer + 1))
+    _, features = model.forward(ids, taps=taps, logits="none")
+    for j in taps:
+        err = np.abs(features[:, j] - hidden[j]).max() / np.abs(hidden[j]).max()
+        print(f"{arch} tap {j}: max relative difference {err:.1e}")
+        assert err <= 2e-5, j
+
+
+@pytest.mark.parametrize("arch, encoding", ENCODINGS)
+def test_crop_then_generate_equals_never_going_further(models, arch, encoding):
+    """Crop back into the generated tokens and into the prompt (the recurrent state rolls back with the KV
+    cache), then go on: the same logits, bit for bit, as a fresh run that made the same calls up to there."""
+    model = models(arch, encoding)
+    ids = prompt(PROMPT_SEEDS[arch][0])
+    generated, _ = greedy(model, ids, 12)     # the prompt as one batch, then one-token steps
+
+    def run_to(keep):
+        model.kv.clear()
+        model.forward(ids[:keep], logits="none")
+        for token in generated[:max(0, keep - len(ids))]:
+            model.forward([token], logits="none")
+
+    for keep in (len(ids) + 5, len(ids) - 3, 2):
+        model.kv.crop(keep)
+        after_crop = model.forward([7, 8, 9])[0]
+        continued, _ = greedy(model, [10], 6)
+        run_to(keep)
+        assert np.array_equal(after_crop, model.forward([7, 8, 9])[0])
+        assert continued == greedy(model, [10], 6)[0]
+        run_to(len(ids) + 11)
+
+
+def test_split_target_runs_from_its_first_shard(targets, models):
+    """The MXFP4_MOE qwen35moe as 3 shards, loaded from the first: the single file's logits and greedy tokens."""
+    split = TargetModel(targets["qwen35moe"].split[0], threads=2)
+    whole = models("qwen35moe", "mxfp4_moe")
+    ids = prompt(PROMPT_SEEDS["qwen35moe"][0])
+    assert len(split.weights.shards.files) == 3
+    assert np.array_equal(split.forward(ids)[0], whole.forward(ids)[0])
+    assert greedy(split, [5], 8)[0] == greedy(whole, [5], 8)[0]
+    split.close()
+
+
+@pytest.mark.parametrize("edit, message", [
+    ("qwen35.ssm.inner_size=u32:100", "'qwen35.ssm.inner_size' is not time_step_rank x state_size"),
+    ("qwen35.attention.recurrent_layers=bool[]:1,1,1,1,1,1", "tensor 'blk.1.attn_qkv.weight' is missing"),
+    ("qwen35.attention.recurrent_layers=bool[]:1,0", "'qwen35.attention.recurrent_layers' has 2 entries for 6 layers"),
+    ("qwen35.ssm.group_count=u32:3", "4 value heads is not a multiple of 3 key heads"),
+])
+def test_inconsistent_hybrid_keys_are_one_line_errors(targets, tmp_path, edit, message):
+    """A qwen35 GGUF whose Gated DeltaNet keys disagree with its tensors: `ggtools run` names the file and the
+    rule in one line and exits 2, no traceback; the input is not modified."""
+    from click.testing import CliRunner
+
+    from ggtools.cli import main as cli
+
+    source = targets["qwen35"].gguf["q8_0"]
+    before = source.stat().st_mtime_ns
+    bad = tmp_path / "bad.gguf"
+    assert CliRunner().invoke(cli, ["patch", "set", str(source), edit, "-o", str(bad)]).exit_code == 0
+    result = CliRunner().invoke(cli, ["run", "--target", str(bad), "--prompt-ids", "1,2,3", "-n", "2"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and str(bad) in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert source.stat().st_mtime_ns == before
