@@ -1,6 +1,7 @@
-"""ggtools.runtime: CPU runtime for target + DFlash drafter pairs (numpy + numba).
+"""ggtools.runtime: runtime for target + DFlash drafter pairs: numpy + numba on the CPU (the default), or torch on
+the CPU or a CUDA GPU (`TargetModel(path, backend="torch", device="cuda")`; docs/torch.md).
 
-Target numerics are llama.cpp's CPU backend's, bit for bit for the types its tests cover (see ggmlmath).
+numba's target numerics are llama.cpp's CPU backend's, bit for bit for the types its tests cover (see ggmlmath).
 
     from ggtools.runtime import TargetModel, Tokenizer, greedy
     model = TargetModel("target.gguf", threads=2)

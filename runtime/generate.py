@@ -28,6 +28,9 @@ class RunResult:
     rss_bytes: int               # resident memory after the run (includes the touched, mapped weights)
     peak_rss_bytes: int
     threads: int
+    backend: str = "numba"       # "numba" | "torch"
+    device: str = "cpu"
+    dtype: str = "f32"           # the compute dtype
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,12 +77,14 @@ def check_context(model: TargetModel, n_prompt: int, n: int, n_ctx: int | None =
 
 
 def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads: int | None = None,
-        stop_at_eog: bool = True, n_ctx: int | None = None, progress=None) -> RunResult:
+        stop_at_eog: bool = True, n_ctx: int | None = None, progress=None, backend: str = "numba",
+        device: str | None = None, dtype: str | None = None) -> RunResult:
     """Load a target GGUF, greedily continue a prompt (text or token ids), and measure it. n_ctx: the most
-    tokens allowed (default: the model's context length); progress(k): k new tokens generated."""
+    tokens allowed (default: the model's context length); progress(k): k new tokens generated; backend, device
+    and dtype choose what runs it (TargetModel)."""
     if (prompt is None) == (prompt_ids is None):
         raise ValueError("give exactly one of prompt and prompt_ids")
-    model = TargetModel(target, threads=threads)
+    model = TargetModel(target, threads=threads, backend=backend, device=device, dtype=dtype)
     try:
         tokenizer = load_tokenizer(model, required=prompt is not None)
         ids = tokenizer.encode(prompt) if prompt is not None else [int(i) for i in prompt_ids]
@@ -101,9 +106,14 @@ def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads
             prompt_seconds=t1 - t0, generate_seconds=t2 - t1,
             prompt_tokens_per_second=len(ids) / (t1 - t0),
             generate_tokens_per_second=steps / (t2 - t1) if steps else 0.0,
-            rss_bytes=current_rss(), peak_rss_bytes=peak_rss(), threads=model.threads)
+            rss_bytes=current_rss(), peak_rss_bytes=peak_rss(), threads=model.threads, **backend_fields(model))
     finally:
         model.close()
+
+
+def backend_fields(model: TargetModel) -> dict:
+    """What ran a model, for a report: backend, device, compute dtype."""
+    return {"backend": model.ops.name, "device": model.ops.device, "dtype": model.ops.dtype}
 
 
 def load_tokenizer(model: TargetModel, required: bool) -> Tokenizer | None:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from ggtools.runtime.drafter import Drafter
 from ggtools.runtime.errors import ModelError
-from ggtools.runtime.generate import check_context, continue_greedy, load_tokenizer, warm_up
+from ggtools.runtime.generate import backend_fields, check_context, continue_greedy, load_tokenizer, warm_up
 from ggtools.runtime.target.model import TargetModel
 from ggtools.runtime.speculative import DraftSettings, speculative_generate
 from ggtools.runtime.stats import acceptance_stats
@@ -44,6 +44,9 @@ class SpecRun:
     mismatches: list = field(default_factory=list)   # prompt indices whose outputs differ (should be none)
     tau_per_prompt: list = field(default_factory=list)   # stats' tau_zlab of each prompt alone
     texts: list | None = None       # decoded outputs, when the vocabulary decodes
+    backend: str = "numba"          # "numba" | "torch", its device and compute dtype
+    device: str = "cpu"
+    dtype: str = "f32"
 
     @property
     def acceptance_rate(self) -> float:
@@ -56,14 +59,17 @@ class SpecRun:
 def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int | None = None,
                     settings: DraftSettings | None = None, kv_type: str = "f16", threads: int | None = None,
                     stop_at_eog: bool = True, compare: bool = True, mask_id: int | None = None,
-                    n_ctx: int | None = None, progress=None) -> SpecRun:
+                    n_ctx: int | None = None, progress=None, backend: str = "numba", device: str | None = None,
+                    dtype: str | None = None) -> SpecRun:
     """target, draft: GGUF paths (or a loaded TargetModel for target); prompts: texts (tokenized with the
     target's vocabulary) or lists of token ids. compare: also run target-only greedy decoding (reference
     tokens and speed). n_ctx: the most tokens a sequence may reach (default: the target's context length);
-    progress(k): k new tokens decoded (both decodings count)."""
+    progress(k): k new tokens decoded (both decodings count). backend, device, dtype: what runs the pair
+    (TargetModel; the drafter runs on the target's backend)."""
     if not prompts:
         raise ModelError("no prompts")
-    model = target if isinstance(target, TargetModel) else TargetModel(target, threads=threads)
+    model = target if isinstance(target, TargetModel) else TargetModel(target, threads=threads, backend=backend,
+                                                                        device=device, dtype=dtype)
     drafter = None
     try:
         drafter = Drafter(draft, model, mask_id=mask_id)
@@ -154,7 +160,7 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
         speculative_tokens_per_second=spec_tps, speedup=spec_tps / target_tps if target_tps else 0.0,
         draft_seconds_share=t_draft / t_spec if t_spec else 0.0, draft_kv_bytes=kv.nbytes,
         draft_kv_bytes_full=full.bytes_for(longest), threads=model.threads, mismatches=mismatches,
-        tau_per_prompt=[acceptance_stats([steps], n_max + 1)["tau_zlab"] for steps in runs])
+        tau_per_prompt=[acceptance_stats([steps], n_max + 1)["tau_zlab"] for steps in runs], **backend_fields(model))
 
 
 def _target_only(model, prompt, n, stop_ids, progress=None) -> tuple[list, float]:

@@ -45,7 +45,10 @@ class Matrix:
 class WeightFile:
     """The tensors of a model (one file or a split set), looked up by name."""
 
-    def __init__(self, path):
+    def __init__(self, path, make_matrix=Matrix):
+        """make_matrix(name, qtype, n_rows, n_cols, buf, offset, n_expert): the backend's matrix over the bytes at
+        buf[offset:] (buf: a whole mapped file as uint8); Matrix for numba."""
+        self.make_matrix = make_matrix
         self.shards = ShardSet(path)
         files = self.shards.files
         self.meta = files[0]
@@ -86,8 +89,8 @@ class WeightFile:
         if t.ne[0] % GGML_QUANT_SIZES[qtype][0]:
             raise ModelError(f"{f.path}: tensor '{name}' rows of {t.ne[0]} values are not whole {qtype.name} blocks")
         f.tensor_data(t)   # checks the size and that the data lies inside the file
-        return Matrix(name, qtype, int(ne[1]), int(ne[0]), self._buffer(f), t.data_start,
-                      int(ne[2]) if n_expert is not None else 1)
+        return self.make_matrix(name, qtype, int(ne[1]), int(ne[0]), self._buffer(f), t.data_start,
+                                int(ne[2]) if n_expert is not None else 1)
 
     def _buffer(self, f) -> np.ndarray:
         """The whole mapped file as one uint8 array (matrices are addressed by offset into it)."""

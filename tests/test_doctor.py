@@ -186,6 +186,14 @@ def test_finding_quotes_the_runtime(work, sources, case):
     assert_quoted(f, runtime, sources)
 
 
+def test_llama_cpp_tap_archs_are_those_its_source_builds_with_layer_inputs(sources):
+    """The profile's list of target archs llama.cpp's DFlash can tap equals what its vendored source says: the
+    arch names whose model class builds a graph that sets t_layer_inp."""
+    if isinstance(sources["llama.cpp"], Exception):
+        pytest.skip(f"oracle missing: {sources['llama.cpp']}")
+    assert PROFILES["llama.cpp"].tap_archs == runtime_sources.llama_cpp_tap_archs(sources["llama.cpp"])
+
+
 def test_silent_findings_say_what_the_user_sees(work):
     """Faults no runtime reports: the finding names the symptom (there are no words to quote)."""
     off = broken(work, "v1", "offbyone", set_keys=[("dflash.target_layers", VT.ARRAY, [1, 5], VT.INT32)])

@@ -80,7 +80,7 @@ def recorded_routes(model):
 def expert_stacks(model, layer):
     """The gate, up and down expert stacks (weights.Matrix) of a layer."""
     ffn = model.layers[layer].ffn
-    return [*ffn.gate_up.matrices, *ffn.down.matrices]
+    return [ffn.gate, ffn.up, ffn.down]
 
 
 def poison(path, model, layer, experts):

@@ -201,16 +201,25 @@ def test_speculative_output_equals_greedy_every_pair(targets, drafter_ggufs, arc
     _speculative_equals_greedy(targets, drafter_ggufs, arch, kind, version, profile)
 
 
-@pytest.mark.parametrize("arch, kind, warned", [("gpt-oss", "MXFP4_MOE", True), ("qwen3moe", "Q8_0", False)])
-def test_run_draft_warns_about_llama_cpp_but_runs_the_pair(targets, drafter_ggufs, arch, kind, warned):
-    """gpt-oss pairs do not run in llama.cpp (no layer inputs in its graph, per ggtools.dflash.target): `ggtools
-    run --draft` says so and runs them anyway."""
+@pytest.mark.parametrize("llama_cpp_taps_gpt_oss", [True, False])
+def test_run_draft_warns_about_llama_cpp_but_runs_the_pair(targets, drafter_ggufs, monkeypatch, llama_cpp_taps_gpt_oss):
+    """Where llama.cpp's graph for the target arch sets no layer inputs, `ggtools run --draft` says so and runs
+    the pair anyway. Every arch this runtime runs is tapped by today's llama.cpp (gpt-oss included: its graph sets
+    t_layer_inp), so the other case is made by taking gpt-oss out of the profile's list."""
+    import dataclasses
+
     from click.testing import CliRunner
 
     from ggtools.cli import main
+    from ggtools.dflash.profiles import LLAMACPP
 
-    args = ["run", "--target", str(targets[arch].gguf[kind]), "--draft", str(drafter_ggufs[arch, "v2", "llama.cpp"]),
-            "--prompt-ids", "1,5,77,300,12,9", "-n", "12", "--threads", "2"]
+    if not llama_cpp_taps_gpt_oss:
+        monkeypatch.setattr("ggtools.cli.run.LLAMACPP",
+                            dataclasses.replace(LLAMACPP, tap_archs=LLAMACPP.tap_archs - {"gpt-oss"}))
+    warned = not llama_cpp_taps_gpt_oss
+    args = ["run", "--target", str(targets["gpt-oss"].gguf["MXFP4_MOE"]), "--draft",
+            str(drafter_ggufs["gpt-oss", "v2", "llama.cpp"]), "--prompt-ids", "1,5,77,300,12,9", "-n", "12",
+            "--threads", "2"]
     result = CliRunner().invoke(main, args + ["--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)

@@ -2,6 +2,7 @@ import sys
 
 import click
 
+from ggtools.cli.backend_options import backend_options
 from ggtools.cli.draft_options import draft_options, draft_setup
 from ggtools.cli.render import emit_json, table
 from ggtools.jobs.accept import DEFAULT_MAX_DROP, accept, input_files
@@ -25,13 +26,14 @@ from ggtools.jobs.accept_report import (ALIGN, HEADERS, check_destination, defin
 @click.option("--min-tau", type=click.FloatRange(min=0), help="Fail a drafter whose tau is below this.")
 @draft_options
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@backend_options
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at an end-of-generation token.")
 @click.option("--json", "as_json", is_flag=True, help="Every field as JSON on stdout (docs/accept.md).")
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the report as Markdown (CI job summary).")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also write a figure (.png or .svg; needs ggtools[plot]).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, full_kv, n_max, cut, p_min, n_min,
-            threads, ignore_eos, as_json, report, plot, quiet):
+            threads, backend, device, dtype, ignore_eos, as_json, report, plot, quiet):
     """Acceptance gate: decode a prompt set with each drafter against the target and judge every drafter
     against a baseline. Every output is checked against target-only greedy decoding, which runs once per
     prompt for all drafters.
@@ -46,6 +48,8 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
       ggtools accept --target target.gguf --draft hf-drafter/ --draft drafter-q4-mix.gguf --prompts prompts.jsonl \\
           --min-tau 2 --report summary.md --plot acceptance.png
       ggtools accept --target target.gguf --draft a.gguf --draft b.gguf --baseline b.gguf --full-kv --json
+      ggtools accept --target target.gguf --draft drafter-f16.gguf --draft drafter-q4-mix.gguf --backend torch \\
+          --device cuda:0 --dtype bf16
     """
     ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
     inputs = input_files(target, drafts, prompts)
@@ -55,7 +59,7 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
         check_plot_path(plot, inputs)
     result = accept(target, list(drafts), prompts=prompts, n=n, baseline=baseline, max_drop=max_drop, min_tau=min_tau,
                     ring_cap=ring_cap, settings=settings, threads=threads,
-                    stop_at_eog=not ignore_eos, progress=not quiet)
+                    stop_at_eog=not ignore_eos, progress=not quiet, backend=backend, device=device, dtype=dtype)
     if report:
         write_markdown(result, report, inputs)
     if plot:

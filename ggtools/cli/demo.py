@@ -4,6 +4,7 @@ import tempfile
 
 import click
 
+from ggtools.cli.backend_options import backend_options
 from ggtools.cli.plan_view import show_plan
 from ggtools.cli.render import emit_json, human_bytes, table
 from ggtools.jobs.demo import requant_demo, run_demo
@@ -16,10 +17,11 @@ from ggtools.jobs.demo import requant_demo, run_demo
 @click.option("--ring-cap", default=64, show_default=True, type=click.IntRange(1), help="Draft KV ring slots.")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
               help="CPU threads (the demo models are tiny: one thread is the fastest target-only baseline).")
+@backend_options
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1), help="Runs per variant (best kept).")
 @click.option("--skip-requant", is_flag=True, help="Leave out the second part (requant-trunk on a sample MoE set).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report of the drafter part.")
-def command(work_dir, prompts, n, ring_cap, threads, rounds, skip_requant, as_json):
+def command(work_dir, prompts, n, ring_cap, threads, backend, device, dtype, rounds, skip_requant, as_json):
     """Run the main jobs end to end on the embedded demo pair, with no downloads.
 
     \b
@@ -35,7 +37,8 @@ def command(work_dir, prompts, n, ring_cap, threads, rounds, skip_requant, as_js
         root = work_dir or tmp
         say("1. DFlash drafter: convert, quantize, check, decode speculatively")
         report = run_demo(os.path.join(root, "drafter"), prompts=prompts, n=n, ring_cap=ring_cap, threads=threads,
-                          rounds=rounds, log=lambda line: say("   " + line))
+                          rounds=rounds, log=lambda line: say("   " + line), backend=backend, device=device,
+                          dtype=dtype)
         if as_json:
             emit_json({"work_dir": report.work_dir, "prompts": report.prompts, "rounds": report.rounds,
                        "target_only_tokens_per_second": report.target_tokens_per_second,

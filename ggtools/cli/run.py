@@ -3,6 +3,7 @@ import sys
 import click
 from tqdm import tqdm
 
+from ggtools.cli.backend_options import backend_options, runs_on
 from ggtools.cli.draft_options import draft_options, draft_options_given, draft_setup
 from ggtools.cli.render import emit_json, human_bytes
 from ggtools.dflash.profiles import LLAMACPP
@@ -42,12 +43,14 @@ def _progress_bar(total, as_json):
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--context-length", "n_ctx", type=click.IntRange(min=1),
               help="Allow prompt + -n up to this many tokens (default: the target's context_length).")
+@backend_options
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at an end-of-generation token.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut, p_min, n_min, min_acceptance,
-            no_baseline, threads, n_ctx, ignore_eos, as_json):
-    """Greedily continue a prompt with a target model on the CPU, alone or drafted by a DFlash drafter;
-    report speed, memory and (with --draft) acceptance.
+            no_baseline, threads, n_ctx, backend, device, dtype, ignore_eos, as_json):
+    """Greedily continue a prompt with a target model, alone or drafted by a DFlash drafter; report speed,
+    memory and (with --draft) acceptance. numba runs it on the CPU (the default); --backend torch on the CPU or
+    a CUDA GPU (--device cuda).
 
     With --draft the output equals target-only greedy decoding (checked against it, unless --no-baseline),
     and every acceptance statistic is printed with its definition. Exit 1 when the outputs differ or the
@@ -60,6 +63,7 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
       ggtools run --target target.gguf --draft drafter-q8_0.gguf --prompt 'def main():' --ring-cap 512
       ggtools run --target target.gguf --draft drafter.gguf --prompt-ids 1,2,3 --cut margin --p-min 0.35 \\
           --n-min 1 --min-acceptance 0.2
+      ggtools run --target target.gguf --draft drafter.gguf --prompt 'def main():' --backend torch --device cuda
     """
     if (prompt is None) == (prompt_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-ids")
@@ -69,7 +73,7 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
             raise click.UsageError("--ring-cap, --full-kv, --n-max, --cut and --min-acceptance need --draft")
         with _progress_bar(n, as_json) as bar:
             result = run(target, prompt=prompt, prompt_ids=ids, n=n, threads=threads, stop_at_eog=not ignore_eos,
-                         n_ctx=n_ctx, progress=bar.update)
+                         n_ctx=n_ctx, progress=bar.update, backend=backend, device=device, dtype=dtype)
         _show_target_only(result, as_json)
         return
     ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
@@ -80,7 +84,8 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
     with _progress_bar(n * (1 if no_baseline else 2), as_json) as bar:
         result = run_speculative(target, draft, [prompt if ids is None else ids], n, ring_cap=ring_cap,
                                  settings=settings, threads=threads, stop_at_eog=not ignore_eos,
-                                 compare=not no_baseline, n_ctx=n_ctx, progress=bar.update)
+                                 compare=not no_baseline, n_ctx=n_ctx, progress=bar.update, backend=backend,
+                                 device=device, dtype=dtype)
     failures = _failures(result, min_acceptance, no_baseline)
     if as_json:
         if failures:
@@ -119,14 +124,15 @@ def _show_target_only(result, as_json):
     click.echo(f"generation: {len(result.generated_ids)} tokens ({result.stop}), "
                f"{result.generate_tokens_per_second:.1f} tok/s", err=True)
     click.echo(f"memory: RSS {human_bytes(result.rss_bytes)}, peak {human_bytes(result.peak_rss_bytes)}; "
-               f"threads {result.threads}", err=True)
+               f"{runs_on(result)}", err=True)
 
 
 def _show_speculative(r, failures):
     click.echo(r.texts[0] if r.texts else " ".join(map(str, r.outputs[0])))
     err = lambda line: click.echo(line, err=True)  # noqa: E731
     err(f"drafter: {r.draft} ({r.profile} profile, DFlash{'2' if r.version == 2 else ' v1'}), draft KV {r.draft_kv}, "
-        f"n_max {r.settings['n_max']}, cut {r.settings['cut']} (p_min {r.settings['p_min']}, n_min {r.settings['n_min']})")
+        f"n_max {r.settings['n_max']}, cut {r.settings['cut']} (p_min {r.settings['p_min']}, n_min {r.settings['n_min']}); "
+        f"{runs_on(r)}")
     for name, value in r.stats.items():
         shown = "[" + ", ".join(f"{v:.3f}" for v in value) + "]" if isinstance(value, list) else (
             f"{value:.4f}" if isinstance(value, float) else str(value))

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as VT
 
-# llama.cpp at 0c1e570: target archs whose graph sets t_layer_inp (the per-layer inputs DFlash taps).
+# llama.cpp (llama-cpp-python 0.3.36's vendored tree): the GGUF arch names whose graph sets t_layer_inp (the
+# per-layer inputs DFlash taps); tests/test_doctor.py derives this set from that source.
 LLAMACPP_TAP_ARCHS = frozenset({
-    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "openai-moe",
-    "minimax-m2", "minimax-01", "mimo2", "nemotron-h", "bailingmoe3", "hunyuan-vl", "muse-glimmer", "nanbeige",
+    "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe", "qwen4exp", "gemma4", "gpt-oss",
+    "minimax-m2", "minimax-01", "mimo2", "nemotron_h", "bailingmoe3", "hunyuan_vl", "muse-glimmer", "nanbeige",
     "lfm2", "deepseek4"})
 # lucebox at 62880e20: target archs with a DFlash target (server/src/<arch>/<arch>_dflash_target.cpp), and the
 # archs its backend factory knows at all.

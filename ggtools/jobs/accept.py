@@ -108,13 +108,15 @@ class AcceptReport:
 
 def accept(target, drafts, *, prompts=None, n: int = 64, baseline=None, max_drop: float | None = DEFAULT_MAX_DROP,
            min_tau: float | None = None, ring_cap: int | None = DEFAULT_RING_CAP, settings: DraftSettings | None = None,
-           threads: int | None = None, stop_at_eog: bool = True, progress: bool = False) -> AcceptReport:
+           threads: int | None = None, stop_at_eog: bool = True, progress: bool = False, backend: str = "numba",
+           device: str | None = None, dtype: str | None = None) -> AcceptReport:
     """Measure every drafter of `drafts` (GGUF paths or HF checkpoint directories) on the prompts file `prompts`
-    (None: the default set) and judge it against `baseline` (default: the first); ring_cap None: full draft KV."""
+    (None: the default set) and judge it against `baseline` (default: the first); ring_cap None: full draft KV;
+    backend, device, dtype: what runs the pairs (TargetModel)."""
     t0 = time.perf_counter()
     settings = settings or DraftSettings()
     base = _check_inputs(target, drafts, baseline)
-    model = TargetModel(target, threads=threads)
+    model = TargetModel(target, threads=threads, backend=backend, device=device, dtype=dtype)
     try:
         tokenizer = _tokenizer(model)
         prompt_set = load_prompts(prompts, tokenizer, model.n_vocab)

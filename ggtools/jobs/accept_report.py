@@ -40,8 +40,14 @@ def setting_line(report: AcceptReport) -> str:
     source = "the default set" if report.prompt_source == "default" else report.prompt_source
     return (f"target {os.path.basename(report.target)}; {len(report.prompts)} prompts ({source}) × up to "
             f"{report.n} new tokens; draft KV {report.draft_kv}; n_max {_n_max(report)}, cut {s['cut']} "
-            f"(p_min {s['p_min']:g}, n_min {s['n_min']}); {report.threads} thread(s); baseline {report.baseline}, "
+            f"(p_min {s['p_min']:g}, n_min {s['n_min']}); {_runs_on(report)}; baseline {report.baseline}, "
             f"{gate}; target-only {report.target_tokens_per_second:.0f} tok/s")
+
+
+def _runs_on(report: AcceptReport) -> str:
+    run = report.drafters[0].run
+    threads = f"{report.threads} thread(s)"
+    return threads if run.backend == "numba" else f"torch on {run.device} ({run.dtype}), {threads}"
 
 
 def _n_max(report: AcceptReport) -> str:

@@ -88,19 +88,21 @@ def held_out_prompts(tokenizer: Tokenizer, count: int, length: int = PROMPT_TOKE
 
 
 def run_demo(work_dir, *, prompts: int = 6, n: int = 64, ring_cap: int = 64, threads: int = 1, rounds: int = 2,
-             log=lambda line: None) -> DemoReport:
+             log=lambda line: None, backend: str = "numba", device: str | None = None,
+             dtype: str | None = None) -> DemoReport:
     """Convert, quantize, check and decode (every variant `rounds` times, each run against target-only
     decoding; speeds are best rounds, as other processes on a shared machine slow runs at random);
-    log(line) reports progress."""
+    log(line) reports progress; backend, device, dtype: what runs the pairs (TargetModel)."""
     work = Path(work_dir)
     target = str(demo_data() / "target.gguf")
-    variants = build_drafters(work, target, log)
-    model = TargetModel(target, threads=threads)
+    model = TargetModel(target, threads=threads, backend=backend, device=device, dtype=dtype)
     try:
+        variants = build_drafters(work, target, log)
         tokenizer = Tokenizer.from_gguf(model.weights.meta)
         chosen = held_out_prompts(tokenizer, prompts)
         report = DemoReport(str(work), [name for name, _ in chosen], rounds)
         log(f"decoding {len(chosen)} held-out prompts x {n} tokens per variant, draft KV ring of {ring_cap} slots, "
+            f"{model.ops.name} backend on {model.ops.device} ({model.ops.dtype}), "
             f"{threads} thread(s), {rounds} rounds; every output is checked against target-only greedy decoding "
             "(once per prompt and round, shared by the variants)")
         f16 = variants[0]

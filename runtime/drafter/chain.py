@@ -55,22 +55,25 @@ def top_candidates(row: np.ndarray, k: int) -> np.ndarray:
 
 
 class Selector:
-    """DFlash2's candidate selector: hidden projection [R, H] and the two codebooks [V, R]."""
+    """DFlash2's candidate selector: hidden projection [R, H] and the two codebooks [V, R]. The walk runs on the
+    host: `host` brings a backend's array there (the gates and the codebook rows it reads)."""
 
-    def __init__(self, w, hp):
+    def __init__(self, w, hp, host=np.asarray):
         R = hp.v2.selector_rank
         self.top_k = hp.v2.selector_top_k
         self.hidden_projection = w.matrix("selector_hidden.weight", hp.n_embd, R)
         self.predecessor = w.matrix("selector_predecessor.weight", R)
         self.successor = w.matrix("selector_successor.weight", R)
+        self.host = host
 
-    def walk(self, logits: np.ndarray, hidden: np.ndarray, anchor: int) -> DraftChain:
-        gates = self.hidden_projection(hidden)
+    def walk(self, logits: np.ndarray, hidden, anchor: int) -> DraftChain:
+        gates = self.host(self.hidden_projection(hidden))
         prev = anchor
         tokens, ps, margins = [], [], []
         for row, gate in zip(logits, gates):
             cand = top_candidates(row, self.top_k)
-            scores = row[cand] + (self.predecessor.rows([prev])[0] * gate) @ self.successor.rows(cand).T
+            scores = row[cand] + (self.host(self.predecessor.rows([prev]))[0] * gate) @ self.host(
+                self.successor.rows(cand)).T
             j = int(np.argmax(scores))
             prev = int(cand[j])
             p, margin = _confidence(scores, scores[j])

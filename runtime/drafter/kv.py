@@ -6,7 +6,8 @@ Only committed positions (target-verified: prompt, accepted drafts, the anchor) 
 (`project(features, positions) -> [(k, v) per layer]`, batch-invariant, K normed and rotated at its
 absolute position). A `committed` below what the cache holds is a rewind: the cache resets and is
 rebuilt from the features given. The noise block's K/V of a step are written to scratch rows
-(`write_noise`) and never become context.
+(`write_noise`) and never become context. The stores are the drafter's backend's arrays (`zeros(shape, kv_type)`:
+numpy, or torch tensors on the device); the bookkeeping (positions, slots, the ring's mask) stays on the host.
 
 `visible(layer)` gives the stores and the rows to attend: the visible context in absolute-position order,
 then the noise rows, which is what makes the attention independent of slot layout (draft_attention.py). K/V are stored as
@@ -17,6 +18,11 @@ import numpy as np
 
 BULK_CHUNK = 1024      # rows projected per call when a large gap is filled (lucebox's bulk append)
 STORE_TYPES = {"f16": np.float16, "f32": np.float32}
+STORE_BYTES = {"f16": 2, "f32": 4}
+
+
+def host_zeros(shape, kv_type: str) -> np.ndarray:
+    return np.zeros(shape, STORE_TYPES[kv_type])
 
 
 def _align(n: int, to: int) -> int:
@@ -26,12 +32,13 @@ def _align(n: int, to: int) -> int:
 class DraftKV:
     """What FullKV and RingKV share: stores of (rows, n_kv, d) per layer, the window, the noise rows."""
 
-    def __init__(self, project, n_layer: int, n_kv: int, head_dim: int, block_size: int, kv_type: str = "f16"):
+    def __init__(self, project, n_layer: int, n_kv: int, head_dim: int, block_size: int, kv_type: str = "f16",
+                 zeros=host_zeros):
         if kv_type not in STORE_TYPES:
             raise ValueError(f"draft KV type must be one of {', '.join(STORE_TYPES)}, not {kv_type!r}")
         self.project = project
         self.n_layer, self.n_kv, self.head_dim, self.block_size = n_layer, n_kv, head_dim, block_size
-        self.dtype = STORE_TYPES[kv_type]
+        self.kv_type, self.zeros = kv_type, zeros
         self.k: list[np.ndarray] = []
         self.v: list[np.ndarray] = []
         self.committed = 0              # positions 0..committed-1 are context
@@ -42,8 +49,8 @@ class DraftKV:
 
     def _allocate(self, rows: int):
         shape = (rows, self.n_kv, self.head_dim)
-        self.k = [np.zeros(shape, self.dtype) for _ in range(self.n_layer)]
-        self.v = [np.zeros(shape, self.dtype) for _ in range(self.n_layer)]
+        self.k = [self.zeros(shape, self.kv_type) for _ in range(self.n_layer)]
+        self.v = [self.zeros(shape, self.kv_type) for _ in range(self.n_layer)]
 
     def reset(self) -> None:
         self.committed = self.next_pos = 0
@@ -94,7 +101,7 @@ class DraftKV:
 
     @property
     def bytes_per_row(self) -> int:
-        return 2 * self.n_layer * self.n_kv * self.head_dim * np.dtype(self.dtype).itemsize
+        return 2 * self.n_layer * self.n_kv * self.head_dim * STORE_BYTES[self.kv_type]
 
 
 class FullKV(DraftKV):
@@ -103,8 +110,8 @@ class FullKV(DraftKV):
 
     GROW = 256
 
-    def __init__(self, project, n_layer, n_kv, head_dim, block_size, kv_type="f16"):
-        super().__init__(project, n_layer, n_kv, head_dim, block_size, kv_type)
+    def __init__(self, project, n_layer, n_kv, head_dim, block_size, kv_type="f16", zeros=host_zeros):
+        super().__init__(project, n_layer, n_kv, head_dim, block_size, kv_type, zeros)
         self._allocate(self.GROW)
 
     def window_start(self, committed: int) -> int:
@@ -141,10 +148,10 @@ class RingKV(DraftKV):
     align32(cap + q + 1) rows. Visibility is an explicit mask over the slots: 0 iff the slot's position
     lies in [committed - min(committed, cap), committed), -inf otherwise."""
 
-    def __init__(self, project, n_layer, n_kv, head_dim, block_size, cap: int, kv_type="f16"):
+    def __init__(self, project, n_layer, n_kv, head_dim, block_size, cap: int, kv_type="f16", zeros=host_zeros):
         if cap < 1:
             raise ValueError("ring capacity must be at least 1")
-        super().__init__(project, n_layer, n_kv, head_dim, block_size, kv_type)
+        super().__init__(project, n_layer, n_kv, head_dim, block_size, kv_type, zeros)
         self.cap = cap
         self.kv_total = _align(cap + block_size + 1, 32)
         self._allocate(self.kv_total)

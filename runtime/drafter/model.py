@@ -1,4 +1,5 @@
-"""Drafter: a DFlash v1 / DFlash2 drafter GGUF (llama.cpp or lucebox profile) run on the CPU beside its target.
+"""Drafter: a DFlash v1 / DFlash2 drafter GGUF (llama.cpp or lucebox profile) run beside its target, by the
+target's backend (its `ops`: numba on the CPU, or torch); this code is the same for every backend.
 
     ctx   = rms(fc . concat(target features)) * hidden_norm          once per committed position
     K, V  = k_norm(W_k ctx) rotated at the absolute position, W_v ctx  per layer, kept in a draft KV
@@ -16,15 +17,11 @@ Context rows use `stepwise` matmuls, so a row's K/V are the same bits whatever b
 
 import numpy as np
 
-from ggtools.runtime.kernels import ops
-from ggtools.runtime.drafter.attention import attention, norm_rope
 from ggtools.runtime.drafter.chain import DraftChain, Selector, chain_v1
 from ggtools.runtime.drafter.hparams import DraftHParams, read_draft_hparams
 from ggtools.runtime.drafter.kv import DraftKV, FullKV, RingKV
 from ggtools.runtime.errors import ModelError
-from ggtools.runtime.weights import MatrixGroup, WeightFile
-
-NO_NORM = np.zeros(0, np.float32)
+from ggtools.runtime.kernels import ops as numba_ops
 
 
 class DynamicConv:
@@ -32,40 +29,43 @@ class DynamicConv:
     plus a per-token, per-group part projected from the sublayer's normed input; zero left padding at the
     block start. Side 0 filters the sublayer's input, side 1 its output (with the same dynamic part)."""
 
-    def __init__(self, base: np.ndarray, proj, kernel: int, group: int):
-        self.base, self.proj, self.kernel, self.group = base, proj, kernel, group
+    def __init__(self, base, proj, kernel: int, group: int, zeros_like):
+        self.base, self.proj, self.kernel, self.group, self.zeros_like = base, proj, kernel, group, zeros_like
 
-    def prepare(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def prepare(self, x):
         """Normed input (T, H) -> (convolved input, dynamic kernels (T, 2, K, H / group))."""
         dyn = self.proj(x).reshape(len(x), 2, self.kernel, -1)
         return self.apply(x, dyn, 0), dyn
 
-    def apply(self, x: np.ndarray, dyn: np.ndarray, side: int) -> np.ndarray:
-        out = np.zeros_like(x)
-        for tap in range(min(self.kernel, len(x))):
-            shifted = x[:len(x) - tap]
+    def apply(self, x, dyn, side: int):
+        out = self.zeros_like(x)
+        n, width = x.shape
+        for tap in range(min(self.kernel, n)):
+            shifted = x[:n - tap]
             out[tap:] += self.base[side, tap] * shifted
-            out[tap:] += np.repeat(dyn[tap:, side, tap], self.group, axis=1) * shifted
+            grouped = shifted.reshape(n - tap, -1, self.group)     # each group's channels scaled by its kernel
+            out[tap:] += (dyn[tap:, side, tap][:, :, None] * grouped).reshape(n - tap, width)
         return out
 
 
 class DraftLayer:
-    def __init__(self, w: WeightFile, i: int, hp: DraftHParams):
+    def __init__(self, w, i: int, hp: DraftHParams, ops):
+        """Layer i's tensors (blk.i.*) from a WeightFile of the backend `ops`."""
         p, H = f"blk.{i}.", hp.n_embd
         q_dim, kv_dim = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-        self.attn_norm = w.vector(p + "attn_norm.weight", H)
+        self.attn_norm = ops.vector(w.vector(p + "attn_norm.weight", H))
         self.wq = w.matrix(p + "attn_q.weight", H, q_dim)
         self.wk = w.matrix(p + "attn_k.weight", H, kv_dim)
         self.wv = w.matrix(p + "attn_v.weight", H, kv_dim)
         self.wo = w.matrix(p + "attn_output.weight", q_dim, H)
-        self.q_norm = w.vector(p + "attn_q_norm.weight", hp.head_dim)
-        self.k_norm = w.vector(p + "attn_k_norm.weight", hp.head_dim)
-        self.ffn_norm = w.vector(p + hp.names["ffn_norm"] + ".weight", H)
+        self.q_norm = ops.vector(w.vector(p + "attn_q_norm.weight", hp.head_dim))
+        self.k_norm = ops.vector(w.vector(p + "attn_k_norm.weight", hp.head_dim))
+        self.ffn_norm = ops.vector(w.vector(p + hp.names["ffn_norm"] + ".weight", H))
         self.gate = w.matrix(p + "ffn_gate.weight", H, hp.n_ff)
         self.up = w.matrix(p + "ffn_up.weight", H, hp.n_ff)
         self.down = w.matrix(p + "ffn_down.weight", hp.n_ff, H)
-        self.qkv, self.kv, self.gate_up = (MatrixGroup(self.wq, self.wk, self.wv), MatrixGroup(self.wk, self.wv),
-                                           MatrixGroup(self.gate, self.up))
+        self.qkv, self.kv, self.gate_up = (ops.group(self.wq, self.wk, self.wv), ops.group(self.wk, self.wv),
+                                           ops.group(self.gate, self.up))
         self.window = hp.sliding_window if hp.sliding_layers[i] else 0
         self.attn_conv = self.ffn_conv = None
         if hp.v2:
@@ -73,8 +73,8 @@ class DraftLayer:
             if H % gs:
                 raise ModelError(f"DFlash2 hidden size {H} is not divisible by conv_group_size {gs}")
             self.attn_conv, self.ffn_conv = (
-                DynamicConv(w.vector(p + f"{side}_conv_base", 2 * K * H).reshape(2, K, H),
-                            w.matrix(p + f"{side}_conv_proj.weight", H, 2 * K * (H // gs)), K, gs)
+                DynamicConv(ops.vector(w.vector(p + f"{side}_conv_base", 2 * K * H).reshape(2, K, H)),
+                            w.matrix(p + f"{side}_conv_proj.weight", H, 2 * K * (H // gs)), K, gs, ops.zeros_like)
                 for side in ("attn", "ffn"))
 
 
@@ -84,22 +84,23 @@ class Drafter:
     def __init__(self, path, target, mask_id: int | None = None):
         """path: drafter GGUF; target: the TargetModel it drafts for; mask_id overrides the stored one."""
         self.path = str(path)
-        self.weights = w = WeightFile(path)
+        self.ops = ops = target.ops
+        self.weights = w = ops.open_weights(path)
         self.hp = hp = read_draft_hparams(w.meta, w.names, mask_id)
         self.target = target
         self._check_target(target)
         H = hp.n_embd
         self.fc = w.matrix(hp.names["fc"] + ".weight", hp.fc_in, H)
-        self.hidden_norm = w.vector(hp.names["hidden_norm"] + ".weight", H)
-        self.output_norm = w.vector("output_norm.weight", H)
-        self.layers = [DraftLayer(w, i, hp) for i in range(hp.n_layer)]
+        self.hidden_norm = ops.vector(w.vector(hp.names["hidden_norm"] + ".weight", H))
+        self.output_norm = ops.vector(w.vector("output_norm.weight", H))
+        self.layers = [DraftLayer(w, i, hp, ops) for i in range(hp.n_layer)]
         self.embedding = w.matrix("token_embd.weight", H) if w.has("token_embd.weight") else target.token_embd
         self.head = (w.matrix("output.weight", H) if w.has("output.weight")
                      else w.matrix("token_embd.weight", H) if w.has("token_embd.weight") else target.output)
         if not 0 <= hp.mask_id < self.embedding.n_rows:
             raise ModelError(f"{self.path}: mask token id {hp.mask_id} is outside the {self.embedding.n_rows}-token "
                              "embedding")
-        self.selector = Selector(w, hp) if hp.v2 else None
+        self.selector = Selector(w, hp, ops.host) if hp.v2 else None
         self.scale = float(np.float32(1.0) / np.sqrt(np.float32(hp.head_dim)))
         self.freq_factors = np.zeros(0, np.float32)
 
@@ -125,62 +126,64 @@ class Drafter:
         hp = self.hp
         args = (self.context_kv, hp.n_layer, hp.n_head_kv, hp.head_dim, hp.block_size)
         if ring_cap is None:
-            return FullKV(*args, kv_type=kv_type)
-        return RingKV(*args, cap=ring_cap, kv_type=kv_type)
+            return FullKV(*args, kv_type=kv_type, zeros=self.ops.kv_zeros)
+        return RingKV(*args, cap=ring_cap, kv_type=kv_type, zeros=self.ops.kv_zeros)
 
     def _rope(self, positions):
         rope = self._plain_rope(positions)
         # llama.cpp's converter gives drafters of M-RoPE targets the sections [n_rot/2, 0, 0, 0], which rotate
         # every pair by the position as plain RoPE does; text_rope_angles keeps any other split exact too
-        still = ops.fourth_section_pairs(self.hp.rope_dims // 2, self.hp.rope_sections, False) \
+        still = numba_ops.fourth_section_pairs(self.hp.rope_dims // 2, self.hp.rope_sections, False) \
             if any(self.hp.rope_sections) else np.zeros(0, bool)
-        return ops.text_rope_angles(rope, self._plain_rope([0]), still) if still.any() else rope
+        if still.any():
+            rope = numba_ops.text_rope_angles(rope, self._plain_rope([0]), still)
+        return self.ops.tables(rope)
 
     def _plain_rope(self, positions):
         hp = self.hp
-        return ops.rope_angles(np.asarray(positions, np.int64), hp.rope_dims, hp.rope_base,
-                               np.float32(hp.rope_freq_scale), self.freq_factors, *ops.NO_YARN)
+        return numba_ops.rope_angles(np.asarray(positions, np.int64), hp.rope_dims, hp.rope_base,
+                                     np.float32(hp.rope_freq_scale), self.freq_factors, *numba_ops.NO_YARN)
 
-    def context(self, features: np.ndarray) -> np.ndarray:
+    def context(self, features):
         """Target features (T, n_taps * H) -> fused context rows (T, H)."""
-        return ops.rms_norm(self.fc(features, stepwise=True), self.hidden_norm, self.hp.rms_eps)
+        return self.ops.rms_norm(self.fc(features, stepwise=True), self.hidden_norm, self.hp.rms_eps)
 
-    def context_kv(self, features: np.ndarray, positions) -> list[tuple[np.ndarray, np.ndarray]]:
+    def context_kv(self, features, positions) -> list[tuple]:
         """Per layer (K (T, n_kv, d) normed and rotated at `positions`, V (T, n_kv, d)) of context rows."""
-        hp = self.hp
-        ctx = self.context(np.asarray(features, np.float32).reshape(len(positions), -1))
+        hp, ops = self.hp, self.ops
+        ctx = self.context(features.reshape(len(positions), -1))
         rope = self._rope(positions)
         out = []
         for layer in self.layers:
             k, v = layer.kv(ctx, stepwise=True)
-            out.append((norm_rope(k, hp.n_head_kv, layer.k_norm, hp.rms_eps, rope),
+            out.append((ops.norm_rope(k, hp.n_head_kv, layer.k_norm, hp.rms_eps, rope),
                         v.reshape(len(ctx), hp.n_head_kv, hp.head_dim)))
         return out
 
-    def forward_block(self, kv: DraftKV, block_ids) -> np.ndarray:
+    def forward_block(self, kv: DraftKV, block_ids):
         """The noise block at positions kv.committed, ... over the cached context -> normed hidden (T, H)."""
-        hp = self.hp
+        hp, ops = self.hp, self.ops
         block_ids = np.asarray(block_ids, np.int64)
         positions = kv.committed + np.arange(len(block_ids))
         rope = self._rope(positions)
         h = self.embedding.rows(block_ids)
         if hp.embedding_scale != 1.0:
-            h *= np.float32(hp.embedding_scale)
+            h = h * np.float32(hp.embedding_scale)
         for i, layer in enumerate(self.layers):
             h = h + self._attention(layer, i, kv, ops.rms_norm(h, layer.attn_norm, hp.rms_eps), positions, rope)
             h = h + self._ffn(layer, ops.rms_norm(h, layer.ffn_norm, hp.rms_eps))
         return ops.rms_norm(h, self.output_norm, hp.rms_eps)
 
     def _attention(self, layer, i, kv, n, positions, rope):
-        hp = self.hp
+        hp, ops = self.hp, self.ops
         if layer.attn_conv:
             n, dyn = layer.attn_conv.prepare(n)
         q, k, v = layer.qkv(n)
-        kv.write_noise(i, norm_rope(k, hp.n_head_kv, layer.k_norm, hp.rms_eps, rope),
+        kv.write_noise(i, ops.norm_rope(k, hp.n_head_kv, layer.k_norm, hp.rms_eps, rope),
                        v.reshape(len(n), hp.n_head_kv, hp.head_dim))
         k_store, v_store, rows, key_pos = kv.visible(i)
-        attn = attention(norm_rope(q, hp.n_head, layer.q_norm, hp.rms_eps, rope), k_store, v_store, rows, key_pos,
-                         positions, self.scale, layer.window, hp.causal)
+        attn = ops.draft_attention(ops.norm_rope(q, hp.n_head, layer.q_norm, hp.rms_eps, rope), k_store, v_store,
+                                   rows, key_pos, positions, self.scale, layer.window, hp.causal)
         out = layer.wo(attn)
         return layer.attn_conv.apply(out, dyn, 1) if layer.attn_conv else out
 
@@ -188,12 +191,12 @@ class Drafter:
         if layer.ffn_conv:
             m, dyn = layer.ffn_conv.prepare(m)
         gate, up = layer.gate_up(m)
-        out = layer.down(ops.swiglu(gate, up))
+        out = layer.down(self.ops.swiglu(gate, up))
         return layer.ffn_conv.apply(out, dyn, 1) if layer.ffn_conv else out
 
-    def logits(self, hidden: np.ndarray) -> np.ndarray:
-        """Draft rows' hidden states -> logits (DFlash2: scaled, then softcapped)."""
-        logits = self.head(hidden)
+    def logits(self, hidden) -> np.ndarray:
+        """Draft rows' hidden states -> logits on the host (DFlash2: scaled, then softcapped)."""
+        logits = self.ops.host(self.head(hidden))
         v2 = self.hp.v2
         if v2:
             if v2.logit_scale != 1.0:
@@ -208,7 +211,7 @@ class Drafter:
         hidden = self.forward_block(kv, [anchor] + [self.hp.mask_id] * (n_block - 1))[1:]
         return self.propose(hidden, anchor)
 
-    def propose(self, hidden: np.ndarray, anchor: int) -> DraftChain:
+    def propose(self, hidden, anchor: int) -> DraftChain:
         logits = self.logits(hidden)
         if self.selector:
             return self.selector.walk(logits, hidden, anchor)

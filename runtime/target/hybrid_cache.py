@@ -10,10 +10,8 @@ and at least the last `window` positions can always be rolled back; crop(0) alwa
 is zero).
 """
 
-import numpy as np
-
-from ggtools.runtime.target.kvcache import KVCache
-from ggtools.runtime.target.mixers.gated_delta_net import GatedDeltaNet
+from ggtools.runtime.target.kvcache import HOST_ARRAYS, KVCache
+from ggtools.runtime.target.pieces import DeltaNetTensors
 
 DEFAULT_WINDOW = 64
 
@@ -22,25 +20,26 @@ class RecurrentState:
     """One Gated DeltaNet layer: its conv rows and delta-rule matrices at the cache's end, the checkpoint, and
     the logged inputs since the checkpoint. `mixer.recur(conv, ssm, qkv, g, beta)` advances a state."""
 
-    def __init__(self, mixer):
-        self.mixer = mixer
-        self.conv = np.zeros((mixer.conv.shape[0] - 1, mixer.conv.shape[1]), np.float32)
-        self.ssm = np.zeros((mixer.n_v_heads, mixer.head_dim, mixer.head_dim), np.float32)
+    def __init__(self, mixer, arrays=HOST_ARRAYS):
+        """mixer: the layer's Gated DeltaNet; arrays: its backend's zeros / copy / cat (kvcache.HOST_ARRAYS)."""
+        self.mixer, self.arrays = mixer, arrays
+        self.conv = arrays.zeros((mixer.conv.shape[0] - 1, mixer.conv.shape[1]))
+        self.ssm = arrays.zeros((mixer.n_v_heads, mixer.head_dim, mixer.head_dim))
         self.checkpoint()
 
     def checkpoint(self) -> None:
         """Make the current state the one rollbacks start from."""
-        self.base_conv, self.base_ssm = self.conv.copy(), self.ssm.copy()
-        self.log: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.base_conv, self.base_ssm = self.arrays.copy(self.conv), self.arrays.copy(self.ssm)
+        self.log: list[tuple] = []
 
-    def append(self, qkv: np.ndarray, g: np.ndarray, beta: np.ndarray) -> None:
+    def append(self, qkv, g, beta) -> None:
         """Log the inputs of the positions the mixer is about to consume."""
         self.log.append((qkv, g, beta))
 
     def rollback(self, n_keep: int) -> None:
         """The state after the first n_keep logged positions."""
-        qkv, g, beta = (np.concatenate(parts)[:n_keep] for parts in zip(*self.log))
-        self.conv, self.ssm = self.base_conv.copy(), self.base_ssm.copy()
+        qkv, g, beta = (self.arrays.cat(parts)[:n_keep] for parts in zip(*self.log))
+        self.conv, self.ssm = self.arrays.copy(self.base_conv), self.arrays.copy(self.base_ssm)
         self.mixer.recur(self.conv, self.ssm, qkv, g, beta)
         self.log = [(qkv, g, beta)]
 
@@ -60,15 +59,16 @@ class HybridCache(KVCache):
     Gated DeltaNet layer."""
 
     def __init__(self, n_attention: int, n_head_kv: int, head_dim: int, recurrent: list[RecurrentState],
-                 type: str = "f16", window: int = DEFAULT_WINDOW):
+                 type: str = "f16", window: int = DEFAULT_WINDOW, arrays=HOST_ARRAYS):
         self.recurrent, self.window, self.base = recurrent, window, 0
-        super().__init__(n_attention, n_head_kv, head_dim, type=type)
+        super().__init__(n_attention, n_head_kv, head_dim, type=type, arrays=arrays)
 
     @classmethod
-    def for_layers(cls, layers, hp, type: str = "f16") -> "HybridCache":
+    def for_layers(cls, layers, hp, type: str = "f16", arrays=HOST_ARRAYS) -> "HybridCache":
         """The cache of a model whose layers mix attention and Gated DeltaNet mixers (slots in layer order)."""
-        recurrent = [RecurrentState(layer.mixer) for layer in layers if isinstance(layer.mixer, GatedDeltaNet)]
-        return cls(len(layers) - len(recurrent), hp.n_head_kv, hp.head_dim, recurrent, type=type)
+        recurrent = [RecurrentState(layer.mixer, arrays) for layer in layers
+                     if isinstance(layer.mixer, DeltaNetTensors)]
+        return cls(len(layers) - len(recurrent), hp.n_head_kv, hp.head_dim, recurrent, type=type, arrays=arrays)
 
     def reserve(self, n_tokens: int) -> None:
         """Make room for positions up to n_tokens - 1, the next batch; moves the checkpoint when the log

@@ -1,22 +1,31 @@
 """KVCache: per attention layer, the keys and values of positions 0..n_tokens-1, croppable.
 
-Values are stored rounded to f16 (llama.cpp's default cache type; or kept exact with type "f32")
-but held as float32, so attention reads them without conversion. Keys are (n_head_kv, capacity,
+Values are stored rounded to f16 (llama.cpp's default cache type; or kept exact with type "f32"), by numba
+held as float32, so attention reads them without conversion (torch keeps f16 tensors). Keys are (n_head_kv, capacity,
 head_dim); values are kept transposed, (n_head_kv, head_dim, capacity), as llama.cpp keeps them
 without flash attention, so each output dimension is a contiguous dot over positions. Capacity is a multiple of 32 and grows by doubling.
 The attention layer writes the rows of new positions (attention.prepare_attention).
 """
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from ggtools.runtime.target.mixers.attention import KV_PAD
 
+# How a backend makes the arrays of its caches: numba's are host arrays, float32 also for an f16 cache (the
+# values are rounded to f16 by the kernels that write them); torch's are tensors on its device.
+HOST_ARRAYS = SimpleNamespace(cache_zeros=lambda shape, kv_type: np.zeros(shape, np.float32),
+                              zeros=lambda shape: np.zeros(shape, np.float32), copy=np.copy, cat=np.concatenate)
+
 
 class KVCache:
-    def __init__(self, n_layers: int, n_head_kv: int, head_dim: int, capacity: int = 256, type: str = "f16"):
+    def __init__(self, n_layers: int, n_head_kv: int, head_dim: int, capacity: int = 256, type: str = "f16",
+                 arrays=HOST_ARRAYS):
         if type not in ("f16", "f32"):
             raise ValueError(f"KV cache type must be 'f16' or 'f32', not {type!r}")
         self.n_layers, self.n_head_kv, self.head_dim = n_layers, n_head_kv, head_dim
+        self.type, self.arrays = type, arrays
         self.f16 = type == "f16"
         self.n_tokens = 0
         self.capacity = 0
@@ -25,17 +34,18 @@ class KVCache:
         self.reserve(capacity)
 
     @classmethod
-    def for_layers(cls, layers, hp, type: str = "f16") -> "KVCache":
+    def for_layers(cls, layers, hp, type: str = "f16", arrays=HOST_ARRAYS) -> "KVCache":
         """The cache of a model whose every layer is attention."""
-        return cls(len(layers), hp.n_head_kv, hp.head_dim, type=type)
+        return cls(len(layers), hp.n_head_kv, hp.head_dim, type=type, arrays=arrays)
 
     def reserve(self, n_tokens: int) -> None:
         """Make room for positions 0..n_tokens-1."""
         if n_tokens <= self.capacity:
             return
         capacity = -(-max(n_tokens, 2 * self.capacity) // KV_PAD) * KV_PAD
-        k = [np.zeros((self.n_head_kv, capacity, self.head_dim), np.float32) for _ in range(self.n_layers)]
-        v = [np.zeros((self.n_head_kv, self.head_dim, capacity), np.float32) for _ in range(self.n_layers)]
+        zeros = self.arrays.cache_zeros
+        k = [zeros((self.n_head_kv, capacity, self.head_dim), self.type) for _ in range(self.n_layers)]
+        v = [zeros((self.n_head_kv, self.head_dim, capacity), self.type) for _ in range(self.n_layers)]
         for layer in range(len(self.k)):
             k[layer][:, :self.n_tokens] = self.k[layer][:, :self.n_tokens]
             v[layer][:, :, :self.n_tokens] = self.v[layer][:, :, :self.n_tokens]

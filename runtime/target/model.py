@@ -1,7 +1,8 @@
-"""TargetModel: a target GGUF run on the CPU, as llama.cpp runs it.
+"""TargetModel: a target GGUF run by one backend's ops: numba on the CPU (the default, as llama.cpp runs it) or torch.
 
 Each layer is `x += mixer(norm(x)); x += ffn(norm(x))`; which mixer and which FFN a layer has comes from the
-architecture table (archs.py).
+architecture table (archs.py), loaded as the backend's pieces. This loop, the inputs' checks and the RoPE angles
+are the same for every backend; arrays are the backend's, logits come back as numpy on the host.
 
     model = TargetModel("target.gguf")
     logits, features = model.forward(prompt_ids, taps=[1, 5])   # appends to model.kv
@@ -13,18 +14,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggtools.runtime.errors import ModelError
-from ggtools.runtime.kernels import ops, workers
+from ggtools.runtime.kernels import ops as rope_ops
+from ggtools.runtime.backends import make_ops
 from ggtools.runtime.target.archs import arch_of
 from ggtools.runtime.target.hparams import read_hparams
+from ggtools.runtime.target.hybrid_cache import HybridCache
 from ggtools.runtime.target.kvcache import KVCache
-from ggtools.runtime.weights import WeightFile
 
 
 @dataclass
 class Layer:
-    attn_norm: np.ndarray
+    attn_norm: object
     mixer: object
-    ffn_norm: np.ndarray
+    ffn_norm: object
     ffn: object
     slot: int = 0       # the mixer's place in the cache: its index among the layers with the same kind of mixer
 
@@ -32,16 +34,19 @@ class Layer:
 class TargetModel:
     """A target model with its own KV cache (`kv`). Not thread-safe; one sequence at a time."""
 
-    def __init__(self, path, threads: int | None = None, kv_type: str = "f16"):
-        """path: a target GGUF (the first shard of a split model); threads: worker threads (process-wide,
-        default all cores); kv_type: "f16" (llama.cpp's default cache type) or "f32"."""
-        self.threads = (workers.set_threads(threads) if threads else workers.pool()).n_threads
-        self.weights = w = WeightFile(path)
+    def __init__(self, path, threads: int | None = None, kv_type: str = "f16", backend: str = "numba",
+                 device: str | None = None, dtype: str | None = None):
+        """path: a target GGUF (the first shard of a split model); threads: CPU threads (numba's workers are
+        process-wide; default all cores); kv_type: "f16" (llama.cpp's default cache type) or "f32"; backend:
+        "numba" or "torch", with torch's device ("cpu", "cuda[:N]") and compute dtype (backends.make_ops)."""
+        self.ops = ops = make_ops(backend, device, dtype, threads)
+        self.threads = ops.threads
+        self.weights = w = ops.open_weights(path)
         self.path = str(path)
         self.arch = arch_of(w.meta)
         self.token_embd = w.matrix("token_embd.weight")
         self.hp = hp = read_hparams(w.meta, n_vocab=self.token_embd.n_rows, arch_entry=self.arch)
-        self.output_norm = w.vector("output_norm.weight", hp.n_embd)
+        self.output_norm = ops.vector(w.vector("output_norm.weight", hp.n_embd))
         # tied embeddings: llama.cpp uses token_embd as the head when output.weight is absent
         self.output = w.matrix("output.weight", hp.n_embd) if w.has("output.weight") else self.token_embd
         freq_factors = w.optional_vector("rope_freqs.weight")
@@ -49,18 +54,18 @@ class TargetModel:
         # M-RoPE on text: pairs of the fourth section keep position 0's angles (none with Qwen3.5's sections)
         self.rope_still = np.zeros(0, bool)
         if self.arch.rope_sections:
-            self.rope_still = ops.fourth_section_pairs(hp.rope_dims // 2, hp.rope_sections,
+            self.rope_still = rope_ops.fourth_section_pairs(hp.rope_dims // 2, hp.rope_sections,
                                                        self.arch.rope_sections == "imrope")
         self.layers = [self._load_layer(i) for i in range(hp.n_layer)]
         kinds = [type(layer.mixer) for layer in self.layers]
         for i, layer in enumerate(self.layers):
             layer.slot = kinds[:i].count(kinds[i])
-        self.kv = self.arch.cache(self.layers, hp, kv_type)
+        self.kv = (HybridCache if self.arch.hybrid else KVCache).for_layers(self.layers, hp, kv_type, ops.arrays)
 
     def _load_layer(self, i: int) -> Layer:
-        w, hp, arch = self.weights, self.hp, self.arch
-        return Layer(w.vector(f"blk.{i}.attn_norm.weight", hp.n_embd), arch.mixer(w, hp, i),
-                     w.vector(f"blk.{i}.{arch.ffn_norm}.weight", hp.n_embd), arch.ffn(w, hp, i))
+        w, hp, arch, ops = self.weights, self.hp, self.arch, self.ops
+        return Layer(ops.vector(w.vector(f"blk.{i}.attn_norm.weight", hp.n_embd)), arch.mixer(ops.pieces, w, hp, i),
+                     ops.vector(w.vector(f"blk.{i}.{arch.ffn_norm}.weight", hp.n_embd)), arch.ffn(ops.pieces, w, hp, i))
 
     @property
     def n_vocab(self) -> int:
@@ -75,7 +80,8 @@ class TargetModel:
         stepwise: compute every row with the kernels llama.cpp uses for a one-token batch, so the
         results are bit-identical to feeding the tokens one at a time (speculative verification);
         by default a batch uses llama.cpp's batch kernels, as its prompt processing does.
-        Returns (logits (rows, n_vocab) float32 or None, features (T, len(taps), n_embd) float32)."""
+        Returns (logits (rows, n_vocab) numpy float32 or None, features (T, len(taps), n_embd) float32, the
+        backend's array)."""
         hp = self.hp
         tokens = np.asarray(tokens, np.int64).reshape(-1)
         start = self.kv.n_tokens
@@ -94,26 +100,39 @@ class TargetModel:
             raise ValueError("logits must be 'all', 'last' or 'none'")
 
         self.kv.reserve(start + len(tokens))
-        rope = self._rope(positions)
-        if self.rope_still.any():
-            rope = ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), self.rope_still)
-        features = np.empty((len(tokens), len(taps), hp.n_embd), np.float32)
+        rope = self.rope_tables(positions)
+        backend = self.ops
+        features = backend.empty((len(tokens), len(taps), hp.n_embd))
         x = self.token_embd.rows(tokens)
-        for i, layer in enumerate(self.layers):
+        for i in range(hp.n_layer):
             self._tap(features, taps, i, x)
-            h = ops.rms_norm(x, layer.attn_norm, hp.rms_eps)
-            x = layer.mixer(h, positions, rope, self.kv, layer.slot, hp, stepwise) + x
-            x = layer.ffn(ops.rms_norm(x, layer.ffn_norm, hp.rms_eps), stepwise) + x
+            x = self.run_layer(i, x, positions, rope, stepwise)
         self.kv.n_tokens = start + len(tokens)
-        out = ops.rms_norm(x, self.output_norm, hp.rms_eps)
+        out = backend.rms_norm(x, self.output_norm, hp.rms_eps)
         self._tap(features, taps, hp.n_layer, out)
         if logits == "none":
             return None, features
-        return self.output(out if logits == "all" else out[-1:], stepwise), features
+        return backend.host(self.output(out if logits == "all" else out[-1:], stepwise)), features
+
+    def run_layer(self, i: int, x, positions, rope, stepwise: bool = False):
+        """Layer i on its input x (the residual stream, the backend's array) at `positions`, whose cache rows it
+        writes (the cache must have room: kv.reserve); rope: rope_tables(positions)."""
+        layer, hp, backend = self.layers[i], self.hp, self.ops
+        x = layer.mixer(backend.rms_norm(x, layer.attn_norm, hp.rms_eps), positions, rope, self.kv, layer.slot, hp,
+                        stepwise) + x
+        return layer.ffn(backend.rms_norm(x, layer.ffn_norm, hp.rms_eps), stepwise) + x
+
+    def rope_tables(self, positions):
+        """RoPE's cos, sin tables at positions (M-RoPE's text angles where the model has sections), as the
+        backend's arrays."""
+        rope = self._rope(positions)
+        if self.rope_still.any():
+            rope = rope_ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), self.rope_still)
+        return self.ops.tables(rope)
 
     def _rope(self, positions):
         hp = self.hp
-        return ops.rope_angles(positions, hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale),
+        return rope_ops.rope_angles(positions, hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale),
                                self.rope_freq_factors, np.float32(hp.rope_ext_factor),
                                np.float32(hp.rope_attn_factor), np.array(hp.rope_corr_dims, np.float32))
 

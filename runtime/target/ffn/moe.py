@@ -14,27 +14,15 @@ weights once, and experts no token routes to are never read (their pages are nev
 A shared expert (qwen35moe) composes with this class: `RoutedExperts` is the routed part only.
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.errors import ModelError
 from ggtools.runtime.kernels import ops
 from ggtools.runtime.kernels.ggmlmath import EXACT
-from ggtools.runtime.weights import Matrix, MatrixGroup
+from ggtools.runtime.target.pieces import SOFTMAX, SWIGLU_OAI, RoutedExpertsTensors
+from ggtools.runtime.weights import MatrixGroup
 
-SOFTMAX, SOFTMAX_WEIGHT = 0, 1           # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, _SOFTMAX_WEIGHT
-SWIGLU, SWIGLU_OAI = "swiglu", "swiglu_oai"
 WEIGHTS_SUM_MIN = np.float32(6.103515625e-5)   # build_moe_ffn clamps the weights' sum (the smallest normal f16)
-
-
-@dataclass(frozen=True)
-class Routing:
-    """How an architecture routes (the arguments llama.cpp's graph passes build_moe_ffn)."""
-    gating: int = SOFTMAX
-    normalize: bool = False
-    activation: str = SWIGLU
 
 
 @njit(**EXACT)
@@ -142,40 +130,12 @@ def combine_rows(down, bias, sorted_experts, slot_pos, weights, out):
             out[t, i] = acc
 
 
-NO_BIAS = np.zeros((0, 0), np.float32)
+class RoutedExperts(RoutedExpertsTensors):
+    """The routed-expert FFN of one layer on numba: rows grouped by expert, each routed expert's stack read once."""
 
-
-class RoutedExperts:
-    """The routed-expert FFN of one layer: router (+ bias), expert stacks gate/up/down (+ biases)."""
-
-    def __init__(self, router: Matrix, gate: Matrix, up: Matrix, down: Matrix, n_expert_used: int,
-                 routing: Routing, router_bias=None, biases=(NO_BIAS, NO_BIAS, NO_BIAS), weights_scale: float = 0.0):
-        self.router, self.router_bias = router, router_bias
-        self.gate_up, self.down = MatrixGroup(gate, up), MatrixGroup(down)
-        self.gate_bias, self.up_bias, self.down_bias = biases
-        self.n_expert, self.n_expert_used = gate.n_expert, n_expert_used
-        self.routing, self.weights_scale = routing, np.float32(weights_scale)
-
-    @classmethod
-    def load(cls, w, hp, i: int, routing: Routing = Routing()) -> "RoutedExperts":
-        """Layer i's blk.i.ffn_gate_inp and ffn_{gate,up,down}_exps (and their biases, where present)."""
-        if not 0 < hp.n_expert_used <= hp.n_expert:
-            raise ModelError(f"{w.meta.path}: {hp.n_expert_used} experts used of {hp.n_expert}; need 0 < used <= count")
-        p, n_embd, n_ff, n_expert = f"blk.{i}.", hp.n_embd, hp.n_ff_exp, hp.n_expert
-
-        def bias(name, n):
-            b = w.optional_vector(p + name, n * n_expert)
-            return NO_BIAS if b is None else b.reshape(n_expert, n)
-
-        return cls(router=w.matrix(p + "ffn_gate_inp.weight", n_embd, n_expert),
-                   gate=w.matrix(p + "ffn_gate_exps.weight", n_embd, n_ff, n_expert),
-                   up=w.matrix(p + "ffn_up_exps.weight", n_embd, n_ff, n_expert),
-                   down=w.matrix(p + "ffn_down_exps.weight", n_ff, n_embd, n_expert),
-                   n_expert_used=hp.n_expert_used, routing=routing,
-                   router_bias=w.optional_vector(p + "ffn_gate_inp.bias", n_expert),
-                   biases=(bias("ffn_gate_exps.bias", n_ff), bias("ffn_up_exps.bias", n_ff),
-                           bias("ffn_down_exps.bias", n_embd)),
-                   weights_scale=hp.expert_weights_scale)
+    def __post_init__(self):
+        self.gate_up, self.down_group = MatrixGroup(self.gate, self.up), MatrixGroup(self.down)
+        self.weights_scale = np.float32(self.weights_scale)
 
     def route(self, h: np.ndarray, stepwise: bool) -> tuple[np.ndarray, np.ndarray]:
         """(T, n_embd) -> experts (T, k) int64 in descending order of probability, weights (T, k) float32."""
@@ -194,7 +154,7 @@ class RoutedExperts:
         gate, up = self.gate_up.run_experts(h, rows, used, groups)
         act = np.empty_like(gate)
         activate(gate, up, self.gate_bias, self.up_bias, sorted_experts, self.routing.activation == SWIGLU_OAI, act)
-        (down,) = self.down.run_experts(act, None, used, groups)
+        (down,) = self.down_group.run_experts(act, None, used, groups)
         out = np.empty((len(h), down.shape[1]), np.float32)
         combine_rows(down, self.down_bias, sorted_experts, slot_pos, weights, out)
         return out

@@ -18,22 +18,17 @@ converted to f16, so with an f32 cache the scores always use vec_dot. The cache 
 the values unchanged but fixes which lane each position lands in.
 """
 
-from dataclasses import dataclass, field
-
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.errors import ModelError
 from ggtools.runtime.kernels import ops, workers
 from ggtools.runtime.kernels.workers import claim, enter, leave
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16, to_f16_row
 from ggtools.runtime.kernels.matmul import dot_one_row
 from ggtools.runtime.kernels.ops import rms_norm_row, rope_head, soft_max
 from ggtools.runtime.kernels.simd import dot_rows_4x8, dot_rows_lanes8
-from ggtools.runtime.weights import Matrix, MatrixGroup
-
-NO_NORM = np.zeros(0, np.float32)
-NO_SINKS = np.zeros(0, np.float32)
+from ggtools.runtime.target.pieces import NO_SINKS, AttentionTensors
+from ggtools.runtime.weights import MatrixGroup
 
 KV_PAD = 32
 
@@ -126,58 +121,14 @@ def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positi
     return out
 
 
-@dataclass
-class Attention:
-    """The attention mixer: Q, K, V projections (optional biases, qwen3's per-head q/k RMS norms), RoPE,
-    the cache write, causal attention over the cache (optionally a sliding window, and gpt-oss's sinks),
-    the output projection (optional bias). With output_gate (qwen35) the Q projection gives each head's
-    query followed by a gate, and the attention output is multiplied by sigmoid(gate) before the output
-    projection."""
-    wq: Matrix
-    wk: Matrix
-    wv: Matrix
-    wo: Matrix
-    bq: np.ndarray | None = None
-    bk: np.ndarray | None = None
-    bv: np.ndarray | None = None
-    # qwen3: per-head RMS norms of q and k before RoPE (empty: none)
-    q_norm: np.ndarray = field(default_factory=lambda: NO_NORM)
-    k_norm: np.ndarray = field(default_factory=lambda: NO_NORM)
-    bo: np.ndarray | None = None
-    sinks: np.ndarray = field(default_factory=lambda: NO_SINKS)
-    window: int = 0      # sliding window (0: full causal attention)
-    output_gate: bool = False
+class Attention(AttentionTensors):
+    """The attention mixer on numba: Q, K, V projections (one kernel call), biases, per-head q/k norms and RoPE
+    with the cache write (prepare_attention), causal attention over the cache (optionally a sliding window,
+    and gpt-oss's sinks), the output projection (optional bias). With output_gate (qwen35) the attention
+    output is multiplied by sigmoid(gate) before the output projection."""
 
     def __post_init__(self):
         self.qkv = MatrixGroup(self.wq, self.wk, self.wv)
-
-    @classmethod
-    def load(cls, w, hp, i: int, output_gate: bool = False) -> "Attention":
-        """Layer i's attention tensors (blk.i.attn_*) from a WeightFile."""
-        p = f"blk.{i}."
-        q_dim, kv_dim = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
-        attn = cls(
-            wq=w.matrix(p + "attn_q.weight", hp.n_embd, q_dim * (2 if output_gate else 1)),
-            wk=w.matrix(p + "attn_k.weight", hp.n_embd, kv_dim),
-            wv=w.matrix(p + "attn_v.weight", hp.n_embd, kv_dim),
-            wo=w.matrix(p + "attn_output.weight", q_dim, hp.n_embd),
-            bq=w.optional_vector(p + "attn_q.bias", q_dim),
-            bk=w.optional_vector(p + "attn_k.bias", kv_dim),
-            bv=w.optional_vector(p + "attn_v.bias", kv_dim),
-            bo=w.optional_vector(p + "attn_output.bias", hp.n_embd),
-            window=hp.n_swa if hp.swa_layers[i] else 0,
-            output_gate=output_gate,
-        )
-        sinks = w.optional_vector(p + "attn_sinks.weight", hp.n_head)
-        if sinks is not None:
-            attn.sinks = sinks
-        q_norm = w.optional_vector(p + "attn_q_norm.weight", hp.head_dim)
-        k_norm = w.optional_vector(p + "attn_k_norm.weight", hp.head_dim)
-        if (q_norm is None) != (k_norm is None):
-            raise ModelError(f"{w.meta.path}: layer {i} has only one of attn_q_norm / attn_k_norm")
-        if q_norm is not None:
-            attn.q_norm, attn.k_norm = q_norm, k_norm
-        return attn
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         n_tokens = h.shape[0]

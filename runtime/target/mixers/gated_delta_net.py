@@ -18,8 +18,6 @@ is ggml_vec_mad_f32 (fma); sigmoid, softplus and exp use libm.
 The recurrence is per token whatever the batch, so a verify batch gives the same bits as one-token steps.
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 from numba import njit
 
@@ -28,7 +26,8 @@ from ggtools.runtime.kernels.ggmlmath import EXACT, fma
 from ggtools.runtime.kernels.matmul import dot_one_row
 from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, silu_rows
 from ggtools.runtime.kernels.workers import claim, enter, leave
-from ggtools.runtime.weights import Matrix, MatrixGroup
+from ggtools.runtime.target.pieces import DeltaNetTensors
+from ggtools.runtime.weights import MatrixGroup
 
 F32 = np.float32
 NO_OUTPUT = np.zeros((0, 0), np.float32)
@@ -142,44 +141,9 @@ def gated_norm_heads(x, weight, z, eps, out):
                 part[i] = part[i] * gate[0, i]
 
 
-@dataclass
-class GatedDeltaNet:
-    wqkv: Matrix            # n_embd -> conv channels (q, k, v)
-    wgate: Matrix           # n_embd -> value_dim (z)
-    wbeta: Matrix           # n_embd -> n_v_heads
-    walpha: Matrix          # n_embd -> n_v_heads
-    conv: np.ndarray        # (kernel, channels) float32: the conv taps, tap-major
-    dt_bias: np.ndarray     # (n_v_heads,)
-    a: np.ndarray           # (n_v_heads,) = -exp(A_log)
-    norm: np.ndarray        # (head_dim,)
-    wout: Matrix            # value_dim -> n_embd
-    n_k_heads: int
-    head_dim: int
-    eps: float
-
+class GatedDeltaNet(DeltaNetTensors):
     def __post_init__(self):
         self.inputs = MatrixGroup(self.wqkv, self.wgate, self.wbeta, self.walpha)
-        self.n_v_heads = self.a.size
-        self.key_dim = self.n_k_heads * self.head_dim
-
-    @classmethod
-    def load(cls, w, hp, i: int) -> "GatedDeltaNet":
-        """Layer i's Gated DeltaNet tensors (blk.i.attn_qkv / attn_gate / ssm_*) from a WeightFile."""
-        p, shape = f"blk.{i}.", hp.delta_net
-        value_dim = shape.n_v_heads * shape.head_dim
-        channels = 2 * shape.n_k_heads * shape.head_dim + value_dim
-        return cls(
-            wqkv=w.matrix(p + "attn_qkv.weight", hp.n_embd, channels),
-            wgate=w.matrix(p + "attn_gate.weight", hp.n_embd, value_dim),
-            wbeta=w.matrix(p + "ssm_beta.weight", hp.n_embd, shape.n_v_heads),
-            walpha=w.matrix(p + "ssm_alpha.weight", hp.n_embd, shape.n_v_heads),
-            conv=np.ascontiguousarray(
-                w.vector(p + "ssm_conv1d.weight", channels * shape.conv_kernel).reshape(channels, -1).T),
-            dt_bias=w.vector(p + "ssm_dt.bias", shape.n_v_heads),
-            a=w.vector(p + "ssm_a", shape.n_v_heads),
-            norm=w.vector(p + "ssm_norm.weight", shape.head_dim),
-            wout=w.matrix(p + "ssm_out.weight", value_dim, hp.n_embd),
-            n_k_heads=shape.n_k_heads, head_dim=shape.head_dim, eps=hp.rms_eps)
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         """The mixer interface: kv is a HybridCache and slot this layer's index among its recurrent states."""

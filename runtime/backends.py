@@ -1,0 +1,36 @@
+"""Choosing the backend that runs a model: numba (the default, on the CPU) or torch (CPU or CUDA; an optional
+extra). `make_ops` returns the ops object TargetModel (and through it the Drafter) runs with.
+
+What an ops object provides (numba_backend.NumbaOps, torch_backend.ops.TorchOps):
+- name, device, dtype, threads: what runs the model, for reports;
+- pieces: the backend's classes of the pieces the architecture table names; open_weights(path): a WeightFile
+  whose matrices this backend multiplies; group(*matrices): matrices applied to one input;
+- rms_norm, swiglu, norm_rope, draft_attention: the drafter's and the model loop's ops;
+- vector(numpy) / tables(rope) / empty(shape) / host(array): arrays to and from the backend;
+- arrays (the target cache's and recurrent states' zeros / copy / cat), kv_zeros (the draft KV's stores),
+  zeros_like (DFlash2's convolution).
+"""
+
+from ggtools.runtime.errors import ModelError
+from ggtools.runtime.numba_backend import NumbaOps
+
+BACKENDS = ("numba", "torch")
+TORCH_EXTRA = "pip install 'ggtools[torch]'"
+
+
+def make_ops(backend: str = "numba", device: str | None = None, dtype: str | None = None,
+             threads: int | None = None):
+    """backend: "numba" or "torch"; device: "cpu", "cuda" or "cuda:N" (torch only); dtype: the compute dtype,
+    "f32" on the CPU, "bf16" (default) or "f16" on a GPU (torch only); threads: CPU threads."""
+    if backend == "numba":
+        if device not in (None, "cpu") or dtype not in (None, "f32"):
+            raise ModelError("--device and --dtype other than cpu / f32 need --backend torch")
+        return NumbaOps(threads)
+    if backend != "torch":
+        raise ModelError(f"unknown backend {backend!r} (expected one of {', '.join(BACKENDS)})")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ModelError(f"--backend torch needs torch, an optional extra: {TORCH_EXTRA}") from None
+    from ggtools.runtime.torch_backend.ops import TorchOps
+    return TorchOps(device or "cpu", dtype, threads)

@@ -1,0 +1,72 @@
+"""The FFNs on torch: dense SwiGLU, routed experts (qwen3moe, gpt-oss; the routed part of qwen35moe) and
+qwen35moe's routed experts plus a gated shared expert.
+
+Routing follows llama.cpp's build_moe_ffn: SOFTMAX takes the k most probable experts with their probabilities,
+SOFTMAX_WEIGHT the k largest logits with a softmax over those; weights are optionally normalized (sum clamped
+at 2^-14) and scaled. Each expert a token routes to runs once on all the rows routed to it; experts no row
+routes to are never read.
+"""
+
+import torch
+
+from ggtools.runtime.target.pieces import (SOFTMAX, SWIGLU_OAI, DenseFFNTensors, RoutedExpertsTensors,
+                                           SharedExpertTensors)
+from ggtools.runtime.torch_backend import kernels
+from ggtools.runtime.torch_backend.matrix import DeviceGroup
+from ggtools.runtime.torch_backend.vectors import device_vector, optional_device_vector
+
+WEIGHTS_SUM_MIN = 6.103515625e-5   # the smallest normal f16, as build_moe_ffn clamps the weights' sum
+
+
+class DenseFFN(DenseFFNTensors):
+    def __post_init__(self):
+        self.gate_up = DeviceGroup(self.gate, self.up)
+
+    def __call__(self, h, stepwise: bool = False) -> torch.Tensor:
+        gate, up = self.gate_up(h)
+        return self.down(kernels.swiglu(gate, up))
+
+
+class RoutedExperts(RoutedExpertsTensors):
+    def __post_init__(self):
+        device = self.router.blocks.device
+        self.router_bias = optional_device_vector(self.router_bias, device)
+        self.gate_bias, self.up_bias, self.down_bias = (device_vector(b, device) for b in (
+            self.gate_bias, self.up_bias, self.down_bias))
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T, n_embd) -> experts (T, k) in descending order, weights (T, k) float32."""
+        logits = self.router(h).float()
+        if self.router_bias is not None:
+            logits = logits + self.router_bias
+        if self.routing.gating == SOFTMAX:
+            weights, experts = torch.softmax(logits, -1).topk(self.n_expert_used, -1)
+        else:
+            top, experts = logits.topk(self.n_expert_used, -1)
+            weights = torch.softmax(top, -1)
+        if self.routing.normalize:
+            weights = weights / weights.sum(-1, keepdim=True).clamp(min=WEIGHTS_SUM_MIN)
+        if self.weights_scale not in (0.0, 1.0):
+            weights = weights * self.weights_scale
+        return experts, weights
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate.product(x, e), self.up.product(x, e)
+        if self.gate_bias.numel():
+            gate, up = gate + self.gate_bias[e].to(gate.dtype), up + self.up_bias[e].to(up.dtype)
+        act = kernels.swiglu_oai(gate, up) if self.routing.activation == SWIGLU_OAI else kernels.swiglu(gate, up)
+        out = self.down.product(act, e).float()
+        return out + self.down_bias[e] if self.down_bias.numel() else out
+
+    def __call__(self, h, stepwise: bool = False) -> torch.Tensor:
+        experts, weights = self.route(h)
+        out = torch.zeros((h.shape[0], self.down.n_rows), dtype=torch.float32, device=h.device)
+        for e in torch.unique(experts).tolist():
+            tokens, slots = (experts == e).nonzero(as_tuple=True)
+            out.index_add_(0, tokens, self._expert(e, h[tokens]) * weights[tokens, slots, None])
+        return out.to(h.dtype)
+
+
+class SharedExpertMoE(SharedExpertTensors):
+    def __call__(self, h, stepwise: bool = False) -> torch.Tensor:
+        return self.routed(h) + self.shared(h) * torch.sigmoid(self.shared_gate(h))

@@ -1,0 +1,129 @@
+"""The torch backend's pieces and its selection: DeviceMatrix products against numba's matmul kernels (which are
+llama.cpp's CPU numerics) for every weight type, and --backend / --device / --dtype on the command line and in
+the library (one line naming the extra when torch is missing, exit 2 for what cannot run)."""
+
+import json
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+from ggtools import quants
+from ggtools.cli import main
+from ggtools.jobs.convert import convert_dflash
+from ggtools.jobs.demo import demo_data, held_out_prompts
+from ggtools.runtime import ModelError, TargetModel, Tokenizer, run_speculative
+from ggtools.runtime.backends import make_ops
+from ggtools.runtime.weights import Matrix
+
+torch = pytest.importorskip("torch")
+from ggtools.runtime.torch_backend.matrix import DeviceMatrix  # noqa: E402
+
+TARGET = str(demo_data() / "target.gguf")
+TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+         T.MXFP4]
+
+
+def weights_of(qtype, n_rows=48, n_cols=512) -> np.ndarray:
+    w = np.random.default_rng(int(qtype)).standard_normal((n_rows, n_cols)).astype(np.float32) * 0.1
+    if qtype == T.MXFP4:
+        import gguf
+        return gguf.quants.quantize(w, T.MXFP4).view(np.uint8).reshape(n_rows, -1)
+    return quants.quantize(qtype, w)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_matrix_product_matches_numba(qtype):
+    """Same input, same weights: the products differ by summation order only (the input is rounded as
+    llama.cpp's CPU backend rounds it for the type, Q8_1's block sums included)."""
+    data = weights_of(qtype)
+    n_rows, n_cols = data.shape[0], data.shape[1] // GGML_QUANT_SIZES[qtype][1] * GGML_QUANT_SIZES[qtype][0]
+    buf = np.ascontiguousarray(data).reshape(-1)
+    numba_matrix = Matrix("w", qtype, n_rows, n_cols, buf)
+    device_matrix = DeviceMatrix.from_buffer("w", qtype, n_rows, n_cols, buf, 0, device=torch.device("cpu"),
+                                             dtype=torch.float32)
+    x = np.random.default_rng(1).standard_normal((5, n_cols)).astype(np.float32)
+    want = numba_matrix(x)
+    got = device_matrix(torch.from_numpy(x)).numpy()
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    assert np.array_equal(device_matrix.rows([3, 0]).numpy(), numba_matrix.rows([3, 0]))
+
+
+def test_matrix_keeps_the_file_bytes_on_the_cpu():
+    """On the CPU the blocks are the mapped file's own memory: no copy."""
+    model = TargetModel(TARGET, backend="torch", threads=1)
+    m = model.layers[0].ffn.gate
+    assert m.blocks.dtype == torch.uint8
+    mapped = model.weights._buffer(model.weights.meta)
+    assert m.blocks.data_ptr() - mapped.ctypes.data == model.weights._lookup(m.name)[1].data_start
+
+
+def test_make_ops_refuses_what_cannot_run():
+    for args, words in [(("numba", "cuda"), "need --backend torch"), (("numba", None, "bf16"), "need --backend torch"),
+                        (("torch", "tpu"), "expected cpu, cuda or cuda:N"),
+                        (("torch", "cpu", "f8"), "expected one of"), (("jax",), "unknown backend")]:
+        with pytest.raises(ModelError, match=words):
+            make_ops(*args)
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelError, match="sees no CUDA device"):
+            make_ops("torch", "cuda:0")
+
+
+def test_run_on_torch_reports_its_backend():
+    r = CliRunner().invoke(main, ["run", "--target", TARGET, "--prompt", "def main():", "-n", "8", "--backend", "torch",
+                                  "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert (out["backend"], out["device"], out["dtype"]) == ("torch", "cpu", "f32")
+    numba = CliRunner().invoke(main, ["run", "--target", TARGET, "--prompt", "def main():", "-n", "8", "--json"])
+    assert json.loads(numba.stdout)["backend"] == "numba"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--backend", "torch", "--device", "cuda:7"], "--device cuda:7"),
+    (["--device", "cuda"], "need --backend torch"),
+    (["--backend", "torch", "--device", "gpu"], "expected cpu, cuda or cuda:N"),
+])
+def test_bad_backend_options_are_one_line(args, words):
+    if "cuda:7" in args and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has 8 CUDA devices")
+    r = CliRunner().invoke(main, ["run", "--target", TARGET, "--prompt", "x", *args])
+    assert r.exit_code == 2
+    assert words in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_missing_torch_names_the_extra():
+    """A Python where `import torch` fails: one line naming the extra, exit 2, for run, accept and demo."""
+    block = "import sys; sys.modules['torch'] = None; from ggtools.cli import main; main()"
+    for command in (["run", "--target", TARGET, "--prompt", "x"],
+                    ["accept", "--target", TARGET, "--draft", TARGET],
+                    ["demo", "--skip-requant"]):
+        p = subprocess.run([sys.executable, "-c", block, *command, "--backend", "torch"], capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 2, (command, p.stderr)
+        assert p.stderr.strip() == "error: --backend torch needs torch, an optional extra: pip install 'ggtools[torch]'"
+
+
+def test_bf16_runs_the_gpu_code_path_on_the_cpu():
+    """bf16 compute (the GPU default) on the CPU: the demo pair's speculative output equals its own greedy
+    decoding, and tau stays near f32's."""
+    model = TargetModel(TARGET, backend="torch", dtype="bf16", threads=1)
+    assert model.layers[0].ffn.gate.product(torch.ones((1, 128))).dtype == torch.bfloat16
+    ids = [p for _, p in held_out_prompts(Tokenizer.from_gguf(model.weights.meta), 2)]
+    with tempfile.TemporaryDirectory() as tmp:
+        convert_dflash(demo_data() / "drafter", f"{tmp}/d.gguf", profile="llama.cpp", target=TARGET, outtype="f16")
+        run = run_speculative(model, f"{tmp}/d.gguf", ids, 32)
+    assert run.outputs_match_target and run.dtype == "bf16"
+    assert run.stats["tau_zlab"] > 1.5
+
+
+def test_device_check_without_cuda_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: scripts/device_check.sh runs there")
+    p = subprocess.run(["bash", "scripts/device_check.sh"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1
+    assert p.stderr.strip().startswith("device_check: no CUDA device") and len(p.stderr.strip().splitlines()) == 1
