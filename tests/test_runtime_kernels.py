@@ -202,7 +202,7 @@ def test_matmul_bits_do_not_depend_on_the_thread_count(qtype):
 def test_mxfp4_matmul_equals_ggml(n_rows, n_cols, n_in):
     """Bit for bit with libggml-cpu: matrices with a multiple of 8 rows against the repacked 8x8 gemv llama.cpp
     runs them through on AVX2, the others against ggml_vec_dot_mxfp4_q8_0 (even and odd block counts)."""
-    from ggml_oracle import load_ggml_cpu
+    from tests.ggml_oracle import load_ggml_cpu
 
     ggml = load_ggml_cpu()
     data, _ = make_weights(T.MXFP4, n_rows=n_rows, n_cols=n_cols, seed=n_rows)
