@@ -1,7 +1,10 @@
-"""TensorPlan: for every tensor of every shard, what happens to it (copy or convert to a type) and why.
+"""Plan: for every tensor of every shard, what happens to it (copy or convert to a type) and why.
+
+A Plan is a job's ShardPlans (one per output file: source, destination, metadata edits) and each ShardPlan its
+TensorActions (one per output tensor: source tensor, types, bytes in and out, reason).
 
 Plans know names, types and sizes, never bytes. The same plan object is printed by --dry-run and drives the
-real rewrite (engine.py), so what is shown is what runs.
+real rewrite (ggtools/engine), so what is shown is what runs.
 """
 
 import hashlib
@@ -104,6 +107,7 @@ class ShardPlan:
     dst: str
     tensors: list[TensorAction]
     kv_edits: KVEdits = field(default_factory=KVEdits)
+    verbatim: bool = False          # the output is the source file byte for byte (a shard a patch leaves alone)
 
     @property
     def bytes_in(self):
@@ -136,7 +140,7 @@ class Plan:
         """Identifies what a shard's output must be: same fingerprint, same bytes."""
         data = {"job": self.job, "src": os.path.basename(shard.src), "tensors": [_fields(a) for a in shard.tensors],
                 "kv_set": {k: shard.kv_edits.record(k).hex() for k in sorted(shard.kv_edits.changes)},
-                "kv_remove": sorted(shard.kv_edits.removed)}
+                "kv_remove": sorted(shard.kv_edits.removed)} | ({"verbatim": True} if shard.verbatim else {})
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()
 
     def as_dict(self):

@@ -6,4 +6,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-exec "$PYTHON" scripts/bench/device_check.py "$@"
+exec "$PYTHON" -m scripts.bench.device_check "$@"

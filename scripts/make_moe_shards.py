@@ -2,8 +2,8 @@
 """Write a synthetic Kimi-like MoE shard set: MXFP4 routed experts, a Q8_0 trunk (attention, shared experts,
 token_embd, output), F32 norms and routers, and 128-wide Q8_0 tensors (attn_k_b) that Q4_K cannot take.
 
-  python scripts/make_moe_shards.py OUT_DIR/prefix --layers 4 --shards 3          # small test set
-  python scripts/make_moe_shards.py /tmp/moe/kimi --layers 18 --experts 128        # ~2 GB benchmark set
+  python -m scripts.make_moe_shards OUT_DIR/prefix --layers 4 --shards 3          # small test set
+  python -m scripts.make_moe_shards /tmp/moe/kimi --layers 18 --experts 128        # ~2 GB benchmark set
 """
 
 import argparse

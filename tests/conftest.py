@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+pytest_plugins = ["tests.oracle_artifacts"]     # session fixtures built with llama.cpp's own tools
+
 
 def _package_dir(name):
     spec = importlib.util.find_spec(name)
@@ -36,4 +38,3 @@ def real_gguf_paths(smollm2_path, gemma_path):
     return [smollm2_path, gemma_path]
 
 
-from oracle_artifacts import *  # noqa: E402,F401,F403  (session fixtures built with llama.cpp's own tools)

@@ -14,7 +14,7 @@ import struct
 import numpy as np
 from click.testing import CliRunner
 
-import gguf_builder as B
+from tests import gguf_builder as B
 from ggtools.cli import main
 from ggtools.samples import write_moe_set
 

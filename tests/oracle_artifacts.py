@@ -7,32 +7,20 @@ oracle is missing (llama-cpp-python, torch, transformers, dflash, sentencepiece,
 with the reason; a misconfiguration (GGTOOLS_LLAMA_CPP_SRC / GGTOOLS_LLAMA_CPP_SDIST pointing at the wrong
 thing) or a failing build is an error.
 
-Use: `from oracle_artifacts import *` in a test module or conftest.py (tests/ is on sys.path).
+The fixtures are registered for every test by conftest.py (`pytest_plugins`); import the helpers and types by
+name: `from tests.oracle_artifacts import llama_loads`.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-_FIXTURE_SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "fixtures"
-if str(_FIXTURE_SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(_FIXTURE_SCRIPTS))
-
-import llama_cpp_src as _lcs  # noqa: E402
-import llama_oracle as _oracle  # noqa: E402
-import tiny_models as _tm  # noqa: E402
-
-__all__ = [
-    "llama_cpp_src", "tiny_tokenizer", "tiny_target", "tiny_drafters", "ref_drafter_gguf", "ref_drafter_quant",
-    "qwen35moe_set", "llama_loads", "llama_load_info", "llama_greedy", "oracle_unit",
-    "TinyTarget", "DrafterRefs", "DrafterQuants", "Qwen35MoeSet",
-    "qwen35_target", "qwen35moe_target", "HybridTarget",
-    "qwen3moe_target", "gpt_oss_target", "moe_drafters", "MoeTarget",
-]
+from scripts.fixtures import llama_cpp_src as _lcs
+from scripts.fixtures import llama_oracle as _oracle
+from scripts.fixtures import tiny_models as _tm
 
 QUANT_FTYPES = {"Q8_0": 7, "Q4_K_M": 15, "Q2_K": 10}
 

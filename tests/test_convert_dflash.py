@@ -11,12 +11,12 @@ from click.testing import CliRunner
 from gguf import GGMLQuantizationType as T
 
 from ggtools.cli import main
-from ggtools.dflash.safetensors import CheckpointError
+from ggtools.dflash.errors import CheckpointError
 from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile
 from ggtools.jobs.convert import ConvertError, convert_dflash
 from ggtools.quants import quantize
-from test_convert_support import (H, HD, NH, NKV, VOCAB, drafter_config, from_bf16_bits, kv_table, make_checkpoint,
+from tests.test_convert_support import (H, HD, NH, NKV, VOCAB, drafter_config, from_bf16_bits, kv_table, make_checkpoint,
                                   make_target_gguf, random_tensors, to_bf16_bits, write_safetensors)
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import pytest
 
 from ggtools.gguf import GGUFFile
 from ggtools.jobs.convert import convert_dflash
-from oracle_artifacts import llama_cpp_src, llama_load_info, ref_drafter_gguf, tiny_drafters, tiny_target  # noqa: F401
-from test_convert_support import kv_table
+from tests.oracle_artifacts import llama_cpp_src, llama_load_info, ref_drafter_gguf, tiny_drafters, tiny_target  # noqa: F401
+from tests.test_convert_support import kv_table
 
 pytestmark = pytest.mark.oracle
 NAMES = {1: "tiny-dflash", 2: "tiny-dflash2"}
@@ -76,7 +76,7 @@ def test_outputs_load_in_libllama(tmp_path, tiny_drafters, tiny_target, version,
 def test_config_features_equal_the_converter(tmp_path, tiny_drafters, tiny_target, llama_cpp_src):
     """Features the tiny fixtures lack, each run through llama.cpp's converter: model card, non-causal flag,
     sliding window pattern, YaRN, value scale, logit scale / softcap / embedding scale, interleaved rope rows."""
-    from tiny_models import run_converter as run      # scripts/fixtures, on sys.path through oracle_artifacts
+    from scripts.fixtures.tiny_models import run_converter as run
 
     d = tmp_path / "dflash-features"
     shutil.copytree(tiny_drafters["v2"], d)

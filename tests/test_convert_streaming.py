@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from test_convert_support import make_checkpoint, make_target_gguf, to_bf16_bits
+from tests.test_convert_support import make_checkpoint, make_target_gguf, to_bf16_bits
 
 pytestmark = pytest.mark.slow
 BIG = {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,

@@ -2,7 +2,7 @@
 drafter config vs target, and oracles: llama.cpp and torch greedy-decode the target identically, z-lab's
 drafter classes load the drafter and speculative decoding reproduces greedy output with τ > 1."""
 
-import importlib.util
+import importlib
 import json
 import struct
 from pathlib import Path
@@ -13,17 +13,13 @@ from ggtools.gguf import GGUFFile
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "ggtools" / "data" / "demo"
-SCRIPTS = ROOT / "scripts" / "demo_pair"
 TARGET = DEMO / "target.gguf"
 DRAFTER = DEMO / "drafter"
 ARCH = "qwen3"
 
 
 def _script_module(name):
-    spec = importlib.util.spec_from_file_location(f"demo_pair_{name}", SCRIPTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"scripts.demo_pair.{name}")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ proofs are in tests/test_doctor_oracle.py.
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,10 +20,8 @@ from ggtools.dflash.profiles import PROFILES
 from ggtools.gguf import GGUFFile
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.doctor import doctor, doctor_fix, move_layout, pair_check
-from test_convert_support import H, make_checkpoint, make_target_gguf, rewrite_gguf
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "fixtures"))
-import runtime_sources  # noqa: E402
+from scripts.fixtures import runtime_sources
+from tests.test_convert_support import H, make_checkpoint, make_target_gguf, rewrite_gguf
 
 LB = "qwen35-dflash-draft"
 RUNTIME_DIR = Path(__file__).resolve().parents[1] / "runtime"

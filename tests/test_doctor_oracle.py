@@ -20,8 +20,8 @@ from gguf import GGUFValueType as VT
 from ggtools.gguf import GGUFFile
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.doctor import doctor, doctor_fix, move_layout, pair_check
-from oracle_artifacts import llama_loads, ref_drafter_gguf, tiny_drafters, tiny_target  # noqa: F401
-from test_convert_support import rewrite_gguf
+from tests.oracle_artifacts import llama_loads, ref_drafter_gguf, tiny_drafters, tiny_target  # noqa: F401
+from tests.test_convert_support import rewrite_gguf
 
 pytestmark = pytest.mark.oracle
 LB = "qwen35-dflash-draft"

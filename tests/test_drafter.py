@@ -13,7 +13,7 @@ from ggtools.plan import KVEdits
 from ggtools.runtime import ModelError, TargetModel
 from ggtools.runtime.drafter.chain import DraftChain, cut_length, top_candidates
 from ggtools.runtime.drafter import Drafter
-from ggtools.shard_runner import run_plan
+from ggtools.engine import run_plan
 
 
 @pytest.fixture(scope="module")

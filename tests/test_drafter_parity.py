@@ -120,7 +120,7 @@ def test_llama_cpp_quantized_drafters_decode_as_the_target(ref_drafter_quant, ti
 @pytest.mark.parametrize("version", [1, 2])
 def test_ring_equals_full_and_window_recompute(tiny_drafters, tiny_target, tmp_path, version):
     """DFlash2 (conv, lattice) and v1 on the tiny pair: ring cap >= context = full KV, small ring = recompute."""
-    from test_ring import Recording, WindowRecompute
+    from tests.test_ring import Recording, WindowRecompute
     path = tmp_path / "d.gguf"
     convert_dflash(tiny_drafters[f"v{version}"], path, profile="llama.cpp", target=tiny_target.gguf["f16"],
                    outtype="f16")

@@ -15,8 +15,8 @@ import struct
 import numpy as np
 import pytest
 
-import gguf_builder as B
-from hostile_corpus import DEMO, check_run
+from tests import gguf_builder as B
+from tests.hostile_corpus import DEMO, check_run
 
 SEED = 12
 GGUF_CASES = 400

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import gguf_builder as B
+from tests import gguf_builder as B
 from ggtools.cli import main
 from ggtools.jobs.validate import validate
 

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from hostile_corpus import HOSTILE_MANIFESTS, build_corpus, check_run
+from tests.hostile_corpus import HOSTILE_MANIFESTS, build_corpus, check_run
 
 
 @pytest.fixture(scope="module")

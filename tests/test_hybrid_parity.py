@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ggtools.runtime import TargetModel, greedy
-from llama_runner import LlamaCpp, assert_prompt_logits_identical, avx2_llama_cpp
+from tests.llama_runner import LlamaCpp, assert_prompt_logits_identical, avx2_llama_cpp
 
 pytestmark = pytest.mark.oracle
 

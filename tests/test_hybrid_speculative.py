@@ -12,7 +12,7 @@ from ggtools.jobs.convert import convert_dflash
 from ggtools.runtime import TargetModel, greedy
 from ggtools.runtime.drafter import Drafter
 from ggtools.runtime.speculative import speculative_generate
-from test_runtime_moe import KnowingDrafter
+from tests.test_runtime_moe import KnowingDrafter
 
 pytestmark = pytest.mark.oracle
 

@@ -14,7 +14,7 @@ import pytest
 
 from ggtools.jobs.requant import plan_requant_trunk
 from ggtools.samples import write_moe_set
-from ggtools.shard_runner import run_plan
+from ggtools.engine import run_plan
 
 SHARDS = 6
 GGTOOLS = [sys.executable, "-m", "ggtools"]

@@ -10,7 +10,7 @@ import struct
 import numpy as np
 import pytest
 
-from hostile_corpus import DEMO, F32, Q8_0, check_run, dense, q8_blocks
+from tests.hostile_corpus import DEMO, F32, Q8_0, check_run, dense, q8_blocks
 
 
 def test_quantize_refuses_nan_weights_naming_the_row(tmp_path):

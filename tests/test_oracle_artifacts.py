@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from oracle_artifacts import *  # noqa: F401,F403  (fixtures)
-from oracle_artifacts import llama_greedy, llama_load_info, llama_loads
+from tests.oracle_artifacts import llama_greedy, llama_load_info, llama_loads
 
 gguf = pytest.importorskip("gguf")
 

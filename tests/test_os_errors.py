@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from ggtools.gguf import outputs
-from hostile_corpus import build_corpus, check_run, snapshot
+from tests.hostile_corpus import build_corpus, check_run, snapshot
 
 
 @pytest.fixture(scope="module")

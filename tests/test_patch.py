@@ -103,7 +103,7 @@ def test_mask_patch_makes_a_real_drafter_usable(ref_drafter_gguf, tiny_target, t
     """A llama.cpp-profile drafter whose converter wrote only `dflash.mask_token_id` fails pair-check (llama.cpp
     would decode -1 mask tokens: LC#26761); `patch mask-token` fixes it, the data section is byte-identical,
     and libllama loads the result."""
-    from oracle_artifacts import llama_loads
+    from tests.oracle_artifacts import llama_loads
     src = ref_drafter_gguf(1, "f16")
     broken, fixed = tmp_path / "broken.gguf", tmp_path / "fixed.gguf"
     r = cli("patch", "rm", src, "tokenizer.ggml.mask_token_id", "-o", tmp_path / "tmp.gguf")

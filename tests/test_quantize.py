@@ -20,7 +20,7 @@ def cli(*args):
 def llama_quantize(src, dst, ftype, type_by_name):
     """llama_model_quantize with --pure --allow-requantize and one exact-name --tensor-type per tensor."""
     pytest.importorskip("llama_cpp")
-    import llama_oracle
+    from scripts.fixtures import llama_oracle
     overrides = [(f"^{name.replace('.', '[.]')}$", int(t)) for name, t in type_by_name.items()]
     llama_oracle.quantize(src, dst, ftype, allow_requantize=True, pure=True, tt_overrides=overrides)
 
@@ -87,5 +87,5 @@ def test_drafter_schemes_equal_llama_quantize(ref_drafter_gguf, tmp_path, versio
     llama_quantize(src, ref, ftype, {n: t for n, (t, _) in got.items()})
     want = tensors_by_name(ref)
     assert got == want
-    from oracle_artifacts import llama_loads
+    from tests.oracle_artifacts import llama_loads
     assert llama_loads(ours)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-from ggml_oracle import load_ggml
+from tests.ggml_oracle import load_ggml
 from ggtools import quants
 
 pytestmark = [pytest.mark.oracle, pytest.mark.filterwarnings("ignore::RuntimeWarning")]

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ggtools import shard_runner
+from ggtools.engine import runner as shard_runner
 from ggtools.cli import main
 from ggtools.engine import RewriteError
 from ggtools.gguf import GGUFFile
 from ggtools.jobs.requant import plan_requant_trunk
 from ggtools.quants import quantize
 from ggtools.samples import write_moe_set
-from ggtools.shard_runner import run_plan
+from ggtools.engine import run_plan
 
 T = gguf.GGMLQuantizationType
 
@@ -71,7 +71,7 @@ def test_requant_output(moe_set, tmp_path):
 
 @pytest.mark.oracle
 def test_conversion_equals_ggml(moe_set, tmp_path):
-    from ggml_oracle import load_ggml
+    from tests.ggml_oracle import load_ggml
     ggml = load_ggml()
     outs = requant(moe_set, tmp_path)
     src, out = gguf.GGUFReader(moe_set[0]), gguf.GGUFReader(outs[0])
@@ -94,7 +94,8 @@ WORKER_START = """
 import sys, multiprocessing
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from ggtools import quants, shard_runner
+from ggtools import quants
+from ggtools.engine import runner as shard_runner
 from ggtools.jobs.requant import plan_requant_trunk
 methods, get_context = [], multiprocessing.get_context
 
@@ -240,7 +241,7 @@ def _tensor_bytes(path):
 def test_matches_llama_quantize_surgical_reference(qwen35moe_set, tmp_path):
     """llama-quantize --allow-requantize --pure --tensor-type _exps=mxfp4 Q4_K_M on the MXFP4_MOE model:
     our requant-trunk output has byte-identical tensor data for every tensor, and loads in llama.cpp."""
-    from oracle_artifacts import llama_greedy, llama_loads
+    from tests.oracle_artifacts import llama_greedy, llama_loads
     import shutil as sh
     src_dir = tmp_path / "src"
     src_dir.mkdir()
@@ -261,5 +262,5 @@ def test_matches_reference_on_a_split_set(qwen35moe_set, tmp_path):
     assert sorted(ours) == sorted(ref)
     for src, out in zip(qwen35moe_set.split, outs):            # split-in = split-out: same tensors per shard
         assert [t[0] for t in _tensor_bytes(src)] == [t[0] for t in _tensor_bytes(out)]
-    from oracle_artifacts import llama_loads
+    from tests.oracle_artifacts import llama_loads
     assert llama_loads(outs[0])

@@ -10,12 +10,13 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from ggtools import resume_manifest, shard_runner
+from ggtools.engine import manifest as resume_manifest
+from ggtools.engine import runner as shard_runner
 from ggtools.cli import main
 from ggtools.jobs.requant import plan_requant_trunk
 from ggtools.samples import write_moe_set
-from ggtools.shard_runner import Interrupted, run_plan
-from hostile_corpus import DEMO
+from ggtools.engine import Interrupted, run_plan
+from tests.hostile_corpus import DEMO
 
 
 @pytest.fixture(scope="module")

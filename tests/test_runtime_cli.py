@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from ggtools.cli.run import command
 from ggtools.runtime import ModelError
-from test_runtime_model import write_model
+from tests.test_runtime_model import write_model
 
 
 @pytest.fixture(scope="module")

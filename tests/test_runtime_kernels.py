@@ -241,7 +241,7 @@ def test_repackable_matmul_equals_ggml(qtype, n_rows, n_cols, n_in):
     """Bit for bit with libggml-cpu: matrices with a multiple of 8 rows against the repacked 8x8 kernels llama.cpp
     runs them through on AVX2 (gemm for each 4 input rows, gemv for the rest: n_in 1, 3, 6, 8 take every mix), the
     others against the type's vec_dot (even and odd block counts)."""
-    from ggml_oracle import load_ggml_cpu
+    from tests.ggml_oracle import load_ggml_cpu
 
     ggml = load_ggml_cpu()
     data, _ = make_weights(qtype, n_rows=n_rows, n_cols=n_cols, seed=n_rows)

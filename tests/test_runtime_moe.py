@@ -19,7 +19,7 @@ import pytest
 
 from ggtools.jobs.convert import convert_dflash
 from ggtools.runtime import Drafter, TargetModel, greedy, speculative_generate
-from llama_runner import LlamaCpp, avx2_llama_cpp
+from tests.llama_runner import LlamaCpp, avx2_llama_cpp
 
 pytestmark = pytest.mark.oracle
 
@@ -230,7 +230,7 @@ def test_run_draft_warns_about_llama_cpp_but_runs_the_pair(targets, drafter_gguf
 
 def test_split_target_runs_from_its_first_shard(targets, tmp_path):
     """The MXFP4 gpt-oss as 3 shards (gguf-py's split writer): experts spread over shards, same logits."""
-    import tiny_models
+    from scripts.fixtures import tiny_models
 
     path = targets["gpt-oss"].gguf["MXFP4_MOE"]
     shards = tiny_models.split_gguf(path, tmp_path / "tiny-gpt-oss", 3)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ggtools.runtime import TargetModel, Tokenizer, greedy
-from llama_runner import LlamaCpp, assert_prompt_logits_identical, avx2_llama_cpp
+from tests.llama_runner import LlamaCpp, assert_prompt_logits_identical, avx2_llama_cpp
 
 pytestmark = pytest.mark.oracle
 
@@ -32,7 +32,7 @@ def llama_cpp():
 @pytest.fixture(scope="module")
 def smollm2_q8_0(smollm2_path, tmp_path_factory, llama_cpp):
     """SmolLM2 requantized to Q8_0 by llama.cpp's own quantizer (every matmul a Q8_0 one)."""
-    import llama_oracle
+    from scripts.fixtures import llama_oracle
     out = tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct.Q8_0.gguf"
     llama_oracle.quantize(smollm2_path, out, 7, allow_requantize=True)
     return out
@@ -43,7 +43,7 @@ def smollm2_q4_0(smollm2_path, tmp_path_factory, llama_cpp):
     """SmolLM2 requantized to Q4_0 everywhere (pure: the tied embedding and output too) by llama.cpp's quantizer.
     Every matrix has a multiple of 8 rows, so llama.cpp's default loading repacks them all (CPU_REPACK, the 8x8
     gemv / gemm kernels); summed in the vec_dot order instead, the first prompt's logits were up to 1.87 off."""
-    import llama_oracle
+    from scripts.fixtures import llama_oracle
     out = tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct.Q4_0.gguf"
     llama_oracle.quantize(smollm2_path, out, 2, allow_requantize=True, pure=True)
     return out

@@ -8,8 +8,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 from ggtools import quants
 from ggtools.gguf import ShardSet
-from oracle_artifacts import qwen35moe_set, ref_drafter_quant  # noqa: F401  (fixtures)
-from test_quants import assert_same_floats, sample_rows
+from tests.oracle_artifacts import qwen35moe_set, ref_drafter_quant  # noqa: F401  (fixtures)
+from tests.test_quants import assert_same_floats, sample_rows
 
 torch = pytest.importorskip("torch")
 from ggtools.runtime.torch_backend.dequant import SUPPORTED_TYPES, dequantize  # noqa: E402

@@ -26,11 +26,11 @@ import pytest
 from ggtools.jobs.demo import build_drafters, demo_data, held_out_prompts
 from ggtools.runtime import Drafter, TargetModel, Tokenizer, greedy, speculative_generate
 from ggtools.runtime.stats import acceptance_stats
-from oracle_artifacts import (gpt_oss_target, qwen3moe_target, qwen35_target, qwen35moe_set,  # noqa: F401
-                              qwen35moe_target)
+from tests.oracle_artifacts import (gpt_oss_target, qwen3moe_target, qwen35_target, qwen35moe_set,  # noqa: F401
+                                    qwen35moe_target)
 
 torch = pytest.importorskip("torch")
-from backend_parity import greedy_path, layer_errors, logit_parity, random_prompt, routing_margin  # noqa: E402
+from tests.backend_parity import greedy_path, layer_errors, logit_parity, random_prompt, routing_margin  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 

@@ -7,12 +7,7 @@ import click
 from ggtools.cli.backend_options import backend_options
 from ggtools.cli.plan_view import show_plan
 from ggtools.cli.render import emit_json, human_bytes, table
-from ggtools.jobs.demo import run_demo
-from ggtools.jobs.requant import plan_requant_trunk
-from ggtools.jobs.validate import validate
-from ggtools.gguf.outputs import make_dir
-from ggtools.samples import write_moe_set
-from ggtools.shard_runner import run_plan
+from ggtools.jobs.demo import requant_demo, run_demo
 
 
 @click.command("demo")
@@ -52,7 +47,9 @@ def command(work_dir, prompts, n, ring_cap, threads, backend, device, dtype, rou
         else:
             _show_table(report)
             if not skip_requant:
-                _requant_demo(root)
+                failed = requant_demo(root, log=click.echo, show_plan=lambda plan: show_plan(plan, tensors=False))
+                if failed:
+                    sys.exit(failed)
     if not report.all_match:
         click.echo("FAIL: a speculative output differs from target-only greedy decoding", err=True)
         sys.exit(1)
@@ -80,26 +77,3 @@ def _show_table(report):
     click.echo("   The demo target (1.25 M parameters) sits in the CPU cache, so every verified row costs arithmetic\n"
                "   instead of sharing one weight read: expect speedups on targets whose step is bound by weight\n"
                "   bandwidth (docs/speculative.md), not here.\n")
-
-
-def _requant_demo(root):
-    src_dir, out_dir = os.path.join(root, "moe"), os.path.join(root, "moe-q4k")
-    make_dir(src_dir)
-    paths = write_moe_set(os.path.join(src_dir, "kimi-like"), force=True)
-    click.echo(f"2. requant-trunk: sample MoE shard set, {len(paths)} shards, "
-               f"{human_bytes(sum(os.path.getsize(p) for p in paths))}")
-    _validate(paths[0])
-    plan = plan_requant_trunk(paths[0], out_dir)
-    click.echo("   plan (Q8_0 trunk -> Q4_K; MXFP4 experts and F32 norms byte-copied):")
-    show_plan(plan, tensors=False)
-    run_plan(plan, jobs=1, force=True, progress=False, make_dirs=True)
-    click.echo(f"   wrote and verified {len(paths)} shards: {human_bytes(plan.bytes_in)} -> {human_bytes(plan.bytes_out)}")
-    _validate(os.path.join(out_dir, os.path.basename(paths[0])))
-
-
-def _validate(path):
-    report = validate([path], deep=True)
-    status = "all good" if report.exit_code == 0 else f"{len(report.errors)} error(s)"
-    click.echo(f"   validate --deep {os.path.basename(path)} (+ its set): {status}")
-    if report.exit_code:
-        sys.exit(report.exit_code)

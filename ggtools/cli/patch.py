@@ -1,9 +1,7 @@
 import click
 
 from ggtools.cli.render import emit_json
-from ggtools.gguf import ShardSet
-from ggtools.jobs.patch import mask_token_edits, parse_assignment, patch, target_files
-from ggtools.plan import KVEdits
+from ggtools.jobs.patch import patch_mask_token, patch_remove, patch_set
 
 OUTPUT_OPTIONS = [
     click.option("-o", "--out", type=click.Path(), help="Output file (for a shard set: a directory)."),
@@ -40,10 +38,7 @@ def command():
 @output_options
 def mask_token(path, token_id, target, out, in_place, force, as_json):
     """Set tokenizer.ggml.mask_token_id (u32), the key llama.cpp's DFlash drafter loader reads."""
-    with ShardSet(path) as s:
-        edits = mask_token_edits(s.first, token_id, target)
-    also_read = target_files(target) if target else ()
-    _report(patch(path, edits, out=out, in_place=in_place, force=force, also_read=also_read), edits, as_json)
+    _report(patch_mask_token(path, token_id, target, out=out, in_place=in_place, force=force), as_json)
 
 
 @command.command("set")
@@ -53,10 +48,7 @@ def mask_token(path, token_id, target, out, in_place, force, as_json):
 def set_keys(path, assignments, out, in_place, force, as_json):
     """Add or change keys. TYPE: u8 i8 u16 i16 u32 i32 u64 i64 f32 f64 bool str, or TYPE[] for an array
     (values comma-separated or a JSON list)."""
-    edits = KVEdits()
-    for a in assignments:
-        edits.put(*parse_assignment(a))
-    _report(patch(path, edits, out=out, in_place=in_place, force=force), edits, as_json)
+    _report(patch_set(path, assignments, out=out, in_place=in_place, force=force), as_json)
 
 
 @command.command("rm")
@@ -65,13 +57,11 @@ def set_keys(path, assignments, out, in_place, force, as_json):
 @output_options
 def remove_keys(path, keys, out, in_place, force, as_json):
     """Remove keys."""
-    edits = KVEdits()
-    for k in keys:
-        edits.drop(k)
-    _report(patch(path, edits, out=out, in_place=in_place, force=force), edits, as_json)
+    _report(patch_remove(path, keys, out=out, in_place=in_place, force=force), as_json)
 
 
-def _report(result, edits, as_json):
+def _report(result, as_json):
+    edits = result.edits
     if as_json:
         emit_json({"written": result.written, "set": sorted(edits.changes), "removed": sorted(edits.removed),
                    "nonfinite": result.nonfinite})

@@ -4,8 +4,7 @@ import click
 
 from ggtools.cli.plan_view import show_plan, warn_nonfinite
 from ggtools.cli.render import emit_json, human_bytes
-from ggtools.jobs.quantize import SCHEMES, plan_quantize
-from ggtools.shard_runner import run_plan
+from ggtools.jobs.quantize import SCHEMES, plan_quantize, quantize
 
 
 @click.command("quantize")
@@ -41,7 +40,7 @@ def command(path, out, scheme, overrides, dry_run, jobs, allow_nonfinite, force,
     if dry_run:
         show_plan(plan, as_json=as_json, tensors=not quiet)
         return
-    report = run_plan(plan, jobs=jobs, force=force, allow_nonfinite=allow_nonfinite, resumable=False,
+    report = quantize(plan, jobs=jobs, force=force, allow_nonfinite=allow_nonfinite,
                       progress=False if quiet or as_json else None)
     if as_json:
         emit_json({"written": report.done, "bytes_in": plan.bytes_in, "bytes_out": plan.bytes_out,

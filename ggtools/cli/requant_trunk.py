@@ -1,11 +1,8 @@
-import os
-
 import click
 
 from ggtools.cli.plan_view import show_plan, warn_nonfinite
 from ggtools.cli.render import emit_json, human_bytes
-from ggtools.jobs.requant import plan_requant_trunk
-from ggtools.shard_runner import preflight_disk, run_plan
+from ggtools.jobs.requant import check_disk, plan_requant_trunk, requant_trunk
 
 
 @click.command("requant-trunk")
@@ -43,14 +40,11 @@ def command(path, out_dir, src_type, dst_type, copy_patterns, only, jobs, dry_ru
     if dry_run:
         show_plan(plan, as_json=as_json, tensors=not quiet)
         if not as_json:
-            preflight_disk(plan.shards)
+            check_disk(plan)
             click.echo("disk check: the output fits")
         return
-    # a worker waits on the disk (kernel copies, fsync) about half the time: two per core keep the cores busy
-    default_jobs = min(len(plan.shards), 2 * (os.cpu_count() or 1))
-    report = run_plan(plan, jobs=jobs or default_jobs, resume=resume, force=force, verify=not no_verify,
-                      allow_nonfinite=allow_nonfinite, progress=False if quiet or as_json else None,
-                      make_dirs=True)
+    report = requant_trunk(plan, jobs=jobs, resume=resume, force=force, verify=not no_verify,
+                           allow_nonfinite=allow_nonfinite, progress=False if quiet or as_json else None)
     if as_json:
         emit_json({"done": report.done, "skipped": report.skipped, "manifest": report.manifest,
                    "bytes_in": plan.bytes_in, "bytes_out": plan.bytes_out, "verified": not no_verify,

@@ -16,4 +16,5 @@
 - pair_rules.py   the drafter + target rules, per runtime
 - source_check.py a drafter GGUF against its Hugging Face checkpoint (values and tensors)
 - rewrite.py      the KV edits and tensor actions that repair a drafter or move it to another layout
+- errors.py       DFlashError: CheckpointError, RewriteRefused
 """

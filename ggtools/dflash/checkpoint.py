@@ -9,7 +9,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from ggtools.dflash.safetensors import CheckpointError, SourceTensor, read_header
+from ggtools.dflash.errors import CheckpointError
+from ggtools.dflash.safetensors import SourceTensor, read_header
 from ggtools.gguf.inputs import regular_file
 
 ARCHITECTURES = {"DFlashDraftModel": 1, "DFlash2DraftModel": 2}

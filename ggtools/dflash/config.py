@@ -12,7 +12,7 @@
 from dataclasses import dataclass, field
 
 from ggtools.dflash.checkpoint import Checkpoint
-from ggtools.dflash.safetensors import CheckpointError
+from ggtools.dflash.errors import CheckpointError
 
 DEFAULT_BLOCK_SIZE = 16
 V2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")

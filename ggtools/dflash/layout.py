@@ -2,7 +2,7 @@
 
 from ggtools.dflash.checkpoint import Checkpoint
 from ggtools.dflash.config import DraftConfig
-from ggtools.dflash.safetensors import CheckpointError
+from ggtools.dflash.errors import CheckpointError
 
 
 def required_shapes(cfg: DraftConfig) -> dict[str, tuple]:

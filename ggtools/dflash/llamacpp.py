@@ -15,8 +15,8 @@ from gguf import LlamaFileType
 
 from ggtools.dflash.checkpoint import Checkpoint
 from ggtools.dflash.config import DraftConfig
+from ggtools.dflash.errors import CheckpointError
 from ggtools.dflash.metadata import KVList, general_kvs
-from ggtools.dflash.safetensors import CheckpointError
 from ggtools.dflash.tensors import TensorJob
 
 OUTTYPES = {"f32": (T.F32, LlamaFileType.ALL_F32), "f16": (T.F16, LlamaFileType.MOSTLY_F16),

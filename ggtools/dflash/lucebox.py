@@ -16,8 +16,8 @@ from gguf import GGUFValueType as VT
 
 from ggtools.dflash.checkpoint import Checkpoint
 from ggtools.dflash.config import DraftConfig
+from ggtools.dflash.errors import CheckpointError
 from ggtools.dflash.metadata import KVList
-from ggtools.dflash.safetensors import CheckpointError
 from ggtools.dflash.tensors import TensorJob
 
 DEFAULT_CONTEXT = 32768

@@ -13,20 +13,14 @@ from dataclasses import dataclass, field
 from gguf import GGUFValueType as VT
 
 from ggtools.dflash.draftfile import DraftFile
+from ggtools.dflash.errors import RewriteRefused
 from ggtools.dflash.profiles import HPARAM_KEYS, ROLE_TYPES, V2_KEYS, Profile
-from ggtools.errors import GGToolsError
 from ggtools.plan import KVEdits, TensorAction, convert_action, copy_action
 
 # Keys of a llama.cpp-layout file that another layout may drop without changing what the drafter computes.
 DROPPABLE = ("general.", "tokenizer.", "dflash.rope.dimension_sections")   # M-RoPE sections: text rows are equal
 KEPT_GENERAL = ("general.alignment",)
 HEADS_AND_EMBEDDINGS = ("embed_tokens.weight", "lm_head.weight")   # the target's own serve when absent
-
-
-class RewriteRefused(GGToolsError):
-    """The destination layout cannot hold something the drafter has."""
-
-    exit_code = 2
 
 
 @dataclass

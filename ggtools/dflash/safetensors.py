@@ -13,21 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ggtools.errors import GGToolsError
+from ggtools.dflash.errors import CheckpointError
 from ggtools.gguf.inputs import regular_file
 
 # safetensors dtype -> (numpy dtype of the stored values, ggml type of the same encoding)
 DTYPES = {"BF16": ("<u2", T.BF16), "F16": ("<f2", T.F16), "F32": ("<f4", T.F32), "F64": ("<f8", T.F64)}
 MAX_HEADER = 100 << 20
-
-
-class CheckpointError(GGToolsError):
-    """A Hugging Face checkpoint that cannot be read or breaks a rule; names the file, the place, the rule."""
-
-    exit_code = 2
-
-    def __init__(self, path, rule: str, where: str | None = None):
-        super().__init__(f"{path}: {where}: {rule}" if where else f"{path}: {rule}")
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """GGUFError: the gguf layer's one error, for files and paths; it names the file, the place and the rule."""
 
-from ggtools.errors import GGToolsError
+from ggtools.errors import GGToolsError, located
 
 
 class GGUFError(GGToolsError):
@@ -10,7 +10,7 @@ class GGUFError(GGToolsError):
     def __init__(self, path, rule: str, offset: int | None = None, where: str | None = None):
         self.path, self.rule, self.offset, self.where = str(path), rule, offset, where
         place = where if where is not None else (f"byte {offset}" if offset is not None else None)
-        super().__init__(f"{self.path}: {place}: {rule}" if place else f"{self.path}: {rule}")
+        super().__init__(located(self.path, rule, place))
 
     def __reduce__(self):       # rebuilt from its fields when it crosses a process boundary
         return type(self), (self.path, self.rule, self.offset, self.where)

@@ -22,6 +22,7 @@ from ggtools.dflash.checkpoint import files_of
 from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
 from ggtools.jobs.convert import convert_dflash
+from ggtools.jobs.errors import JobError
 from ggtools.jobs.prompt_set import Prompt, load_prompts
 from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, SpecRun, TargetModel, TargetOnly,
                              Tokenizer, check_settings, measure_drafter, warm_up)
@@ -30,8 +31,8 @@ DEFAULT_RING_CAP = 4096         # lucebox's default draft context (draft_ctx_max
 DEFAULT_MAX_DROP = 0.05
 
 
-class AcceptError(GGToolsError):
-    exit_code = 2
+class AcceptError(JobError):
+    pass
 
 
 @dataclass

@@ -4,8 +4,8 @@ drafter, and τ per prompt. matplotlib is the optional extra `ggtools[plot]`."""
 import importlib.util
 import os
 
-from ggtools.jobs.accept import AcceptError, AcceptReport
 from ggtools.gguf.outputs import write_with
+from ggtools.jobs.accept import AcceptError, AcceptReport
 from ggtools.jobs.accept_report import check_destination
 
 FORMATS = {".png": "png", ".svg": "svg"}

@@ -12,22 +12,22 @@ from dataclasses import dataclass, field
 
 from ggtools.dflash.checkpoint import Checkpoint, files_of, open_checkpoint
 from ggtools.dflash.config import DraftConfig, draft_config
+from ggtools.dflash.errors import CheckpointError
 from ggtools.dflash.layout import check_layout
 from ggtools.dflash.metadata import KVList
 from ggtools.dflash.profiles import PROFILES, Profile
 from ggtools.dflash.target import OpenTarget, TargetInfo
-from ggtools.dflash.safetensors import CheckpointError
 from ggtools.dflash.tensors import TensorJob, encode_chunks
-from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFWriter, ggml_type_name
 from ggtools.gguf.outputs import check_output
+from ggtools.jobs.errors import JobError
 from ggtools.plan import Plan, ShardPlan, TensorAction
 
 OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
 
 
-class ConvertError(GGToolsError):
-    exit_code = 2
+class ConvertError(JobError):
+    pass
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""demo: the embedded demo pair end to end, with no downloads.
+"""demo: the embedded demo pair end to end, with no downloads; then requant-trunk on a sample MoE shard set.
 
 The HF drafter shipped in ggtools/data/demo is copied to a work directory, converted (llama.cpp profile, the
 embedded target GGUF for tokenizer and checks), quantized (q8_0, q4-mix, q2_k), validated and pair-checked,
@@ -6,6 +6,9 @@ then every variant decodes a few held-out prompts speculatively with the draft-K
 draft KV), each against target-only decoding of the same prompts in the same run (jobs/accept.py's `measure`,
 as `ggtools accept`). The prompts are windows of standard-library modules the pair never trained on
 (demo_pair.json: corpus.held_out, eval.prompts).
+
+The second part writes a small Kimi-like MoE shard set (samples.py), validates it, requantizes its Q8_0 trunk to
+Q4_K (experts and norms byte-copied) and validates the result.
 """
 
 import json
@@ -15,21 +18,23 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from ggtools.errors import GGToolsError
+from ggtools.byte_sizes import human_bytes
 from ggtools.gguf.outputs import copy_file, make_dir
 from ggtools.jobs.accept import Candidate, measure
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.doctor import pair_check
-from ggtools.jobs.quantize import plan_quantize
+from ggtools.jobs.errors import JobError
+from ggtools.jobs.quantize import plan_quantize, quantize
+from ggtools.jobs.requant import plan_requant_trunk, requant_trunk
 from ggtools.jobs.validate import validate
 from ggtools.runtime import DraftSettings, SpecRun, TargetModel, Tokenizer
-from ggtools.shard_runner import run_plan
+from ggtools.samples import write_moe_set
 
 SCHEMES = ("q8_0", "q4-mix", "q2_k")
 PROMPT_TOKENS = 128
 
 
-class DemoError(GGToolsError):
+class DemoError(JobError):
     exit_code = 1       # a check of the demo failed (a write error is a GGUFError, exit 2)
 
 
@@ -130,7 +135,7 @@ def build_drafters(work: Path, target: str, log=lambda line: None) -> list[Varia
     paths = [("f16", f16)]
     for scheme in SCHEMES:
         out = work / f"drafter-{scheme}.gguf"
-        run_plan(plan_quantize(str(f16), str(out), scheme), jobs=1, force=True, progress=False)
+        quantize(plan_quantize(str(f16), str(out), scheme), force=True, progress=False)
         paths.append((scheme, out))
         log(f"quantized {f16.name} -> {out.name} (--scheme {scheme})")
     variants = []
@@ -147,3 +152,29 @@ def _checks(target: str, draft: str) -> str:
         raise DemoError(f"{draft}: validate {'ok' if not v.exit_code else 'FAILED'}, pair-check "
                         f"{'ok' if not p.exit_code else 'FAILED: ' + '; '.join(f.message for f in p.errors)}")
     return "validate --deep ok, pair-check ok"
+
+
+def requant_demo(root, *, log=lambda line: None, show_plan=lambda plan: None) -> int:
+    """The demo's second part in root/moe and root/moe-q4k; log(line) reports each step, show_plan(plan) prints
+    the plan. Returns 0, or the exit code of the first validation that failed (the demo stops there)."""
+    src_dir, out_dir = os.path.join(root, "moe"), os.path.join(root, "moe-q4k")
+    make_dir(src_dir)
+    paths = write_moe_set(os.path.join(src_dir, "kimi-like"), force=True)
+    log(f"2. requant-trunk: sample MoE shard set, {len(paths)} shards, "
+        f"{human_bytes(sum(os.path.getsize(p) for p in paths))}")
+    failed = _validate_deep(paths[0], log)
+    if failed:
+        return failed
+    plan = plan_requant_trunk(paths[0], out_dir)
+    log("   plan (Q8_0 trunk -> Q4_K; MXFP4 experts and F32 norms byte-copied):")
+    show_plan(plan)
+    requant_trunk(plan, jobs=1, force=True, progress=False)
+    log(f"   wrote and verified {len(paths)} shards: {human_bytes(plan.bytes_in)} -> {human_bytes(plan.bytes_out)}")
+    return _validate_deep(os.path.join(out_dir, os.path.basename(paths[0])), log)
+
+
+def _validate_deep(path, log) -> int:
+    report = validate([path], deep=True)
+    status = "all good" if report.exit_code == 0 else f"{len(report.errors)} error(s)"
+    log(f"   validate --deep {os.path.basename(path)} (+ its set): {status}")
+    return report.exit_code

@@ -26,16 +26,16 @@ from ggtools.dflash.rewrite import DrafterRewrite, move, repair
 from ggtools.dflash.source_check import source_findings
 from ggtools.dflash.target import OpenTarget, TargetInfo
 from ggtools.engine import rewrite_shard
-from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
 from ggtools.gguf.outputs import check_output
+from ggtools.jobs.errors import JobError
 from ggtools.plan import Plan, ShardPlan
 
 RUNTIMES = (LLAMACPP.runtime, LUCEBOX.runtime, "ggtools")
 
 
-class DoctorError(GGToolsError):
-    exit_code = 2
+class DoctorError(JobError):
+    pass
 
 
 @dataclass

@@ -4,7 +4,8 @@ import re
 
 import numpy as np
 
-from ggtools.gguf import GGUFError, ShardSet
+from ggtools.gguf import ShardSet
+from ggtools.jobs.errors import UsageError
 
 ARRAY_HEAD = 8
 
@@ -38,7 +39,7 @@ def _compile(pattern, option):
     try:
         return re.compile(pattern)
     except re.error as e:
-        raise GGUFError(option, f"bad regular expression {pattern!r}: {e}") from None
+        raise UsageError(option, f"bad regular expression {pattern!r}: {e}") from None
 
 
 def describe_kv(k, full_arrays=False) -> dict:

@@ -1,7 +1,8 @@
 """patch: metadata edits (set / remove keys, the DFlash mask-token fix) on a file or a shard set.
 
 Only the first shard carries model metadata, so only it is rewritten; tensor data is byte-copied (kernel
-copy) and verified. Output is atomic; the input is untouched unless in-place (then temp file + rename).
+copy) and verified; every other shard is copied whole. Both go through the engine's runner (atomic outputs,
+fsync, rename; no resume manifest). The input is untouched unless in-place (then temp file + rename).
 """
 
 import json
@@ -11,20 +12,20 @@ from dataclasses import dataclass
 from gguf import GGUFValueType as VT
 
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX
-from ggtools.engine import planned_header, rewrite_shard
-from ggtools.errors import GGToolsError
+from ggtools.engine import planned_header, run_plan
 from ggtools.gguf import GGUFFile, ShardSet
 from ggtools.gguf.check import check_file, check_set, check_tensors, refuse
-from ggtools.gguf.outputs import check_output, copy_file
+from ggtools.gguf.outputs import check_output
 from ggtools.gguf.values import encode_kv, value_type
-from ggtools.plan import KVEdits, ShardPlan, copy_action
+from ggtools.jobs.errors import JobError
+from ggtools.plan import KVEdits, Plan, ShardPlan, copy_action
 
 MASK_KEY = LLAMACPP.key("mask")
 IN_PLACE_HINT = " (use --in-place to edit it)"
 
 
-class PatchError(GGToolsError):
-    exit_code = 2
+class PatchError(JobError):
+    pass
 
 
 def parse_assignment(text: str) -> tuple[str, VT, object, VT | None]:
@@ -100,8 +101,31 @@ def target_vocab_size(path) -> int | None:
 
 @dataclass
 class PatchResult:
+    edits: KVEdits
     written: list[str]
     nonfinite: dict[str, int]           # tensor -> NaN/inf values or blocks (copied as they are; reported)
+
+
+def patch_mask_token(path, token_id: int | None = None, target=None, **output) -> PatchResult:
+    """Set tokenizer.ggml.mask_token_id (see mask_token_edits); output: out, in_place, force as for patch()."""
+    with ShardSet(path) as s:
+        edits = mask_token_edits(s.first, token_id, target)
+    return patch(path, edits, also_read=target_files(target) if target else (), **output)
+
+
+def patch_set(path, assignments, **output) -> PatchResult:
+    """Add or change keys, each KEY=TYPE:VALUE (parse_assignment)."""
+    edits = KVEdits()
+    for a in assignments:
+        edits.put(*parse_assignment(a))
+    return patch(path, edits, **output)
+
+
+def patch_remove(path, keys, **output) -> PatchResult:
+    edits = KVEdits()
+    for k in keys:
+        edits.drop(k)
+    return patch(path, edits, **output)
 
 
 def patch(path, edits: KVEdits, *, out=None, in_place=False, force=False, also_read=()) -> PatchResult:
@@ -118,14 +142,19 @@ def patch(path, edits: KVEdits, *, out=None, in_place=False, force=False, also_r
                 raise PatchError(f"{first.path}: key '{key}' is not in the file")
         inputs = (shards.paths[1:] if in_place else shards.paths) + list(also_read)
         dsts = _outputs(shards, out, in_place, inputs)
-        plan = ShardPlan(first.path, dsts[0], [copy_action(t, "metadata patch") for t in first.tensors], edits)
-        _refuse_invalid_output(shards, plan)
+        plan = Plan("patch", [ShardPlan(first.path, dsts[0], _copies(first, "metadata patch"), edits)] +
+                    [ShardPlan(f.path, dst, _copies(f, "shard copied whole"), verbatim=True)
+                     for f, dst in zip(shards.files[1:], dsts[1:])], inputs)
+        _refuse_invalid_output(shards, plan.shards[0])
         for dst in dsts[1:]:
             check_output(dst, inputs, force=force)
-        result = rewrite_shard(plan, force=force or in_place, inputs=inputs, allow_nonfinite=True)
-        for src, dst in zip(shards.paths[1:], dsts[1:]):
-            copy_file(src, dst, inputs=inputs, force=force)
-    return PatchResult([result.dst] + dsts[1:], result.nonfinite)
+    report = run_plan(plan, jobs=1, force=force or in_place, allow_nonfinite=True, progress=False, resumable=False,
+                      record=False)
+    return PatchResult(edits, report.done, report.nonfinite.get(dsts[0], {}))
+
+
+def _copies(f: GGUFFile, reason: str):
+    return [copy_action(t, reason) for t in f.tensors]
 
 
 def _refuse_invalid_output(shards, plan):

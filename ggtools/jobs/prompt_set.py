@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ggtools.errors import GGToolsError
 from ggtools.gguf.inputs import regular_file
+from ggtools.jobs.errors import JobError
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 
 
-class PromptSetError(GGToolsError):
-    exit_code = 2
+class PromptSetError(JobError):
+    pass
 
 
 @dataclass

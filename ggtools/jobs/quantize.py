@@ -12,9 +12,11 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as VT
 from gguf import LlamaFileType
 
+from ggtools.engine import RunReport, run_plan
 from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
 from ggtools.gguf.check import require_valid
+from ggtools.jobs.errors import JobError
 from ggtools.plan import KVEdits, Plan, ShardPlan, convert_action, copy_action
 from ggtools.quants import fallback_type, has_dequantizer, has_quantizer, parse_qtype
 from ggtools.tensor_rules import never_quantized
@@ -29,8 +31,8 @@ SCHEMES = {
 K_FILE_TYPES = {T.Q3_K: "MOSTLY_Q3_K_M", T.Q4_K: "MOSTLY_Q4_K_M", T.Q5_K: "MOSTLY_Q5_K_M"}
 
 
-class QuantizePlanError(GGToolsError):
-    exit_code = 2
+class QuantizePlanError(JobError):
+    pass
 
 
 def scheme_types(scheme: str) -> tuple[str, T, T]:
@@ -79,6 +81,13 @@ def plan_quantize(path, out, scheme: str, overrides=(), *, allow_requantize=True
         plans.append(ShardPlan(f.path, dst, actions))
     _mark_file_type(plans[0], head_type if head_type == block_type else block_type)
     return Plan("quantize", plans, list(shards.paths))
+
+
+def quantize(plan: Plan, *, jobs=1, force=False, allow_nonfinite=False, progress=None) -> RunReport:
+    """Write (and verify) the plan's outputs; jobs: shards in parallel processes. No --resume: a rerun starts
+    over."""
+    return run_plan(plan, jobs=jobs, force=force, allow_nonfinite=allow_nonfinite, resumable=False,
+                    progress=progress)
 
 
 def _decide(t, head_type, block_type, rules, desc):

@@ -7,8 +7,10 @@ F32 norms, any other type, anything matching --copy, rows that do not fit --to â
 import os
 import re
 
-from ggtools.gguf import GGUFError, ShardSet
+from ggtools.engine import RunReport, preflight_disk, run_plan
+from ggtools.gguf import ShardSet
 from ggtools.gguf.check import require_valid
+from ggtools.jobs.errors import UsageError
 from ggtools.plan import Plan, ShardPlan, convert_action, copy_action
 from ggtools.quants import block_size, has_dequantizer, has_quantizer, parse_qtype
 from ggtools.tensor_rules import never_quantized
@@ -31,12 +33,26 @@ def plan_requant_trunk(path, out_dir, *, src_type="q8_0", dst_type="q4_k", copy_
     return Plan("requant-trunk", plans, list(shards.paths))
 
 
+def check_disk(plan: Plan):
+    """Refuse (exit 2) a plan whose outputs would not fit on their disks (--dry-run's disk check)."""
+    preflight_disk(plan.shards)
+
+
+def requant_trunk(plan: Plan, *, jobs=None, resume=False, force=False, verify=True, allow_nonfinite=False,
+                  progress=None) -> RunReport:
+    """Write the plan's shards (making the output directory), each recorded in the resume manifest; with
+    resume, only those not finished and intact. jobs: shards in parallel processes (None: the runner's
+    default)."""
+    return run_plan(plan, jobs=jobs, resume=resume, force=force, verify=verify, allow_nonfinite=allow_nonfinite,
+                    progress=progress, make_dirs=True)
+
+
 def _types(src_type, dst_type):
     src_t, dst_t = parse_qtype(src_type), parse_qtype(dst_type)
     if not has_dequantizer(src_t):
-        raise GGUFError("--from", f"ggtools cannot read {src_t.name} tensors")
+        raise UsageError("--from", f"ggtools cannot read {src_t.name} tensors")
     if not has_quantizer(dst_t):
-        raise GGUFError("--to", f"ggtools cannot write {dst_t.name} tensors")
+        raise UsageError("--to", f"ggtools cannot write {dst_t.name} tensors")
     return src_t, dst_t
 
 
@@ -58,15 +74,15 @@ def _regex(pattern):
     try:
         return re.compile(pattern)
     except re.error as e:
-        raise GGUFError("--copy", f"bad regular expression {pattern!r}: {e}") from None
+        raise UsageError("--copy", f"bad regular expression {pattern!r}: {e}") from None
 
 
 def _check_out_dir(shards, out_dir):
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
-        raise GGUFError(out_dir, "output path exists and is not a directory")
+        raise UsageError(out_dir, "output path exists and is not a directory")
     src_dir = os.path.dirname(os.path.abspath(shards.paths[0]))
     if os.path.isdir(out_dir) and os.path.samefile(src_dir, out_dir):
-        raise GGUFError(out_dir, "output directory is the input's directory; outputs keep the input names, "
+        raise UsageError(out_dir, "output directory is the input's directory; outputs keep the input names, "
                                  "so they would replace the input")
     shards.require_complete()
 
@@ -76,5 +92,5 @@ def _select(shards, only):
         return range(shards.count)
     for k in only:
         if not 1 <= k <= shards.count:
-            raise GGUFError(shards.paths[0], f"--shard {k} is outside 1..{shards.count}")
+            raise UsageError(shards.paths[0], f"--shard {k} is outside 1..{shards.count}")
     return sorted(set(k - 1 for k in only))

@@ -5,11 +5,13 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ggtools.errors import located
 from ggtools.gguf import GGUFError, GGUFFile, ShardSet
 from ggtools.gguf.check import Problem, check_file, check_set
 from ggtools.gguf.hashing import hash_file
 from ggtools.gguf.inputs import parse_json, read_text
 from ggtools.gguf.outputs import check_output, write_bytes
+from ggtools.jobs.errors import JobError
 
 
 @dataclass
@@ -157,6 +159,13 @@ def save_manifest(path, reports, inputs=()):
     write_bytes(path, json.dumps(data, indent=1, sort_keys=True).encode(), inputs=inputs, force=True)
 
 
+class ManifestFileError(JobError):
+    """A --manifest file that is neither a ggtools manifest nor sha256sum lines."""
+
+    def __init__(self, path, rule: str, where: str | None = None):
+        super().__init__(located(path, rule, where))
+
+
 def load_manifest(path) -> dict[str, dict]:
     """A ggtools JSON manifest, or `sha256sum` text lines ('<hex>  <name>', e.g. Hugging Face LFS hashes).
     Anything else is refused (exit 2) naming the first entry that breaks the format."""
@@ -165,11 +174,11 @@ def load_manifest(path) -> dict[str, dict]:
         data = parse_json(path, text)
         files = data.get("files") if isinstance(data, dict) else None
         if not isinstance(files, dict):
-            raise GGUFError(path, "not a ggtools manifest (a JSON object with a 'files' object)")
+            raise ManifestFileError(path, "not a ggtools manifest (a JSON object with a 'files' object)")
         for name, entry in files.items():
             problem = _entry_problem(entry)
             if problem:
-                raise GGUFError(path, problem, where=f"file '{name}'")
+                raise ManifestFileError(path, problem, where=f"file '{name}'")
         return files
     files = {}
     for n, line in enumerate(text.splitlines(), 1):
@@ -177,7 +186,7 @@ def load_manifest(path) -> dict[str, dict]:
             continue
         parts = line.split(maxsplit=1)
         if len(parts) != 2 or len(parts[0]) != 64:
-            raise GGUFError(path, f"line {n} is neither JSON nor '<sha256>  <file name>'")
+            raise ManifestFileError(path, f"line {n} is neither JSON nor '<sha256>  <file name>'")
         files[os.path.basename(parts[1].lstrip("*").strip())] = {"sha256": parts[0].lower()}
     return files
 

@@ -2,22 +2,22 @@
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from . import floats, kdecode, kquants, simple
+from . import block32, float_types, kdecode, kquants
 from .errors import QuantError
 
 T = GGMLQuantizationType
 
 # type -> (quantize kernel, dequantize kernel); kernels take flat (float32, uint8) arrays.
 KERNELS = {
-    T.F32: (floats.quantize_f32, floats.dequantize_f32),
-    T.F16: (floats.quantize_f16, floats.dequantize_f16),
-    T.BF16: (floats.quantize_bf16, floats.dequantize_bf16),
-    T.Q4_0: (simple.quantize_q4_0, simple.dequantize_q4_0),
-    T.Q4_1: (simple.quantize_q4_1, simple.dequantize_q4_1),
-    T.Q5_0: (simple.quantize_q5_0, simple.dequantize_q5_0),
-    T.Q5_1: (simple.quantize_q5_1, simple.dequantize_q5_1),
-    T.Q8_0: (simple.quantize_q8_0, simple.dequantize_q8_0),
-    T.MXFP4: (None, simple.dequantize_mxfp4),
+    T.F32: (float_types.quantize_f32, float_types.dequantize_f32),
+    T.F16: (float_types.quantize_f16, float_types.dequantize_f16),
+    T.BF16: (float_types.quantize_bf16, float_types.dequantize_bf16),
+    T.Q4_0: (block32.quantize_q4_0, block32.dequantize_q4_0),
+    T.Q4_1: (block32.quantize_q4_1, block32.dequantize_q4_1),
+    T.Q5_0: (block32.quantize_q5_0, block32.dequantize_q5_0),
+    T.Q5_1: (block32.quantize_q5_1, block32.dequantize_q5_1),
+    T.Q8_0: (block32.quantize_q8_0, block32.dequantize_q8_0),
+    T.MXFP4: (None, block32.dequantize_mxfp4),
     T.Q2_K: (kquants.quantize_q2_k, kdecode.dequantize_q2_k),
     T.Q3_K: (kquants.quantize_q3_k, kdecode.dequantize_q3_k),
     T.Q4_K: (kquants.quantize_q4_k, kdecode.dequantize_q4_k),

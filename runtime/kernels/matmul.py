@@ -35,8 +35,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import njit
 
+from ggtools.quants.block32 import KVALUES_MXFP4
 from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, nearest_int
-from ggtools.quants.simple import KVALUES_MXFP4
 from ggtools.runtime.kernels import workers
 from ggtools.runtime.kernels.workers import claim, enter, leave
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row

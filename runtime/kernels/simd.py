@@ -27,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ggtools.quants.simple import KVALUES_MXFP4 as KVALUES_MXFP4_F32
+from ggtools.quants.block32 import KVALUES_MXFP4 as KVALUES_MXFP4_F32
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()

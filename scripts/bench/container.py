@@ -4,7 +4,7 @@
 - parse time of ggtools' GGUFFile vs gguf-py's GGUFReader (goal: ≥ 50x faster);
 - `validate --deep` scan throughput vs plain sequential reading of the same file (page cache warm).
 
-  python scripts/bench/container.py [PATH]
+  python -m scripts.bench.container [PATH]
 """
 
 import os

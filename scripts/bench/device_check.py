@@ -11,7 +11,7 @@
 Exits 1 with one line when no CUDA device is present, or when a check fails. `--device cpu --dtype f32` runs
 the same checks on the CPU (how this script itself is tested where no GPU is lent).
 
-  python scripts/bench/device_check.py [--device cuda:0] [--dtype bf16] [--target T.gguf --draft D.gguf]
+  python -m scripts.bench.device_check [--device cuda:0] [--dtype bf16] [--target T.gguf --draft D.gguf]
       [--prompts 6] [-n 64] [--json]
 """
 
@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "MXFP4"]
 
@@ -71,8 +70,7 @@ def f32_logits_against_numba(device) -> float:
 def fixture_pairs() -> list[tuple[str, str, str]]:
     """(name, target, drafter): the tiny qwen3 target (8 layers, hidden 256, the largest fixture with llama.cpp-
     converted drafters) with its DFlash v1 and DFlash2 drafters, built into the fixture cache if needed."""
-    sys.path.insert(0, str(ROOT / "scripts" / "fixtures"))
-    import tiny_models
+    from scripts.fixtures import tiny_models
     try:
         d, m = tiny_models.ensure("target")
         rd, rm = tiny_models.ensure("drafter-refs")

@@ -6,7 +6,7 @@ on the same data), the ratio ours/C, and ours on all cores; plus the first call'
 compile, or loading numba's on-disk cache when warm). Without llama-cpp-python only our
 figures are printed.
 
-    python scripts/bench/quants.py [--mb 8] [--repeat 3] [--types q4_k,q2_k] [--cold]
+    python -m scripts.bench.quants [--mb 8] [--repeat 3] [--types q4_k,q2_k] [--cold]
 
 --cold compiles into an empty numba cache, so "first call" is the JIT compile time; without it,
 a second run shows the time to load the cached machine code.
@@ -32,9 +32,8 @@ DEQUANT_ONLY = ["mxfp4"]
 
 
 def load_c_reference():
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
     try:
-        from ggml_oracle import load_ggml
+        from tests.ggml_oracle import load_ggml
         return load_ggml()
     except BaseException as exc:  # pytest.skip raises a BaseException subclass
         print(f"ggml C reference not available ({exc}); printing our figures only")

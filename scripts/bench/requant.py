@@ -5,7 +5,7 @@
 - peak RSS of the requant process (goal ≤ 300 MB), whatever the shard size;
 - Q8_0 → Q4_K conversion rate: ours (one thread, all threads) vs ggml's C reference (one thread).
 
-  python scripts/bench/requant.py [--gb 2] [--shards 4] [--dir /tmp/ggtools-bench] [-j N] [--repeat 3] [--keep]
+  python -m scripts.bench.requant [--gb 2] [--shards 4] [--dir /tmp/ggtools-bench] [-j N] [--repeat 3] [--keep]
 """
 
 import argparse
@@ -65,9 +65,8 @@ def conversion_rates(mb=16):
     one, many = ours(1), ours(all_threads)
     numba.set_num_threads(all_threads)
     c = None
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests"))
     try:
-        from ggml_oracle import load_ggml
+        from tests.ggml_oracle import load_ggml
         ggml = load_ggml()
         c = values.nbytes / best_seconds(lambda: ggml.quantize(T.Q4_K, quants.dequantize(T.Q8_0, q8))) / 1e6
     except BaseException as e:        # pytest.skip is a BaseException

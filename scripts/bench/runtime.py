@@ -15,7 +15,7 @@ scripts/fixtures/moe_targets.py (qwen3moe F16 and Q8_0, gpt-oss F16 and MXFP4_MO
 hybrids of scripts/fixtures/hybrid_targets.py (qwen35 F16 and Q8_0, qwen35moe F16 and MXFP4_MOE); built into
 the fixture cache on first use, left out when their oracles are not installed; at 1 and 2 threads.
 
-  python scripts/bench/runtime.py [GGUF ...] [--threads 1,2] [--tokens 64] [--json]
+  python -m scripts.bench.runtime [GGUF ...] [--threads 1,2] [--tokens 64] [--json]
 """
 
 import argparse
@@ -46,8 +46,7 @@ def smollm2():
 
 def tiny_targets():
     """The tiny targets' GGUFs from the fixture cache (built if needed), [] when their oracles are missing."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-    import tiny_models
+    from scripts.fixtures import tiny_models
     paths = []
     for unit, kind in TINY_TARGETS:
         try:

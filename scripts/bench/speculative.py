@@ -8,7 +8,7 @@ that they produced the same tokens). Rounds repeat the whole set; each tok/s fig
 least disturbed by other processes on a shared machine. Speedup = best speculative tok/s / best target-only
 tok/s (all rounds, all variants: the fastest baseline seen).
 
-  python scripts/bench/speculative.py [--prompts 8] [-n 96] [--threads 1] [--ring-cap 64] [--rounds 3]
+  python -m scripts.bench.speculative [--prompts 8] [-n 96] [--threads 1] [--ring-cap 64] [--rounds 3]
                                       [--cut margin --p-min 0.35 --n-min 1] [--n-max 7] [--json]
 """
 

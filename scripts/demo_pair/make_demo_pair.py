@@ -2,8 +2,10 @@
 """Make the embedded demo pair: tokenizer → target (qwen3) → target.gguf → DFlash v1 drafter → τ on held-out
 prompts. Torch on the CPU (one thread), fixed seeds; about 15-20 minutes on a 2-core machine.
 
-    python scripts/demo_pair/make_demo_pair.py            # everything, writes ggtools/data/demo/
-    python scripts/demo_pair/make_demo_pair.py --from drafter   # reuse the cached tokenizer + target
+    python -m scripts.demo_pair.make_demo_pair                  # everything, writes ggtools/data/demo/
+    python -m scripts.demo_pair.make_demo_pair --from drafter   # reuse the cached tokenizer + target
+
+(from the repository root).
 
 Intermediate results are cached in $DEMO_PAIR_WORK (default /tmp/ggtools-demo-pair).
 """
@@ -13,19 +15,16 @@ import json
 import os
 import platform
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import common  # noqa: E402
-from common import (BLOCK_SIZE, DRAFT_INTERMEDIATE, DRAFT_LAYERS, EOS_TOKEN, MASK_TOKEN, OUT_DIR, SEED,  # noqa: E402
-                    TARGET, TARGET_LAYER_IDS, WORK_DIR, corpus_files, read_text, seed_everything)
+from scripts.demo_pair import common
+from scripts.demo_pair.common import (BLOCK_SIZE, DRAFT_INTERMEDIATE, DRAFT_LAYERS, EOS_TOKEN, MASK_TOKEN, OUT_DIR,
+                                      SEED, TARGET, TARGET_LAYER_IDS, WORK_DIR, corpus_files, read_text,
+                                      seed_everything)
 
 # one thread: bit-reproducible matmuls, and far less CPU per step than two threads on a busy machine
 THREADS = 1
@@ -64,7 +63,7 @@ def _apply_overrides():
 
 
 def stage_tokenizer(state):
-    from tokenizer import train_tokenizer
+    from scripts.demo_pair.tokenizer import train_tokenizer
     train, held = corpus_files()
     tok = train_tokenizer(train)
     eos = tok.token_to_id(EOS_TOKEN)
@@ -80,7 +79,7 @@ def stage_tokenizer(state):
 
 
 def stage_target(state):
-    from target import eval_loss, round_to_storage, train_target
+    from scripts.demo_pair.target import eval_loss, round_to_storage, train_target
     tokens = np.load(WORK_DIR / "train_tokens.npy")
     model = train_target(tokens, seed=SEED, log=log, **TARGET_TRAIN)
     round_to_storage(model)
@@ -99,15 +98,15 @@ def _ids():
 
 
 def _load_target():
-    from gguf_io import load_target_from_gguf
+    from scripts.demo_pair.gguf_io import load_target_from_gguf
     return load_target_from_gguf(OUT_DIR / "target.gguf")
 
 
 def stage_export(state):
     """target.gguf (qwen3 layout) + tokenizer.json; reload it into torch; llama.cpp must agree."""
-    from gguf_io import load_target_from_gguf, write_target_gguf
-    from target import target_config
-    from tokenizer import vocab_and_merges
+    from scripts.demo_pair.gguf_io import load_target_from_gguf, write_target_gguf
+    from scripts.demo_pair.target import target_config
+    from scripts.demo_pair.tokenizer import vocab_and_merges
     from transformers import Qwen3ForCausalLM
     tok, eos, mask = _ids()
     model = Qwen3ForCausalLM(target_config())
@@ -124,7 +123,7 @@ def stage_export(state):
     with torch.no_grad():
         assert torch.equal(model(input_ids=x).logits, back(input_ids=x).logits), "GGUF round trip changed logits"
     log("target.gguf: written and read back, logits identical")
-    from speculative import greedy
+    from scripts.demo_pair.speculative import greedy
     name, prompt = _held_prompts(1, 64)[0]
     state["golden"] = {"prompt_from": name, "prompt_ids": prompt,
                        "greedy_ids": greedy(back, prompt, LLAMA_CHECK["new_tokens"])}
@@ -148,8 +147,8 @@ def llama_cpp_check(model, tok):
     except ImportError:
         log("llama-cpp-python not installed: llama.cpp check skipped")
         return {"checked": False}
-    from llama_check import llama_greedy, llama_tokenize, load
-    from speculative import greedy
+    from scripts.demo_pair.llama_check import llama_greedy, llama_tokenize, load
+    from scripts.demo_pair.speculative import greedy
     llm = load(OUT_DIR / "target.gguf")
     # tokenizer: llama.cpp's gpt2/qwen2 BPE on the GGUF vocabulary == HF tokenizers
     train, held = corpus_files()
@@ -170,8 +169,8 @@ def llama_cpp_check(model, tok):
 
 def stage_drafter(state):
     from dflash import DFlashDraftModel
-    from drafter import drafter_config, greedy_continuations, init_from_target, save_drafter, target_features, train_drafter
-    from target import random_windows
+    from scripts.demo_pair.drafter import drafter_config, greedy_continuations, init_from_target, save_drafter, target_features, train_drafter
+    from scripts.demo_pair.target import random_windows
     _, eos, mask = _ids()
     target = _load_target()
     for p in target.parameters():
@@ -214,7 +213,7 @@ def _load_drafter():
 
 def stage_eval(state):
     import dflash.model as zlab
-    from speculative import greedy, speculative, summarize
+    from scripts.demo_pair.speculative import greedy, speculative, summarize
     _, eos, _ = _ids()
     target, drafter = _load_target(), _load_drafter()
     n_new = EVAL["new_tokens"]

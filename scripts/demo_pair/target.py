@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from common import TARGET
+from scripts.demo_pair.common import TARGET
 
 
 def target_config() -> Qwen3Config:

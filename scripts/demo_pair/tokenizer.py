@@ -5,7 +5,7 @@ import json
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from common import QWEN2_PRE_REGEX, SPECIAL_TOKENS, VOCAB_SIZE, read_text
+from scripts.demo_pair.common import QWEN2_PRE_REGEX, SPECIAL_TOKENS, VOCAB_SIZE, read_text
 
 
 def train_tokenizer(train_files) -> Tokenizer:

@@ -1,4 +1,5 @@
-"""The resume manifest of a rewrite run: `<prefix>.ggtools.json` beside the outputs.
+"""The resume manifest of a rewrite run (`<prefix>.ggtools.json` beside the outputs), and what it records: the
+source's identity and the output's description (ShardResult).
 
 One entry per finished, verified shard: the plan fingerprint, the source's identity (size, mtime, header
 sha256), the output's size and content digest. Several processes may finish shards at once (-j, or
@@ -9,16 +10,56 @@ that is not such a manifest is refused, never overwritten.
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
+from dataclasses import dataclass, field
 
-from ggtools.engine import ShardResult, describe_output, source_identity
-from ggtools.gguf.errors import GGUFError
+import numpy as np
+
+from ggtools.engine.errors import ManifestError
+from ggtools.gguf import GGUFFile, parse_shard_name
+from ggtools.gguf.hashing import content_digest
 from ggtools.gguf.inputs import parse_json, read_text
 from ggtools.gguf.outputs import os_error, write_bytes
-from ggtools.plan import ShardPlan
+from ggtools.plan import Plan, ShardPlan
 
 FORMAT = "ggtools-rewrite/1"
+
+
+@dataclass
+class ShardResult:
+    """An output shard as written: what the manifest records and --resume checks again."""
+    dst: str
+    size: int
+    digest: str | None                # content digest: header bytes + every tensor's sha256 (None: not hashed)
+    tensors: dict[str, str] = field(default_factory=dict)   # tensor sha256 in the output
+    verified: bool = False
+    nonfinite: dict[str, int] = field(default_factory=dict)  # tensor -> NaN/inf values or blocks written
+
+
+def describe_output(path, name=None) -> ShardResult:
+    """Size and content digest of an output (what the resume manifest records and re-checks); name: the
+    path to report, when path is still the temporary file."""
+    with GGUFFile(path) as f:
+        digest, tensors = content_digest(f)
+        return ShardResult(name or path, f.file_size, digest, tensors)
+
+
+def source_identity(path) -> dict:
+    """What must not have changed for a finished output to still count: size, mtime, header hash."""
+    st = os.stat(path)
+    with GGUFFile(path) as f:
+        header = hashlib.sha256(np.frombuffer(f.buf, np.uint8, count=f.data_offset)).hexdigest()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "header_sha256": header}
+
+
+def path_for(plan: Plan) -> str:
+    """`<prefix>.ggtools.json` beside the first output (prefix: the shard set's, or the file's stem)."""
+    first = plan.shards[0].dst
+    name = parse_shard_name(first)
+    stem = name.prefix if name else os.path.splitext(first)[0]
+    return f"{stem}.ggtools.json"
 
 
 def read_entries(path) -> dict[str, dict]:
@@ -28,12 +69,12 @@ def read_entries(path) -> dict[str, dict]:
     data = parse_json(path, read_text(path))
     shards = data.get("shards") if isinstance(data, dict) else None
     if not isinstance(shards, dict):
-        raise GGUFError(path, "not a ggtools rewrite manifest (a JSON object with a 'shards' object); "
+        raise ManifestError(path, "not a ggtools rewrite manifest (a JSON object with a 'shards' object); "
                               "delete it to start over")
     for name, entry in shards.items():
         problem = _entry_problem(entry)
         if problem:
-            raise GGUFError(path, f"{problem}; delete the manifest to start over", where=f"shard '{name}'")
+            raise ManifestError(path, f"{problem}; delete the manifest to start over", where=f"shard '{name}'")
     return shards
 
 

@@ -1,11 +1,12 @@
 """Run a Plan over many shards: parallel processes, a resume manifest, disk preflight, progress bars.
 
-Each finished, verified shard is recorded in the manifest (`<prefix>.ggtools.json`, resume_manifest.py) by
+Each finished, verified shard is recorded in the manifest (`<prefix>.ggtools.json`, manifest.py) by
 the process that wrote it, the moment it is renamed into place; so an interrupt, a killed run or several
 `--shard K` runs at once never lose a finished shard. --resume skips a shard only when its entry still
 matches (the output is re-hashed), and redoes every other one. Workers are one process per shard, at most
 -j at a time (capped at the number of shards); on an interrupt they are stopped, and each removes its
-temporary file.
+temporary file. A run may also keep no manifest (patch: nothing to resume), and a plan may copy a shard whole
+(ShardPlan.verbatim: a shard a patch leaves alone).
 """
 
 import multiprocessing
@@ -19,64 +20,53 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
-from ggtools import resume_manifest
-from ggtools.engine import ShardResult, rewrite_shard, source_identity
+from ggtools.engine import manifest
+from ggtools.engine.errors import DiskSpaceError, EngineError, Interrupted, ShardFailed
+from ggtools.engine.manifest import ShardResult, describe_output, source_identity
+from ggtools.engine.rewrite import copy_shard, rewrite_shard
 from ggtools.errors import GGToolsError
-from ggtools.gguf import GGUFError, parse_shard_name
 from ggtools.gguf.outputs import check_output, make_dir
 from ggtools.plan import Plan, ShardPlan
-from ggtools.byte_sizes import human_bytes
 
 HEADER_ALLOWANCE = 1 << 20      # disk preflight: room for each output's header
 STOP_WAIT = 10                  # seconds a stopped worker gets to remove its temporary file
-
-
-def manifest_path_for(plan: Plan) -> str:
-    first = plan.shards[0].dst
-    name = parse_shard_name(first)
-    stem = name.prefix if name else os.path.splitext(first)[0]
-    return f"{stem}.ggtools.json"
-
-
-class ShardFailed(GGToolsError):
-    """One or more shards failed; the exit code is the worst of theirs."""
-
-    def __init__(self, message, exit_code):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class Interrupted(GGToolsError):
-    exit_code = 130
 
 
 @dataclass
 class RunReport:
     done: list[str]
     skipped: list[str]
-    manifest: str
+    manifest: str | None            # None: a run that keeps no manifest
     nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)   # output -> tensor -> NaN/inf count
 
 
 @dataclass
 class ShardJob:
     """What a worker needs besides the shard plan (picklable)."""
-    manifest: str
+    manifest: str | None
     inputs: list[str]
     verify: bool
     allow_nonfinite: bool
 
 
-def run_plan(plan: Plan, *, jobs=1, resume=False, force=False, verify=True, allow_nonfinite=False,
-             progress=None, resumable=True, make_dirs=False) -> RunReport:
-    """Write every shard of the plan (with resume, those not finished yet). resumable: whether the command
-    offers --resume (what the messages suggest); make_dirs: make missing output directories (removed again
-    if the run fails before writing into them)."""
-    job = ShardJob(manifest_path_for(plan), list(plan.inputs), verify, allow_nonfinite)
-    entries = resume_manifest.read_entries(job.manifest)
+def worker_count(jobs: int | None, n_shards: int) -> int:
+    """-j capped at the number of shards; when not given, twice the CPU count (a worker waits on the disk,
+    kernel copies and fsync, about half the time: two per core keep the cores busy)."""
+    return max(1, min(jobs or 2 * (os.cpu_count() or 1), n_shards))
+
+
+def run_plan(plan: Plan, *, jobs=None, resume=False, force=False, verify=True, allow_nonfinite=False,
+             progress=None, resumable=True, make_dirs=False, record=True) -> RunReport:
+    """Write every shard of the plan (with resume, those not finished yet). jobs: shards in parallel processes
+    (None: worker_count's default); resumable: whether the command offers --resume (what the messages
+    suggest); make_dirs: make missing output directories (removed again if the run fails before writing
+    into them); record: keep the resume manifest (without one nothing can be resumed, so a serial run
+    stops at the first failed shard)."""
+    job = ShardJob(manifest.path_for(plan) if record else None, list(plan.inputs), verify, allow_nonfinite)
+    entries = manifest.read_entries(job.manifest) if record else {}
     todo, skipped = [], []
     for shard in plan.shards:
-        if resume and resume_manifest.still_valid(entries, plan.shard_fingerprint(shard), shard):
+        if resume and manifest.still_valid(entries, plan.shard_fingerprint(shard), shard):
             skipped.append(shard.dst)
         else:
             todo.append(shard)
@@ -87,10 +77,13 @@ def run_plan(plan: Plan, *, jobs=1, resume=False, force=False, verify=True, allo
     try:
         for shard in todo:
             check_output(shard.dst, job.inputs, force=True)
-        check_output(job.manifest, job.inputs, force=True)
-        _execute(plan, todo, jobs, job, Progress(todo, progress), report)
+        if record:
+            check_output(job.manifest, job.inputs, force=True)
+        _execute(plan, todo, worker_count(jobs, len(todo)), job, Progress(todo, progress), report)
     except KeyboardInterrupt:
         _remove_empty(made)
+        if not record:
+            raise
         raise _interrupted(plan, job, resumable) from None
     except BaseException:
         _remove_empty(made)
@@ -101,8 +94,8 @@ def run_plan(plan: Plan, *, jobs=1, resume=False, force=False, verify=True, allo
 def _refuse_existing(todo, replace, resumable):
     for shard in todo:
         if os.path.lexists(shard.dst) and not replace:
-            raise GGUFError(shard.dst, "output exists; pass --force to overwrite it"
-                            + (", or --resume to continue the run that wrote it" if resumable else ""))
+            raise EngineError(f"{shard.dst}: output exists; pass --force to overwrite it"
+                              + (", or --resume to continue the run that wrote it" if resumable else ""))
 
 
 def _make_dirs(todo) -> list[str]:
@@ -129,7 +122,7 @@ def _remove_empty(dirs):
 
 def _interrupted(plan, job, resumable) -> Interrupted:
     try:
-        recorded = resume_manifest.read_entries(job.manifest)
+        recorded = manifest.read_entries(job.manifest)
     except GGToolsError:
         recorded = {}
     n = sum(os.path.basename(s.dst) in recorded for s in plan.shards)
@@ -148,14 +141,16 @@ def _execute(plan, todo, jobs, job, bars, report):
 
     fingerprints = [plan.shard_fingerprint(s) for s in todo]
     try:
-        if min(jobs, len(todo)) <= 1:
+        if jobs == 1:
             for i, shard in enumerate(todo):
                 try:
                     finished(shard, run_shard(shard, fingerprints[i], job, bars.callback(i)))
                 except GGToolsError as e:
+                    if not job.manifest:
+                        raise
                     errors.append((shard, e))
         else:
-            _parallel(todo, fingerprints, min(jobs, len(todo)), job, bars, finished, errors)
+            _parallel(todo, fingerprints, jobs, job, bars, finished, errors)
     finally:
         bars.close()
     if len(errors) == 1:
@@ -166,12 +161,18 @@ def _execute(plan, todo, jobs, job, bars, report):
 
 
 def run_shard(shard: ShardPlan, fingerprint: str, job: ShardJob, on_bytes) -> ShardResult:
-    """Rewrite one shard and record it in the manifest."""
-    source = source_identity(shard.src)
-    result = rewrite_shard(shard, force=True, verify=job.verify, inputs=job.inputs,
-                           allow_nonfinite=job.allow_nonfinite, on_bytes=on_bytes)
-    resume_manifest.record(job.manifest, os.path.basename(shard.dst), resume_manifest.entry(fingerprint, source, result),
-                           job.inputs)
+    """Write one shard (rewritten, or copied whole when verbatim) and record it in the manifest."""
+    source = source_identity(shard.src) if job.manifest else None
+    if shard.verbatim:
+        result = copy_shard(shard, force=True, inputs=job.inputs)
+        on_bytes(shard.bytes_in)
+    else:
+        result = rewrite_shard(shard, force=True, verify=job.verify, inputs=job.inputs,
+                               allow_nonfinite=job.allow_nonfinite, on_bytes=on_bytes)
+    if job.manifest:
+        described = result if result.digest else describe_output(shard.dst)
+        manifest.record(job.manifest, os.path.basename(shard.dst), manifest.entry(fingerprint, source, described),
+                        job.inputs)
     return result
 
 
@@ -292,8 +293,7 @@ def preflight_disk(todo: list[ShardPlan]):
     for d, need in by_dir.items():
         free = shutil.disk_usage(_existing_ancestor(d)).free
         if need > free:
-            raise GGUFError(d, f"not enough disk space: the output needs {human_bytes(need)}, "
-                               f"{human_bytes(free)} are free")
+            raise DiskSpaceError(d, need, free)
 
 
 class Progress:

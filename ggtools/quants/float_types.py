@@ -1,4 +1,4 @@
-"""Plain float types: F32 (copy), F16 and BF16 (ggml's rounding, NaN handling included).
+"""The float tensor types: F32 (copy), F16 and BF16 (ggml's rounding, NaN handling included).
 
 Kernels take flat arrays like the block kernels: float32 values and the raw uint8 bytes.
 """

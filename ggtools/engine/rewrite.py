@@ -1,4 +1,4 @@
-"""engine: execute a Plan by streaming tensors from input shards to output shards.
+"""rewrite: execute one shard's plan by streaming tensors from the input shard to the output shard.
 
 One rewrite serves quantize, requant-trunk and patch. Per shard: KVs copied verbatim (with the plan's
 edits), tensor infos re-emitted with new types and offsets, copies done by kernel copy, conversions by
@@ -16,42 +16,17 @@ allow_nonfinite; then they are written and counted in ShardResult.nonfinite.
 import ctypes
 import hashlib
 import os
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from ggtools.errors import GGToolsError
+from ggtools.engine.errors import NonFiniteError, RewriteError
+from ggtools.engine.manifest import ShardResult, describe_output
 from ggtools.gguf import GGUFFile, GGUFWriter, ggml_type_name
 from ggtools.gguf.check import check_file, check_tensors, refuse
 from ggtools.gguf.hashing import HASH_CHUNK, content_digest
+from ggtools.gguf.outputs import copy_file
 from ggtools.plan import COPY, ShardPlan
 from ggtools.quants import CHUNK_VALUES, block_size, can_check_row_data, check_row_data, dequantize, iter_row_chunks, quantize
-
-
-class RewriteError(GGToolsError):
-    """A rewrite whose output failed verification."""
-
-    exit_code = 1
-
-
-class NonFiniteError(GGToolsError):
-    """Source data with NaN or inf values (or scales) that the rewrite would write or hide."""
-
-    exit_code = 2
-
-    def __init__(self, path, tensor, row, what):
-        super().__init__(f"{path}: tensor '{tensor}': row {row}: {what}; pass --allow-nonfinite to write it "
-                         "anyway (counted and reported)")
-
-
-@dataclass
-class ShardResult:
-    dst: str
-    size: int
-    digest: str                       # content digest: header bytes + every tensor's sha256
-    tensors: dict[str, str] = field(default_factory=dict)   # tensor sha256 in the output
-    verified: bool = False
-    nonfinite: dict[str, int] = field(default_factory=dict)  # tensor -> NaN/inf values or blocks written
 
 
 def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None, inputs=(), allow_nonfinite=False,
@@ -78,6 +53,12 @@ def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None, i
                       else describe_output(w.temp_path, name=plan.dst))
         result.nonfinite = nonfinite
         return result
+
+
+def copy_shard(plan: ShardPlan, *, force=False, inputs=()) -> ShardResult:
+    """Copy a verbatim shard whole (kernel copy, atomic); not re-read, so not hashed (digest None)."""
+    copy_file(plan.src, plan.dst, inputs=inputs, force=force)
+    return ShardResult(plan.dst, os.path.getsize(plan.dst), None)
 
 
 def planned_header(plan: ShardPlan, src: GGUFFile) -> GGUFFile:
@@ -196,19 +177,3 @@ def same_bytes(a, b, n) -> bool:
     pa = np.frombuffer(a, np.uint8, n).ctypes.data
     pb = np.frombuffer(b, np.uint8, n).ctypes.data
     return _libc.memcmp(pa, pb, n) == 0
-
-
-def describe_output(path, name=None) -> ShardResult:
-    """Size and content digest of an output (what the resume manifest records and re-checks); name: the
-    path to report, when path is still the temporary file."""
-    with GGUFFile(path) as f:
-        digest, tensors = content_digest(f)
-        return ShardResult(name or path, f.file_size, digest, tensors)
-
-
-def source_identity(path) -> dict:
-    """What must not have changed for a finished output to still count: size, mtime, header hash."""
-    st = os.stat(path)
-    with GGUFFile(path) as f:
-        header = hashlib.sha256(np.frombuffer(f.buf, np.uint8, count=f.data_offset)).hexdigest()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "header_sha256": header}

@@ -1,4 +1,4 @@
-"""quantize / dequantize / requantize over rows, with bounded memory for big tensors."""
+"""Rows of a ggml type: quantize / dequantize / requantize, with bounded memory for big tensors."""
 
 import threading
 from collections.abc import Iterator

@@ -1,0 +1,1 @@
+"""The embedded demo pair's maker (docs/demo_pair.md)."""
