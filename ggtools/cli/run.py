@@ -8,8 +8,7 @@ from ggtools.cli.draft_options import draft_options, draft_options_given, draft_
 from ggtools.cli.render import emit_json, human_bytes
 from ggtools.dflash.profiles import LLAMACPP
 from ggtools.dflash.target import OpenTarget
-from ggtools.jobs.run import run, run_speculative
-from ggtools.runtime.stats import DEFINITIONS
+from ggtools.jobs.run import DEFINITIONS, run, run_speculative
 
 MAX_TOKEN_ID = 2 ** 31 - 1  # llama_token is int32
 

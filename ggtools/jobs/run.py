@@ -20,8 +20,13 @@ import resource
 import time
 from dataclasses import asdict, dataclass, field
 
-from ggtools.runtime import (DraftSettings, Drafter, ModelError, TargetModel, Tokenizer, acceptance_stats,
-                             continue_greedy, speculative_generate)
+from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, TargetModel, Tokenizer,
+                             acceptance_stats, continue_greedy, speculative_generate)
+
+# DraftSettings (what run_speculative drafts with) and DEFINITIONS (what each of a SpecRun's statistics means) are
+# the runtime's, passed on here so the CLI reaches the runtime only through jobs
+__all__ = ["DEFINITIONS", "DraftSettings", "RunResult", "SpecRun", "TargetOnly", "check_settings", "measure_drafter",
+           "run", "run_speculative", "warm_up"]
 
 
 @dataclass
