@@ -20,7 +20,7 @@ from ggtools.runtime.drafter import Drafter
 from ggtools.runtime.drafter.kv import FullKV, RingKV
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.generate import continue_greedy, greedy
-from ggtools.runtime.speculative import DraftSettings, SpecOutput, Step, speculative_generate
+from ggtools.runtime.speculative import DraftSettings, SpecOutput, Step, check_settings, speculative_generate
 from ggtools.runtime.stats import DEFINITIONS, acceptance_stats
 from ggtools.runtime.target.hparams import HParams
 from ggtools.runtime.target.kvcache import KVCache
@@ -28,5 +28,5 @@ from ggtools.runtime.target.model import TargetModel
 from ggtools.runtime.tokenizer import Tokenizer, TokenizerError
 
 __all__ = ["DEFINITIONS", "DraftSettings", "Drafter", "FullKV", "HParams", "KVCache", "ModelError", "RingKV",
-           "SpecOutput", "Step", "TargetModel", "Tokenizer", "TokenizerError", "acceptance_stats", "continue_greedy",
-           "greedy", "speculative_generate"]
+           "SpecOutput", "Step", "TargetModel", "Tokenizer", "TokenizerError", "acceptance_stats", "check_settings",
+           "continue_greedy", "greedy", "speculative_generate"]

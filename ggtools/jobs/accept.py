@@ -24,8 +24,8 @@ from ggtools.gguf import ShardSet
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.errors import JobError
 from ggtools.jobs.prompt_set import Prompt, load_prompts
-from ggtools.jobs.run import SpecRun, TargetOnly, check_settings, load_tokenizer, measure_drafter, warm_up
-from ggtools.runtime import DEFINITIONS, DraftSettings, Drafter, TargetModel
+from ggtools.jobs.run import SpecRun, TargetOnly, load_tokenizer, measure_drafter, warm_up
+from ggtools.runtime import DEFINITIONS, DraftSettings, Drafter, TargetModel, check_settings
 
 DEFAULT_RING_CAP = 4096         # lucebox's default draft context (draft_ctx_max), as `ggtools run --draft`
 DEFAULT_MAX_DROP = 0.05

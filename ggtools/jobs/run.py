@@ -20,13 +20,18 @@ import resource
 import time
 from dataclasses import asdict, dataclass, field
 
+from ggtools.jobs.errors import JobError, UsageError
 from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, TargetModel, Tokenizer,
-                             acceptance_stats, continue_greedy, speculative_generate)
+                             acceptance_stats, check_settings, continue_greedy, speculative_generate)
 
 # DraftSettings (what run_speculative drafts with) and DEFINITIONS (what each of a SpecRun's statistics means) are
 # the runtime's, passed on here so the CLI reaches the runtime only through jobs
-__all__ = ["DEFINITIONS", "DraftSettings", "RunResult", "SpecRun", "TargetOnly", "check_settings", "measure_drafter",
-           "run", "run_speculative", "warm_up"]
+__all__ = ["DEFINITIONS", "DraftSettings", "RunError", "RunResult", "SpecRun", "TargetOnly", "measure_drafter", "run",
+           "run_speculative", "warm_up"]
+
+
+class RunError(JobError):
+    """Nothing to decode: no prompts, or a prompt of no tokens."""
 
 
 @dataclass
@@ -62,9 +67,9 @@ def check_context(model: TargetModel, n_prompt: int, n: int, n_ctx: int | None =
     """Refuse a prompt plus n new tokens beyond the context (default: the model's trained context length)."""
     limit = n_ctx or model.hp.n_ctx_train
     if n_prompt + n > limit:
-        raise ModelError(f"{model.path}: the prompt ({n_prompt} tokens) plus -n {n} is {n_prompt + n} tokens, beyond "
-                         f"the context length {limit}" + ("" if n_ctx else " the model was trained for (pass "
-                                                          "--context-length N to allow more)"))
+        trained = "" if n_ctx else " the model was trained for (pass --context-length N to allow more)"
+        raise UsageError(model.path, f"the prompt ({n_prompt} tokens) plus -n {n} is {n_prompt + n} tokens, "
+                                     f"beyond the context length {limit}{trained}")
 
 
 def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads: int | None = None,
@@ -80,7 +85,7 @@ def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads
         tokenizer = load_tokenizer(model, required=prompt is not None)
         ids = tokenizer.encode(prompt) if prompt is not None else [int(i) for i in prompt_ids]
         if not ids:
-            raise ModelError("the prompt has no tokens")
+            raise RunError("the prompt has no tokens")
         check_context(model, len(ids), n, n_ctx)
         stop_ids = tokenizer.eog if (tokenizer and stop_at_eog) else set()
         warm_up(model)
@@ -171,7 +176,7 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
     progress(k): k new tokens decoded (both decodings count). backend, device, dtype: what runs the pair
     (TargetModel; the drafter runs on the target's backend)."""
     if not prompts:
-        raise ModelError("no prompts")
+        raise RunError("no prompts")
     model = target if isinstance(target, TargetModel) else TargetModel(target, threads=threads, backend=backend,
                                                                         device=device, dtype=dtype)
     drafter = None
@@ -182,7 +187,7 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
         tokenizer = load_tokenizer(model, required=any(isinstance(p, str) for p in prompts))
         ids = [tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         if not all(ids):
-            raise ModelError("a prompt has no tokens")
+            raise RunError("a prompt has no tokens")
         for p in ids:
             check_context(model, len(p), n, n_ctx)
         stop_ids = set(tokenizer.eog) if (tokenizer and stop_at_eog) else set()
@@ -198,13 +203,6 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
             drafter.close()
         if model is not target:
             model.close()
-
-
-def check_settings(drafter: Drafter, settings: DraftSettings) -> None:
-    n_max = settings.n_max
-    if n_max is not None and not 0 <= n_max < drafter.block_size:
-        raise ModelError(f"--n-max {n_max}: the drafter's block of {drafter.block_size} drafts at most "
-                         f"{drafter.block_size - 1} tokens per step")
 
 
 class TargetOnly:
@@ -233,7 +231,8 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
                     settings: DraftSettings, kv_type: str = "f16", stop_ids=(), reference: TargetOnly | None = None,
                     on_prompt=lambda: None, progress=None) -> SpecRun:
     """Decode every prompt (token ids) speculatively, each checked against `reference` (None: no check, no
-    target-only speed); on_prompt() after each, progress(k) as tokens come. The drafter's kernels are compiled first, outside the timing."""
+    target-only speed); on_prompt() after each, progress(k) as tokens come. The drafter's kernels are compiled
+    first, outside the timing."""
     kv = drafter.new_kv(ring_cap, kv_type)
     speculative_generate(model, drafter, kv, prompts[0][:8], min(n, 2 * drafter.block_size), stop_ids, settings)
     runs, outputs, mismatches = [], [], []
