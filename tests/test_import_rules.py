@@ -83,7 +83,7 @@ def test_the_rules_catch_each_forbidden_import():
                           "from ggtools.gguf import ShardSet", "from ggtools.gguf import GGUFWriter",
                           "import ggtools.gguf.writer", "def f():\n    from ggtools.gguf.shards import parse_shard_name",
                           "from ggtools.runtime import DraftSettings", "from ggtools.runtime.stats import DEFINITIONS",
-                          "from ..runtime.generate import greedy", "import ggtools.runtime"],
+                          "from ..runtime.greedy_decoding import greedy", "import ggtools.runtime"],
         "ggtools.runtime.x": ["from ggtools.jobs.accept import accept", "import ggtools.cli",
                               "from ggtools.gguf import GGUFError", "from ggtools.gguf.errors import located",
                               "from ..dflash.errors import CheckpointError", "from ggtools.jobs.errors import UsageError"],
