@@ -17,7 +17,7 @@ warming up, timing and measuring memory is the jobs' work (ggtools.jobs.run: run
 """
 
 from ggtools.runtime.drafter import Drafter
-from ggtools.runtime.drafter.kv import FullKV, RingKV
+from ggtools.runtime.drafter.draft_kv import FullKV, RingKV
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.greedy_decoding import continue_greedy, greedy
 from ggtools.runtime.speculative import DraftSettings, SpecOutput, Step, check_settings, speculative_generate

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggtools.runtime.drafter.chain import cut_length
-from ggtools.runtime.drafter.kv import DraftKV
+from ggtools.runtime.drafter.draft_kv import DraftKV
 from ggtools.runtime.errors import SettingsError
 
 
