@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ggtools.runtime.errors import SettingsError
-from ggtools.runtime.torch_backend import attention, kernels
+from ggtools.runtime.torch_backend import attention, tensor_math
 from ggtools.runtime.torch_backend.delta_net import GatedDeltaNet
 from ggtools.runtime.torch_backend.ffn import DenseFFN, RoutedExperts, SharedExpertMoE
 from ggtools.runtime.torch_backend.matrix import DeviceGroup, DeviceMatrix
@@ -54,9 +54,9 @@ PIECES = SimpleNamespace(Attention=attention.Attention, GatedDeltaNet=GatedDelta
 class TorchOps:
     name = "torch"
     pieces = PIECES
-    rms_norm = staticmethod(kernels.rms_norm)
-    swiglu = staticmethod(kernels.swiglu)
-    norm_rope = staticmethod(kernels.norm_rope)
+    rms_norm = staticmethod(tensor_math.rms_norm)
+    swiglu = staticmethod(tensor_math.swiglu)
+    norm_rope = staticmethod(tensor_math.norm_rope)
     draft_attention = staticmethod(attention.draft_attention)
     zeros_like = staticmethod(torch.zeros_like)
     group = DeviceGroup
