@@ -20,14 +20,16 @@ import resource
 import time
 from dataclasses import asdict, dataclass, field
 
+from ggtools.dflash.profiles import LLAMACPP
+from ggtools.dflash.target import OpenTarget
 from ggtools.jobs.errors import JobError, UsageError
 from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, TargetModel, Tokenizer,
                              acceptance_stats, check_settings, continue_greedy, speculative_generate)
 
 # DraftSettings (what run_speculative drafts with) and DEFINITIONS (what each of a SpecRun's statistics means) are
 # the runtime's, passed on here so the CLI reaches the runtime only through jobs
-__all__ = ["DEFINITIONS", "DraftSettings", "RunError", "RunResult", "SpecRun", "TargetOnly", "measure_drafter", "run",
-           "run_speculative", "warm_up"]
+__all__ = ["DEFINITIONS", "DraftSettings", "RunError", "RunResult", "SpecRun", "TargetOnly", "measure_drafter",
+           "pair_warnings", "run", "run_speculative", "warm_up"]
 
 
 class RunError(JobError):
@@ -203,6 +205,15 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
             drafter.close()
         if model is not target:
             model.close()
+
+
+def pair_warnings(target) -> list[str]:
+    """What keeps this pair from running elsewhere though it runs here (this runtime taps every target arch)."""
+    with OpenTarget(target) as t:
+        if t.arch and t.arch not in LLAMACPP.tap_archs:
+            return [f"target arch '{t.arch}' does not expose layer inputs in llama.cpp (DFlash aborts there with "
+                    "\"layer input tensor is null\"); this runtime runs the pair"]
+    return []
 
 
 class TargetOnly:
