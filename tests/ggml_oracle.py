@@ -43,7 +43,7 @@ class _TypeTraitsCpu(ctypes.Structure):
 
 class GGMLCpu:
     """libggml-cpu's kernels: a weight type's input rounding (from_float of its vec_dot_type), its vec_dot, and
-    the MXFP4 8x8 gemv that llama.cpp runs repacked MXFP4 weights through on AVX2."""
+    the 8x8 gemv / gemm that llama.cpp runs repacked Q4_0 and MXFP4 weights through on AVX2."""
 
     def __init__(self, path: str):
         lib = ctypes.CDLL(path)
@@ -51,8 +51,12 @@ class GGMLCpu:
         lib.ggml_cpu_init()
         lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_TypeTraitsCpu)
         lib.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
-        lib.ggml_gemv_mxfp4_8x8_q8_0.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
-                                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        for kernel in ("gemv", "gemm"):
+            for name in ("q4_0", "mxfp4"):
+                getattr(lib, f"ggml_{kernel}_{name}_8x8_q8_0").argtypes = [
+                    ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                    ctypes.c_int]
+        lib.ggml_quantize_mat_q8_0_4x8.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         self.lib = lib
 
     def _traits(self, qtype):
@@ -81,22 +85,49 @@ class GGMLCpu:
                 vec_dot(n, out[t:t + 1, r:r + 1].ctypes.data, 0, w[r].ctypes.data, 0, xq[t].ctypes.data, 0, 1)
         return out
 
-    def gemv_mxfp4_repacked(self, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """MXFP4 rows w (a multiple of 8) repacked as llama.cpp's CPU_REPACK buffer does (make_block_mxfp4x8)
-        and x (rows, n) through ggml_gemv_mxfp4_8x8_q8_0, one input row at a time: (x rows, w rows)."""
+    def matmul_repacked(self, qtype, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """w (rows, bytes), Q4_0 or MXFP4 rows (a multiple of 8) repacked as llama.cpp's CPU_REPACK buffer holds
+        them, times x (rows, n) as its forward_mul_mat runs them: input rows in groups of 4 through
+        ggml_gemm_<type>_8x8_q8_0 (inputs rounded by ggml_quantize_mat_q8_0_4x8), the rest one at a time through
+        ggml_gemv_<type>_8x8_q8_0 (quantize_row_q8_0): (x rows, w rows)."""
         n_rows, n = w.shape[0], x.shape[1]
-        blocks = np.ascontiguousarray(w, dtype=np.uint8).reshape(n_rows // 8, 8, n // 32, 17)
-        packed = np.empty((n_rows // 8, n // 32, 8 + 128), dtype=np.uint8)
-        packed[..., :8] = blocks[..., 0].transpose(0, 2, 1)
-        qs = blocks[..., 1:].transpose(0, 2, 1, 3)                    # (group, block, row, 16)
-        for i in range(16):                                           # 8-byte chunk i: row i % 8, bytes (i // 8) * 8..
-            packed[..., 8 + 8 * i:16 + 8 * i] = qs[:, :, i % 8, (i // 8) * 8:(i // 8) * 8 + 8]
-        xq = self.prepare(GGMLQuantizationType.MXFP4, x)
+        packed = repack_8x8(qtype, w)
+        name = GGMLQuantizationType(qtype).name.lower()
+        gemm, gemv = getattr(self.lib, f"ggml_gemm_{name}_8x8_q8_0"), getattr(self.lib, f"ggml_gemv_{name}_8x8_q8_0")
+        x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.zeros((x.shape[0], n_rows), dtype=np.float32)
-        for t in range(x.shape[0]):
-            self.lib.ggml_gemv_mxfp4_8x8_q8_0(n, out[t].ctypes.data, 0, packed.ctypes.data, xq[t].ctypes.data, 1,
-                                              n_rows)
+        n_gemm = x.shape[0] - x.shape[0] % 4
+        if n_gemm:
+            xq = np.zeros((n_gemm, n // 32 * 34), dtype=np.uint8)     # block_q8_0x4: 4 rows interleaved per group
+            for t in range(0, n_gemm, 4):
+                self.lib.ggml_quantize_mat_q8_0_4x8(x[t].ctypes.data, xq[t].ctypes.data, n)
+            gemm(n, out.ctypes.data, n_rows, packed.ctypes.data, xq.ctypes.data, n_gemm, n_rows)
+        for t in range(n_gemm, x.shape[0]):
+            xq = self.prepare(qtype, x[t:t + 1])
+            gemv(n, out[t].ctypes.data, 0, packed.ctypes.data, xq.ctypes.data, 1, n_rows)
         return out
+
+
+# per repacked type: bytes of a block's scale, and the mask make_block_<type>x8 XORs the values with (Q4_0's
+# unsigned nibbles become signed ones)
+REPACKED_BLOCKS = {GGMLQuantizationType.Q4_0: (2, 0x88), GGMLQuantizationType.MXFP4: (1, 0x00)}
+
+
+def repack_8x8(qtype, w: np.ndarray) -> np.ndarray:
+    """Rows w (a multiple of 8) of a 32-value 4-bit type as make_block_q4_0x8 / make_block_mxfp4x8 interleave them
+    (8 bytes at a time): per group of 8 rows and block, the 8 rows' scales, then 16 chunks of 8 bytes, chunk i
+    from row i % 8, bytes (i // 8) * 8 onwards."""
+    scale_bytes, mask = REPACKED_BLOCKS[GGMLQuantizationType(qtype)]
+    n_rows = w.shape[0]
+    blocks = np.ascontiguousarray(w, dtype=np.uint8).reshape(n_rows // 8, 8, -1, scale_bytes + 16)
+    groups, n_blocks = n_rows // 8, blocks.shape[2]
+    packed = np.empty((groups, n_blocks, 8 * scale_bytes + 128), dtype=np.uint8)
+    packed[..., :8 * scale_bytes] = blocks[..., :scale_bytes].transpose(0, 2, 1, 3).reshape(groups, n_blocks, -1)
+    qs = blocks[..., scale_bytes:].transpose(0, 2, 1, 3) ^ np.uint8(mask)     # (group, block, row, 16)
+    for i in range(16):
+        at = 8 * scale_bytes + 8 * i
+        packed[..., at:at + 8] = qs[:, :, i % 8, (i // 8) * 8:(i // 8) * 8 + 8]
+    return packed
 
 
 class GGML:

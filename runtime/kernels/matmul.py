@@ -11,9 +11,10 @@ operation (see ggmlmath for why):
   (quantize_row_q8_0/1) and the dot is ggml_vec_dot_qX_q8_Y: per block, 8 lanes each holding the
   exact integer dot of 4 consecutive values, accumulated with fma(d_w * d_x, lane, acc), then hsum8.
   tinyBLAS (used by llama.cpp for batches) has the same structure, so these are batch-invariant.
-  MXFP4 sums even and odd blocks apart (ggml_vec_dot_mxfp4_q8_0), or, for matrices llama.cpp repacks
-  (AVX2, rows a multiple of 8: its default extra buffer type), one fma per block of the block's integer
-  sum (the 8x8 gemv/gemm kernels); see simd.Block32Layout.
+  MXFP4 sums even and odd blocks apart (ggml_vec_dot_mxfp4_q8_0). Q4_0 and MXFP4 matrices that llama.cpp
+  repacks (AVX2, rows a multiple of 8: its default extra buffer type CPU_REPACK) are summed as its 8x8
+  gemv/gemm kernels sum them, for one row and for batches alike: one fma per block of the block's integer
+  sum; see simd.Block32Layout.
   Block values are stored lane-major (position i*8 + lane for value 4*lane + i) so the lane loop
   is unit-stride.
 - F32 / F16 / BF16: the input is rounded to the weight's type; one-row products follow
@@ -42,12 +43,13 @@ from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
 from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_4x8_stored_1,
                                   dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
                                   stored2_lanes8_4,
-                                  dot_row_mxfp4_1, dot_row_mxfp4_4, dot_row_mxfp4r_1, dot_row_mxfp4r_4,
-                                  dot_row_q4_0_1, dot_row_q4_0_4,
+                                  dot_row_mxfp4_1, dot_row_mxfp4_4,
+                                  dot_row_q4_0_1, dot_row_q4_0_4, dot_rows8_q4_0_1, dot_rows8_q4_0_4,
+                                  dot_rows8_mxfp4_1, dot_rows8_mxfp4_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
 
-ROWS_PER_TASK = 16
+ROWS_PER_TASK = 16     # a multiple of 8: repacked matrices are dotted 8 weight rows at a time
 
 # how a weight type's input is rounded (its vec_dot_type in ggml-cpu.c)
 ACT_F32, ACT_F16, ACT_BF16, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K = range(6)
@@ -63,7 +65,9 @@ BLOCK32_TYPES = frozenset({T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4})
 F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 = (int(t) for t in (
     T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4))
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K))
-MXFP4_REPACKED = 1000 + MXFP4    # kernel id: MXFP4 summed as llama.cpp's repacked kernels sum it
+# kernel ids: a type summed as llama.cpp's repacked (CPU_REPACK) kernels sum it
+Q4_0_REPACKED, MXFP4_REPACKED = 1000 + Q4_0, 1000 + MXFP4
+REPACKED_KERNEL = {T.Q4_0: Q4_0_REPACKED, T.MXFP4: MXFP4_REPACKED}
 FIRST_EXPERT = np.zeros(1, np.int64)   # a plain matmul: one group of rows through "expert" 0
 
 U = np.uint64
@@ -460,8 +464,6 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q5_1_4(data, so, n_blocks, xq, xd, xs, t)
         elif qtype == MXFP4:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_mxfp4_4(data, so, n_blocks, xq, xd, xs, t)
-        elif qtype == MXFP4_REPACKED:
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_mxfp4r_4(data, so, n_blocks, xq, xd, xs, t)
         else:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q8_0_4(data, so, n_blocks, xq, xd, xs, t)
         return 4
@@ -475,10 +477,30 @@ def dot_row_block32(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
         (out[t, r],) = dot_row_q5_1_1(data, so, n_blocks, xq, xd, xs, t)
     elif qtype == MXFP4:
         (out[t, r],) = dot_row_mxfp4_1(data, so, n_blocks, xq, xd, xs, t)
-    elif qtype == MXFP4_REPACKED:
-        (out[t, r],) = dot_row_mxfp4r_1(data, so, n_blocks, xq, xd, xs, t)
     else:
         (out[t, r],) = dot_row_q8_0_1(data, so, n_blocks, xq, xd, xs, t)
+    return 1
+
+
+@njit(inline="always", **EXACT)
+def dot_rows8_repacked(qtype, data, so, n_blocks, xq, xd, xs, t, out, r):
+    """out[t:t+4, r:r+8] (or out[t, r:r+8] when t + 4 > rows) = the 8 weight rows from data[so] on . xq rows,
+    summed as llama.cpp's repacked kernels sum them; returns the input rows done."""
+    if t + 4 <= xq.shape[0]:
+        if qtype == Q4_0_REPACKED:
+            sums = dot_rows8_q4_0_4(data, so, n_blocks, xq, xd, xs, t)
+        else:
+            sums = dot_rows8_mxfp4_4(data, so, n_blocks, xq, xd, xs, t)
+        for j in range(4):
+            for k in range(8):
+                out[t + j, r + k] = sums[j * 8 + k]
+        return 4
+    if qtype == Q4_0_REPACKED:
+        one = dot_rows8_q4_0_1(data, so, n_blocks, xq, xd, xs, t)
+    else:
+        one = dot_rows8_mxfp4_1(data, so, n_blocks, xq, xd, xs, t)
+    for k in range(8):
+        out[t, r + k] = one[k]
     return 1
 
 
@@ -487,8 +509,10 @@ def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, e
     """Task k = (group g, template task j): template tasks (byte offset of a weight row in buf, rows, output
     column, bytes per expert), claimed through counter (workers.py): out[t, column + i] = weight row i of
     expert experts[g] . input row t, for the input rows of group g, groups[g] <= t < groups[g + 1]
-    (a plain matmul is one group of all rows through expert 0)."""
+    (a plain matmul is one group of all rows through expert 0). Repacked kinds take weight rows 8 at a time (their
+    matrices' row counts, and so every task's, are multiples of 8)."""
     n_blocks = xq.shape[1] // 32
+    repacked = qtype == Q4_0_REPACKED or qtype == MXFP4_REPACKED
     n_template = tasks.shape[0]
     enter(counter)
     while True:
@@ -499,10 +523,14 @@ def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, e
         offset, column = U(tasks[j, 0] + experts[g] * tasks[j, 3]), tasks[j, 2]
         t0, t1 = groups[g], groups[g + 1]
         gq, gd, gs, g_out = xq[t0:t1], xd[t0:t1], xs[t0:t1], out[t0:t1]
-        for i in range(tasks[j, 1]):
+        for i in range(0, tasks[j, 1], 8 if repacked else 1):
             t = 0
             while t < t1 - t0:
-                t += dot_row_block32(qtype, buf, offset + U(i) * row_bytes, n_blocks, gq, gd, gs, t, g_out, column + i)
+                so = offset + U(i) * row_bytes
+                if repacked:
+                    t += dot_rows8_repacked(qtype, buf, so, n_blocks, gq, gd, gs, t, g_out, column + i)
+                else:
+                    t += dot_row_block32(qtype, buf, so, n_blocks, gq, gd, gs, t, g_out, column + i)
     leave(counter)
 
 
@@ -638,10 +666,10 @@ class Layout:
         # that its 4-row tiles cover (m % 4); other matrices (qwen35moe's one-row shared-expert gate) go to
         # vec_dot row by row
         self.tinyblas = n_cols % 8 == 0 and n_rows % 4 == 0
-        # the dot's summation order: MXFP4 matrices llama.cpp repacks (AVX2, rows a multiple of 8) use its
-        # repacked kernels' order
-        repacked = self.qtype == T.MXFP4 and HAVE_AVX2 and n_rows % 8 == 0
-        self.kernel_id = MXFP4_REPACKED if repacked else self.type_id
+        # the dot's summation order: matrices llama.cpp repacks (ggml_repack_get_optimal_repack_type: Q4_0 and
+        # MXFP4 on AVX2 with rows a multiple of 8) use its repacked kernels' order
+        repacked = self.qtype in REPACKED_KERNEL and HAVE_AVX2 and n_rows % 8 == 0
+        self.kernel_id = REPACKED_KERNEL[self.qtype] if repacked else self.type_id
 
 
 class MatmulPlan:

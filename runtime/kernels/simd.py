@@ -11,6 +11,8 @@ on how LLVM schedules them.
   plus the m_w * s_x sum for types with a min. On AVX2 CPUs this is ggml's own instruction sequence
   (maddubs, madd, convert; int8 inputs in value order); elsewhere a portable float version ("planes":
   lane l of plane i holds value 4l + i; inputs lane-major) gives the same bits.
+- dot_rows8_q4_0_1 / _4, dot_rows8_mxfp4_1 / _4: llama.cpp's repacked 8x8 gemv / gemm (the matrices its CPU_REPACK
+  buffer takes): 8 weight rows at a time, one fma per block of each row's exact integer sum.
 - stored2_lanes8_1 .. _4: tinyBLAS: lane l accumulates w[k] * x[k], k = l mod 8, with fma; hsum8; two weight rows
   read from their stored f16 / f32 bytes sharing the loads of x.
 - dot_4x8_main: ggml_vec_dot_f32 / f16: four 8-lane accumulators over steps of 32, reduce4x8 (dot_4x8_stored_1 / _2:
@@ -69,6 +71,11 @@ def _fma1(builder, a, b, c):
     module = builder.module
     fn = module.globals.get("llvm.fma.f32") or ir.Function(module, ir.FunctionType(F32, [F32] * 3), "llvm.fma.f32")
     return builder.call(fn, [a, b, c])
+
+
+def _input_rows(builder, t, n_rows):
+    """The row indices t, t + 1, ..., t + n_rows - 1 (i64) of the input rows a kernel dots at once."""
+    return [builder.add(_i64(builder, t), ir.Constant(I64, j)) for j in range(n_rows)]
 
 
 def _lane(builder, v, i):
@@ -146,7 +153,7 @@ def _dot_lanes8_pair(n_rows):
             first = _row_base(context, builder, data_t, data_a, dec_t, dec_a, from_dec, off_v)
             bases = [first, builder.gep(first, [_i64(builder, stride_v)])]
             n = _i64(builder, builder.extract_value(context.make_array(x_t)(context, builder, x_a).shape, 1))
-            rows = [builder.add(_i64(builder, t_v), ir.Constant(I64, j)) for j in range(n_rows)]
+            rows = _input_rows(builder, t_v, n_rows)
             acc = _Accumulators(builder, 2 * n_rows, ir.Constant(V8F, [0.0] * 8))
             with cgutils.for_range(builder, builder.udiv(n, ir.Constant(I64, 8))) as loop:
                 o = builder.mul(loop.index, ir.Constant(I64, 8))
@@ -165,7 +172,7 @@ def _dot_lanes8_pair(n_rows):
 def _sums_4x8(context, builder, load_w, x_t, x_a, t_v, n_v, n_rows):
     """ggml_vec_dot_f32 / f16's main part for input rows t..t+n_rows-1 sharing each load_w(offset, j) (the
     weights' 8 floats at offset + 8 j): four 8-lane accumulators per row over steps of 32, reduce4x8."""
-    rows = [builder.add(_i64(builder, t_v), ir.Constant(I64, j)) for j in range(n_rows)]
+    rows = _input_rows(builder, t_v, n_rows)
     acc = _Accumulators(builder, 4 * n_rows, ir.Constant(V8F, [0.0] * 8))
     with cgutils.for_range(builder, builder.udiv(_i64(builder, n_v), ir.Constant(I64, 32))) as loop:
         o = builder.mul(loop.index, ir.Constant(I64, 32))
@@ -269,12 +276,10 @@ class Block32Layout:
 
     scale: "f16" (an fp16 d at byte 0) or "e8m0_half" (MXFP4: a byte e, d = 2^(e - 128), the values doubled).
     lut: the 16 signed values a nibble indexes (MXFP4), else nibbles are values (minus value_offset).
-    accumulate: how block products are summed, as ggml does for the type:
+    accumulate: how vec_dot sums block products for the type (the repacked kernels' order is _repacked_dots'):
       "lanes"       acc = fma(d_w * d_x, lanes, acc) over blocks, then hsum8 (ggml_vec_dot_q*_q8_*);
       "pairs"       the same with even and odd blocks in two accumulators, hsum8(acc0 + acc1), and a last odd
-                    block added as fma(d_w * d_x, its integer sum, total) (ggml_vec_dot_mxfp4_q8_0, AVX2);
-      "block_sums"  one scalar chain s = fma(integer sum of the block, d_w * d_x, s) (the repacked 8x8 gemv /
-                    gemm kernels llama.cpp runs MXFP4 through on AVX2 when a matrix has a multiple of 8 rows).
+                    block added as fma(d_w * d_x, its integer sum, total) (ggml_vec_dot_mxfp4_q8_0, AVX2).
     """
 
     def __init__(self, block_bytes, qs, nibbles, value_offset=0, m=None, qh=None, scale="f16", lut=None,
@@ -293,8 +298,6 @@ BLOCK32_LAYOUTS = {
     "q5_1": Block32Layout(24, qs=8, nibbles=True, m=2, qh=4),
     "q8_0": Block32Layout(34, qs=2, nibbles=False),
     "mxfp4": Block32Layout(17, qs=1, nibbles=True, scale="e8m0_half", lut=KVALUES_MXFP4, accumulate="pairs"),
-    "mxfp4_repacked": Block32Layout(17, qs=1, nibbles=True, scale="e8m0_half", lut=KVALUES_MXFP4,
-                                    accumulate="block_sums"),
 }
 
 V16S = ir.VectorType(ir.IntType(16), 16)
@@ -381,17 +384,24 @@ def _block_planes(builder, block_ptr, layout):
 def _dot_row_block32_with(decode_block, row_lanes):
     """ggml's dot of the weight row at data[row_offset] (n_blocks blocks, decoded in registers) with input
     rows t..t+n_rows-1 of (xq, xd, xs): per block, decode_block(builder, block_ptr, layout) once and
-    row_lanes(builder, decoded, x_ptr) -> <8 x float> per row (exact integer sums of 4 products each), summed
-    as layout.accumulate says, plus the m_w * s_x sum for types with a min."""
-    def build(layout, n_rows):
+    row_lanes(builder, decoded, x_ptr) -> 8 lanes per row (<8 x i32> or <8 x float>: exact integer sums of 4
+    products each), summed as layout.accumulate says, plus the m_w * s_x sum for types with a min. With
+    weight_rows=8: the 8 rows from data[row_offset] on, in llama.cpp's repacked order (_repacked_dots); results
+    weight row k . input row t + j at j * 8 + k."""
+    def build(layout, n_rows, weight_rows=1):
+        n_results = n_rows * weight_rows
+
         def typer(typingctx, data, row_offset, n_blocks, xq, xd, xs, t):
             def codegen(context, builder, signature, args):
                 data_a, row_off, nb_v, xq_a, xd_a, xs_a, t_v = args
                 data_t, _, _, xq_t, xd_t, xs_t, _ = signature.args
                 row_ptr = _element_ptr(context, builder, data_t, data_a, row_off)
-                t_v = _i64(builder, t_v)
-                rows = [builder.add(t_v, ir.Constant(I64, j)) for j in range(n_rows)]
+                rows = _input_rows(builder, t_v, n_rows)
                 nb = _i64(builder, nb_v)
+                if weight_rows == 8:
+                    dots = _repacked_dots(context, builder, layout, (decode_block, row_lanes), row_ptr, nb, rows,
+                                          (xq_t, xq_a), (xd_t, xd_a))
+                    return _tuple(context, builder, dots, n_results)
 
                 def block(b):
                     """[(lanes, d_w * d_x) per row] of block b."""
@@ -401,17 +411,11 @@ def _dot_row_block32_with(decode_block, row_lanes):
                     o = builder.mul(b, ir.Constant(I64, 32))
                     terms = []
                     for row in rows:
-                        lanes = row_lanes(builder, decoded, _element_ptr(context, builder, xq_t, xq_a, row, o))
+                        lanes = _as_float(builder, row_lanes(builder, decoded,
+                                                             _element_ptr(context, builder, xq_t, xq_a, row, o)))
                         d_x = builder.load(_element_ptr(context, builder, xd_t, xd_a, row, b))
                         terms.append((lanes, builder.fmul(d_w, d_x)))
                     return terms, block_ptr
-
-                if layout.accumulate == "block_sums":
-                    sums = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
-                    with cgutils.for_range(builder, nb) as loop:
-                        for j, (lanes, d) in enumerate(block(loop.index)[0]):    # hsum8 of exact integers: exact
-                            sums[j] = _fma1(builder, _hsum8(builder, lanes), d, sums[j])
-                    return _tuple(context, builder, [sums[j] for j in range(n_rows)], n_rows)
 
                 zero8 = ir.Constant(V8F, [0.0] * 8)
                 acc = _Accumulators(builder, n_rows, zero8)
@@ -447,9 +451,40 @@ def _dot_row_block32_with(decode_block, row_lanes):
                 results = [builder.fadd(_hsum8(builder, acc[j]), summs[j]) for j in range(n_rows)]
                 return _tuple(context, builder, results, n_rows)
 
-            return types.UniTuple(types.float32, n_rows)(data, row_offset, n_blocks, xq, xd, xs, t), codegen
+            return types.UniTuple(types.float32, n_results)(data, row_offset, n_blocks, xq, xd, xs, t), codegen
         return intrinsic(typer)
     return build
+
+
+def _as_float(builder, lanes):
+    return builder.sitofp(lanes, V8F) if lanes.type != V8F else lanes
+
+
+def _repacked_dots(context, builder, layout, block_dot, row_ptr, n_blocks, rows, xq, xd):
+    """llama.cpp's repacked 8x8 gemv / gemm (ggml_gemv/gemm_q4_0_8x8_q8_0, _mxfp4_8x8_q8_0) for the 8 weight rows
+    from row_ptr on and the input rows `rows` of xq, xd ((type, array) pairs): per block, lane k gets weight row
+    k's exact integer sum (block_dot = (decode_block, row_lanes), whose 8 partial sums _row_sums8 adds up) and
+    acc = fma(sums, d_w * d_x, acc), d_w the 8 rows' scales: one fma chain per output, as ggml's kernels keep
+    them. Returns the dots, input row major."""
+    decode_block, row_lanes = block_dot
+    row_bytes = builder.mul(n_blocks, ir.Constant(I64, layout.block_bytes))
+    row_ptrs = [builder.gep(row_ptr, [builder.mul(row_bytes, ir.Constant(I64, k))]) for k in range(8)]
+    acc = _Accumulators(builder, len(rows), ir.Constant(V8F, [0.0] * 8))
+    with cgutils.for_range(builder, n_blocks) as loop:
+        b = loop.index
+        at = builder.mul(b, ir.Constant(I64, layout.block_bytes))
+        block_ptrs = [builder.gep(p, [at]) for p in row_ptrs]
+        decoded = [decode_block(builder, p, layout) for p in block_ptrs]
+        d_w = ir.Constant(V8F, ir.Undefined)
+        for k, p in enumerate(block_ptrs):
+            d_w = builder.insert_element(d_w, _load_scale(builder, p, layout), ir.Constant(I32, k))
+        o = builder.mul(b, ir.Constant(I64, 32))
+        for j, row in enumerate(rows):
+            xp = _element_ptr(context, builder, *xq, row, o)
+            sums = _as_float(builder, _row_sums8(builder, [row_lanes(builder, w, xp) for w in decoded]))
+            d_x = builder.load(_element_ptr(context, builder, *xd, row, b))
+            acc[j] = _fma8(builder, sums, builder.fmul(d_w, _splat(builder, d_x)), acc[j])
+    return [_lane(builder, acc[j], k) for j in range(len(rows)) for k in range(8)]
 
 
 def _plane_products(builder, planes, xp):
@@ -459,6 +494,23 @@ def _plane_products(builder, planes, xp):
 
 
 _dot_row_block32 = _dot_row_block32_with(_block_planes, _plane_products)
+
+
+def _row_sums8(builder, vectors):
+    """One 8-lane vector whose lane k is the sum of vectors[k]'s lanes (k < 8): pairwise, as phadd does. The
+    lanes hold integers (or floats of exact integers), so any order gives the same sums."""
+    add = builder.add if isinstance(vectors[0].type.element, ir.IntType) else builder.fadd
+
+    def pairs(a, b, first, second):
+        return add(builder.shuffle_vector(a, b, ir.Constant(V8I, first)),
+                   builder.shuffle_vector(a, b, ir.Constant(V8I, second)))
+
+    even, odd = [0, 2, 8, 10, 4, 6, 12, 14], [1, 3, 9, 11, 5, 7, 13, 15]
+    level = [pairs(vectors[k], vectors[k + 1], even, odd) for k in range(0, 8, 2)]
+    level = [pairs(level[k], level[k + 1], even, odd) for k in (0, 2)]
+    return pairs(level[0], level[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+
+
 
 
 # ---- the same dot on AVX2's integer instructions ---------------------------------------------------
@@ -491,18 +543,18 @@ def _avx2_weights(builder, block_ptr, layout):
     return w, (_x86(builder, "llvm.x86.avx2.psign.b", V32B, [w, w]) if signed else w), signed
 
 
-def _avx2_products(builder, decoded, xp):
+def _avx2_lane_sums(builder, decoded, xp):
     """ggml's own sequence on int8 inputs in value order: maddubs (|w| against sign-adjusted x for
-    signed types), madd with ones, convert."""
+    signed types), madd with ones: <8 x i32>."""
     w, w_abs, signed = decoded
     x = builder.load(builder.bitcast(xp, V32B.as_pointer()), align=1)
     if signed:
         x = _x86(builder, "llvm.x86.avx2.psign.b", V32B, [x, w])
     pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, [w_abs, x])
-    return builder.sitofp(_x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, ir.Constant(V16S, [1] * 16)]), V8F)
+    return _x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, ir.Constant(V16S, [1] * 16)])
 
 
-_dot_row_block32_avx2 = _dot_row_block32_with(_avx2_weights, _avx2_products)
+_dot_row_block32_avx2 = _dot_row_block32_with(_avx2_weights, _avx2_lane_sums)
 
 
 # ---- attention: many dots against one vector, ggml_v_expf ------------------------------------------
@@ -600,5 +652,5 @@ dot_row_q5_0_1, dot_row_q5_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_0"], 1), _DOT_ROW(
 dot_row_q5_1_1, dot_row_q5_1_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 4)
 dot_row_q8_0_1, dot_row_q8_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 4)
 dot_row_mxfp4_1, dot_row_mxfp4_4 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 1), _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 4)
-dot_row_mxfp4r_1 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4_repacked"], 1)
-dot_row_mxfp4r_4 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4_repacked"], 4)
+dot_rows8_q4_0_1, dot_rows8_q4_0_4 = (_DOT_ROW(BLOCK32_LAYOUTS["q4_0"], n, weight_rows=8) for n in (1, 4))
+dot_rows8_mxfp4_1, dot_rows8_mxfp4_4 = (_DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], n, weight_rows=8) for n in (1, 4))
