@@ -13,7 +13,7 @@ draft KV would hold for the longest sequence.
 
 `measure_drafter` is that per-prompt loop for one loaded drafter; its `TargetOnly` reference decodes each
 prompt when first asked and keeps it, so several drafters measured on the same prompts share one target-only
-pass (`ggtools accept`, the demo).
+pass (`ggtools accept`, the demo). `pair_warnings`: what keeps a pair from running in llama.cpp though it runs here.
 """
 
 import resource
