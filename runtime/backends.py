@@ -11,7 +11,7 @@ What an ops object provides (numba_backend.NumbaOps, torch_backend.ops.TorchOps)
   zeros_like (DFlash2's convolution).
 """
 
-from ggtools.runtime.errors import ModelError
+from ggtools.runtime.errors import SettingsError
 from ggtools.runtime.numba_backend import NumbaOps
 
 BACKENDS = ("numba", "torch")
@@ -24,13 +24,13 @@ def make_ops(backend: str = "numba", device: str | None = None, dtype: str | Non
     "f32" on the CPU, "bf16" (default) or "f16" on a GPU (torch only); threads: CPU threads."""
     if backend == "numba":
         if device not in (None, "cpu") or dtype not in (None, "f32"):
-            raise ModelError("--device and --dtype other than cpu / f32 need --backend torch")
+            raise SettingsError("--device and --dtype other than cpu / f32 need --backend torch")
         return NumbaOps(threads)
     if backend != "torch":
-        raise ModelError(f"unknown backend {backend!r} (expected one of {', '.join(BACKENDS)})")
+        raise SettingsError(f"unknown backend {backend!r} (expected one of {', '.join(BACKENDS)})")
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise ModelError(f"--backend torch needs torch, an optional extra: {TORCH_EXTRA}") from None
+        raise SettingsError(f"--backend torch needs torch, an optional extra: {TORCH_EXTRA}") from None
     from ggtools.runtime.torch_backend.ops import TorchOps
     return TorchOps(device or "cpu", dtype, threads)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ggtools.runtime.drafter import attention as draft_attention
-from ggtools.runtime.drafter.kv import host_zeros
+from ggtools.runtime.drafter.draft_kv import host_zeros
 from ggtools.runtime.kernels import ops, workers
 from ggtools.runtime.target.ffn.dense import DenseFFN
 from ggtools.runtime.target.ffn.moe import RoutedExperts

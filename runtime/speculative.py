@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggtools.runtime.drafter.chain import cut_length
-from ggtools.runtime.drafter.kv import DraftKV
+from ggtools.runtime.drafter.draft_kv import DraftKV
+from ggtools.runtime.errors import SettingsError
 
 
 @dataclass
@@ -27,6 +28,14 @@ class DraftSettings:
     cut: str = "none"            # "none" | "prob" | "margin"
     p_min: float = 0.0
     n_min: int = 0
+
+
+def check_settings(drafter, settings: DraftSettings) -> None:
+    """Refuse draft settings the drafter cannot draft with, in the words of the option that set them."""
+    n_max = settings.n_max
+    if n_max is not None and not 0 <= n_max < drafter.block_size:
+        raise SettingsError(f"--n-max {n_max}: the drafter's block of {drafter.block_size} drafts at most "
+                            f"{drafter.block_size - 1} tokens per step")
 
 
 @dataclass

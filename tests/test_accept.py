@@ -17,7 +17,8 @@ from ggtools.jobs import accept as accept_job
 from ggtools.jobs.accept_report import sparkline
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.demo import build_drafters, demo_data, held_out_prompts
-from ggtools.runtime import TargetModel, TargetOnly, Tokenizer, greedy
+from ggtools.jobs.run import TargetOnly
+from ggtools.runtime import TargetModel, Tokenizer, greedy
 
 TARGET = str(demo_data() / "target.gguf")
 EOS = 2046

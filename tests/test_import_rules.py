@@ -11,9 +11,12 @@ PACKAGE_DIRS = {"ggtools": ROOT / "ggtools", "ggtools.runtime": ROOT / "runtime"
 
 # layer -> (module prefixes or imported names it must not import, why)
 FORBIDDEN = {
-    "ggtools.cli": (("ggtools.engine", "ggtools.gguf.writer", "ggtools.gguf.shards", "GGUFWriter", "ShardSet"),
-                    "the CLI parses and prints; jobs run the engine and write files"),
-    "ggtools.runtime": (("ggtools.jobs", "ggtools.cli"), "the runtime computes; jobs run it"),
+    "ggtools.cli": (("ggtools.engine", "ggtools.gguf.writer", "ggtools.gguf.shards", "GGUFWriter", "ShardSet",
+                     "ggtools.runtime"),
+                    "the CLI parses and prints; jobs run the engine and the runtime and write files"),
+    "ggtools.runtime": (("ggtools.jobs", "ggtools.cli", "ggtools.gguf.errors", "GGUFError", "ggtools.dflash.errors",
+                         "DFlashError", "ggtools.quants.errors", "QuantError"),
+                        "the runtime computes, jobs run it; it raises its own ModelError"),
     "ggtools.quants": (("ggtools.gguf",), "quants knows blocks, not files"),
     "ggtools.jobs": (("ggtools.cli",), "jobs are plain functions under the CLI"),
 }
@@ -78,8 +81,12 @@ def test_the_rules_catch_each_forbidden_import():
     cases = {
         "ggtools.cli.x": ["from ggtools.engine import run_plan", "from ggtools.engine.runner import run_plan",
                           "from ggtools.gguf import ShardSet", "from ggtools.gguf import GGUFWriter",
-                          "import ggtools.gguf.writer", "def f():\n    from ggtools.gguf.shards import parse_shard_name"],
-        "ggtools.runtime.x": ["from ggtools.jobs.accept import accept", "import ggtools.cli"],
+                          "import ggtools.gguf.writer", "def f():\n    from ggtools.gguf.shards import parse_shard_name",
+                          "from ggtools.runtime import DraftSettings", "from ggtools.runtime.stats import DEFINITIONS",
+                          "from ..runtime.greedy_decoding import greedy", "import ggtools.runtime"],
+        "ggtools.runtime.x": ["from ggtools.jobs.accept import accept", "import ggtools.cli",
+                              "from ggtools.gguf import GGUFError", "from ggtools.gguf.errors import located",
+                              "from ..dflash.errors import CheckpointError", "from ggtools.jobs.errors import UsageError"],
         "ggtools.quants.x": ["from ..gguf import GGUFFile", "from ggtools.gguf.reader import pad"],
         "ggtools.jobs.x": ["from ggtools.cli.render import table", "from ..cli import main"],
         "ggtools.gguf.x": ["from ggtools.plan import Plan", "from ggtools.engine import run_plan",
@@ -88,8 +95,11 @@ def test_the_rules_catch_each_forbidden_import():
     for module, sources in cases.items():
         for source in sources:
             assert len(broken_rules(module, source)) == 1, (module, source)
-    allowed = {"ggtools.cli.x": "from ggtools.gguf import ggml_type_name\nfrom ggtools.jobs.patch import patch_set",
+    allowed = {"ggtools.cli.x": "from ggtools.gguf import ggml_type_name\nfrom ggtools.jobs.patch import patch_set\n"
+                                "from ggtools.jobs.run import DraftSettings, run",
                "ggtools.quants.x": "from .registry import row_bytes\nfrom ggtools.errors import GGToolsError",
+               "ggtools.runtime.x": "from ggtools.gguf import ShardSet\nfrom ggtools.errors import GGToolsError\n"
+                                    "from .errors import ModelError",
                "ggtools.gguf.x": "from ggtools.gguf.reader import pad\nfrom .errors import GGUFError\nfrom .. import errors",
                "ggtools.jobs.x": "from ggtools.engine import run_plan\nfrom ggtools.gguf import ShardSet"}
     for module, source in allowed.items():

@@ -8,7 +8,7 @@ import pytest
 
 from ggtools.jobs.demo import build_drafters, demo_data, held_out_prompts
 from ggtools.runtime import TargetModel, Tokenizer, greedy
-from ggtools.runtime.drafter.kv import BULK_CHUNK, FullKV, RingKV
+from ggtools.runtime.drafter.draft_kv import BULK_CHUNK, FullKV, RingKV
 from ggtools.runtime.drafter import Drafter
 from ggtools.runtime.speculative import DraftSettings, speculative_generate
 

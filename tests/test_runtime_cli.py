@@ -5,8 +5,11 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from ggtools.cli import main
 from ggtools.cli.run import command
+from ggtools.jobs.errors import UsageError
 from ggtools.runtime import ModelError
+from ggtools.runtime.errors import SettingsError
 from tests.test_runtime_model import write_model
 
 
@@ -44,6 +47,19 @@ def test_bad_ids_and_text_without_vocabulary(tiny_model):
     assert invoke("--target", tiny_model, "--prompt-ids", "1,x").exit_code == 2
     result = invoke("--target", tiny_model, "--prompt", "hello")
     assert isinstance(result.exception, ModelError)
+
+
+@pytest.mark.parametrize("args, kind, said", [
+    (["-n", "100000"], UsageError, "tiny.gguf: the prompt (1 tokens) plus -n 100000 is 100001 tokens, beyond the "
+                                   "context length"),
+    (["--device", "cuda"], SettingsError, "--device and --dtype other than cpu / f32 need --backend torch"),
+])
+def test_usage_refusals_are_not_model_faults(tiny_model, args, kind, said):
+    """A setting that cannot work is the jobs' UsageError or the runtime's SettingsError, both exit 2, one line."""
+    result = invoke("--target", tiny_model, "--prompt-ids", "1", *args)
+    assert isinstance(result.exception, kind), result.exception
+    cli = CliRunner().invoke(main, ["run", "--target", str(tiny_model), "--prompt-ids", "1", *args])
+    assert cli.exit_code == 2 and cli.stderr == f"error: {result.exception}\n" and said in cli.stderr, cli.output
 
 
 def test_text_prompt_with_a_real_vocabulary(smollm2_path):

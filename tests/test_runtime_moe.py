@@ -214,7 +214,7 @@ def test_run_draft_warns_about_llama_cpp_but_runs_the_pair(targets, drafter_gguf
     from ggtools.dflash.profiles import LLAMACPP
 
     if not llama_cpp_taps_gpt_oss:
-        monkeypatch.setattr("ggtools.cli.run.LLAMACPP",
+        monkeypatch.setattr("ggtools.jobs.run.LLAMACPP",
                             dataclasses.replace(LLAMACPP, tap_archs=LLAMACPP.tap_archs - {"gpt-oss"}))
     warned = not llama_cpp_taps_gpt_oss
     args = ["run", "--target", str(targets["gpt-oss"].gguf["MXFP4_MOE"]), "--draft",

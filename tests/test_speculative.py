@@ -8,7 +8,7 @@ from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.demo import build_drafters, demo_data, held_out_prompts
 from ggtools.runtime import TargetModel, Tokenizer, greedy
 from ggtools.runtime.drafter import Drafter
-from ggtools.runtime.spec_run import run_speculative
+from ggtools.jobs.run import run_speculative
 from ggtools.runtime.speculative import DraftSettings, Step, speculative_generate
 from ggtools.runtime.stats import DEFINITIONS, acceptance_stats
 

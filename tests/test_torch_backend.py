@@ -16,7 +16,8 @@ from ggtools import quants
 from ggtools.cli import main
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.demo import demo_data, held_out_prompts
-from ggtools.runtime import ModelError, TargetModel, Tokenizer, run_speculative
+from ggtools.jobs.run import run_speculative
+from ggtools.runtime import ModelError, TargetModel, Tokenizer
 from ggtools.runtime.backends import make_ops
 from ggtools.runtime.weights import Matrix
 

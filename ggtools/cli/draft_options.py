@@ -4,7 +4,7 @@ cut."""
 import click
 
 from ggtools.jobs.accept import DEFAULT_RING_CAP
-from ggtools.runtime import DraftSettings
+from ggtools.jobs.run import DraftSettings
 
 DRAFT_OPTIONS = [
     click.option("--ring-cap", type=click.IntRange(min=1),

@@ -6,11 +6,7 @@ from tqdm import tqdm
 from ggtools.cli.backend_options import backend_options, runs_on
 from ggtools.cli.draft_options import draft_options, draft_options_given, draft_setup
 from ggtools.cli.render import emit_json, human_bytes
-from ggtools.dflash.profiles import LLAMACPP
-from ggtools.dflash.target import OpenTarget
-from ggtools.runtime.generate import run
-from ggtools.runtime.spec_run import run_speculative
-from ggtools.runtime.stats import DEFINITIONS
+from ggtools.jobs.run import DEFINITIONS, pair_warnings, run, run_speculative
 
 MAX_TOKEN_ID = 2 ** 31 - 1  # llama_token is int32
 
@@ -77,7 +73,7 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
         _show_target_only(result, as_json)
         return
     ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
-    warnings = _pair_warnings(target)
+    warnings = pair_warnings(target)
     if not as_json:
         for w in warnings:
             click.echo(f"warning: {w}", err=True)
@@ -95,15 +91,6 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
     else:
         _show_speculative(result, failures)
     sys.exit(1 if failures else 0)
-
-
-def _pair_warnings(target) -> list[str]:
-    """What keeps this pair from running elsewhere though it runs here (this runtime taps every target arch)."""
-    with OpenTarget(target) as t:
-        if t.arch and t.arch not in LLAMACPP.tap_archs:
-            return [f"target arch '{t.arch}' does not expose layer inputs in llama.cpp (DFlash aborts there with "
-                    "\"layer input tensor is null\"); this runtime runs the pair"]
-    return []
 
 
 def _failures(result, min_acceptance, no_baseline) -> list[str]:

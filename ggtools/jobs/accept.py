@@ -24,8 +24,8 @@ from ggtools.gguf import ShardSet
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.errors import JobError
 from ggtools.jobs.prompt_set import Prompt, load_prompts
-from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, SpecRun, TargetModel, TargetOnly,
-                             Tokenizer, check_settings, measure_drafter, warm_up)
+from ggtools.jobs.run import SpecRun, TargetOnly, load_tokenizer, measure_drafter, warm_up
+from ggtools.runtime import DEFINITIONS, DraftSettings, Drafter, TargetModel, check_settings
 
 DEFAULT_RING_CAP = 4096         # lucebox's default draft context (draft_ctx_max), as `ggtools run --draft`
 DEFAULT_MAX_DROP = 0.05
@@ -118,7 +118,7 @@ def accept(target, drafts, *, prompts=None, n: int = 64, baseline=None, max_drop
     base = _check_inputs(target, drafts, baseline)
     model = TargetModel(target, threads=threads, backend=backend, device=device, dtype=dtype)
     try:
-        tokenizer = _tokenizer(model)
+        tokenizer = load_tokenizer(model, required=False)
         prompt_set = load_prompts(prompts, tokenizer, model.n_vocab)
         stop_ids = set(tokenizer.eog) if tokenizer and stop_at_eog else set()
         names = _names(drafts)
@@ -258,11 +258,3 @@ def _check_inputs(target, drafts, baseline) -> int:
 def _names(drafts) -> list[str]:
     names = [os.path.basename(os.path.normpath(d)) + ("/" if os.path.isdir(d) else "") for d in drafts]
     return [name if names.count(name) == 1 else str(d) for name, d in zip(names, drafts)]
-
-
-def _tokenizer(model: TargetModel) -> Tokenizer | None:
-    """The target's vocabulary; None when it has none (then only prompt_ids work)."""
-    try:
-        return Tokenizer.from_gguf(model.weights.meta)
-    except ModelError:
-        return None

@@ -27,7 +27,8 @@ from ggtools.jobs.errors import JobError
 from ggtools.jobs.quantize import plan_quantize, quantize
 from ggtools.jobs.requant import plan_requant_trunk, requant_trunk
 from ggtools.jobs.validate import validate
-from ggtools.runtime import DraftSettings, SpecRun, TargetModel, Tokenizer
+from ggtools.jobs.run import SpecRun
+from ggtools.runtime import DraftSettings, TargetModel, Tokenizer
 from ggtools.samples import write_moe_set
 
 SCHEMES = ("q8_0", "q4-mix", "q2_k")

@@ -19,7 +19,7 @@ import numpy as np
 
 from ggtools.runtime.drafter.chain import DraftChain, Selector, chain_v1
 from ggtools.runtime.drafter.hparams import DraftHParams, read_draft_hparams
-from ggtools.runtime.drafter.kv import DraftKV, FullKV, RingKV
+from ggtools.runtime.drafter.draft_kv import DraftKV, FullKV, RingKV
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.kernels import ops as numba_ops
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ggtools.runtime.target.pieces import AttentionTensors
-from ggtools.runtime.torch_backend import kernels
+from ggtools.runtime.torch_backend import tensor_math
 from ggtools.runtime.torch_backend.matrix import DeviceGroup
 from ggtools.runtime.torch_backend.vectors import device_vector, optional_device_vector
 
@@ -43,16 +43,16 @@ class Attention(AttentionTensors):
         if self.output_gate:
             heads = q.reshape(n_tokens, hp.n_head, 2, hp.head_dim)
             q, gate = heads[:, :, 0].reshape(n_tokens, -1), heads[:, :, 1].reshape(n_tokens, -1)
-        q = kernels.norm_rope(q, hp.n_head, self.q_norm, hp.rms_eps, rope, hp.rope_neox)
-        k = kernels.norm_rope(k, hp.n_head_kv, self.k_norm, hp.rms_eps, rope, hp.rope_neox)
+        q = tensor_math.norm_rope(q, hp.n_head, self.q_norm, hp.rms_eps, rope, hp.rope_neox)
+        k = tensor_math.norm_rope(k, hp.n_head_kv, self.k_norm, hp.rms_eps, rope, hp.rope_neox)
         start, n_ctx = int(positions[0]), int(positions[0]) + n_tokens
         keys, values_t = kv.k[slot], kv.v[slot]
         keys[:, start:n_ctx] = k.transpose(0, 1).to(keys.dtype)
         values_t[:, :, start:n_ctx] = v.reshape(n_tokens, hp.n_head_kv, hp.head_dim).permute(1, 2, 0).to(keys.dtype)
         visible = causal_visibility(positions, n_ctx, self.window, h.device)
         f16_operands = keys.dtype == torch.float16 and h.dtype == torch.float32
-        out = kernels.attend(q, keys[:, :n_ctx], values_t[:, :, :n_ctx].transpose(1, 2), visible, hp.attn_scale,
-                             self.sinks, f16_operands)
+        out = tensor_math.attend(q, keys[:, :n_ctx], values_t[:, :, :n_ctx].transpose(1, 2), visible,
+                                 hp.attn_scale, self.sinks, f16_operands)
         if self.output_gate:
             out = out * torch.sigmoid(gate)
         out = self.wo(out)
@@ -73,4 +73,4 @@ def draft_attention(q, k_store, v_store, rows, k_pos, q_pos, scale: float, windo
         visible &= kp <= qp
     if window:
         visible &= (qp - kp).abs() < window
-    return kernels.attend(q, keys, values, visible, scale)
+    return tensor_math.attend(q, keys, values, visible, scale)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ggtools.runtime.target.pieces import DeltaNetTensors
-from ggtools.runtime.torch_backend import kernels
+from ggtools.runtime.torch_backend import tensor_math
 from ggtools.runtime.torch_backend.matrix import DeviceGroup
 from ggtools.runtime.torch_backend.vectors import device_vector
 
@@ -41,7 +41,7 @@ class GatedDeltaNet(DeltaNetTensors):
         core = self.recur(state.conv, state.ssm, qkv, g, beta)
         heads = core.reshape(len(h), self.n_v_heads, self.head_dim)
         z = z.reshape(heads.shape)
-        normed = kernels.rms_norm(heads, self.norm, self.eps) * F.silu(z)
+        normed = tensor_math.rms_norm(heads, self.norm, self.eps) * F.silu(z)
         return self.wout(normed.reshape(len(h), -1).to(h.dtype))
 
     def recur(self, conv_state, ssm_state, qkv, g, beta) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 
 from ggtools.runtime.target.pieces import (SOFTMAX, SWIGLU_OAI, DenseFFNTensors, RoutedExpertsTensors,
                                            SharedExpertTensors)
-from ggtools.runtime.torch_backend import kernels
+from ggtools.runtime.torch_backend import tensor_math
 from ggtools.runtime.torch_backend.matrix import DeviceGroup
 from ggtools.runtime.torch_backend.vectors import device_vector, optional_device_vector
 
@@ -24,7 +24,7 @@ class DenseFFN(DenseFFNTensors):
 
     def __call__(self, h, stepwise: bool = False) -> torch.Tensor:
         gate, up = self.gate_up(h)
-        return self.down(kernels.swiglu(gate, up))
+        return self.down(tensor_math.swiglu(gate, up))
 
 
 class RoutedExperts(RoutedExpertsTensors):
@@ -54,7 +54,8 @@ class RoutedExperts(RoutedExpertsTensors):
         gate, up = self.gate.product(x, e), self.up.product(x, e)
         if self.gate_bias.numel():
             gate, up = gate + self.gate_bias[e].to(gate.dtype), up + self.up_bias[e].to(up.dtype)
-        act = kernels.swiglu_oai(gate, up) if self.routing.activation == SWIGLU_OAI else kernels.swiglu(gate, up)
+        activation = tensor_math.swiglu_oai if self.routing.activation == SWIGLU_OAI else tensor_math.swiglu
+        act = activation(gate, up)
         out = self.down.product(act, e).float()
         return out + self.down_bias[e] if self.down_bias.numel() else out
 

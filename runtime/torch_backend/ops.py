@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ggtools.runtime.errors import ModelError
-from ggtools.runtime.torch_backend import attention, kernels
+from ggtools.runtime.errors import SettingsError
+from ggtools.runtime.torch_backend import attention, tensor_math
 from ggtools.runtime.torch_backend.delta_net import GatedDeltaNet
 from ggtools.runtime.torch_backend.ffn import DenseFFN, RoutedExperts, SharedExpertMoE
 from ggtools.runtime.torch_backend.matrix import DeviceGroup, DeviceMatrix
@@ -54,9 +54,9 @@ PIECES = SimpleNamespace(Attention=attention.Attention, GatedDeltaNet=GatedDelta
 class TorchOps:
     name = "torch"
     pieces = PIECES
-    rms_norm = staticmethod(kernels.rms_norm)
-    swiglu = staticmethod(kernels.swiglu)
-    norm_rope = staticmethod(kernels.norm_rope)
+    rms_norm = staticmethod(tensor_math.rms_norm)
+    swiglu = staticmethod(tensor_math.swiglu)
+    norm_rope = staticmethod(tensor_math.norm_rope)
     draft_attention = staticmethod(attention.draft_attention)
     zeros_like = staticmethod(torch.zeros_like)
     group = DeviceGroup
@@ -70,13 +70,13 @@ class TorchOps:
         except RuntimeError:
             self.torch_device = None
         if self.torch_device is None or self.torch_device.type not in ("cpu", "cuda"):
-            raise ModelError(f"--device {device!r}: expected cpu, cuda or cuda:N")
+            raise SettingsError(f"--device {device!r}: expected cpu, cuda or cuda:N")
         if self.torch_device.type == "cuda":
             _check_cuda(self.torch_device, device)
         self.device = str(self.torch_device)
         self.dtype = dtype or ("f32" if self.torch_device.type == "cpu" else "bf16")
         if self.dtype not in DTYPES:
-            raise ModelError(f"--dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
+            raise SettingsError(f"--dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
         self.compute_dtype = DTYPES[self.dtype]
         if threads:
             torch.set_num_threads(threads)
@@ -110,7 +110,7 @@ class TorchOps:
 
 def _check_cuda(device: torch.device, name: str) -> None:
     if not torch.cuda.is_available():
-        raise ModelError(f"--device {name}: torch {torch.__version__} sees no CUDA device on this machine")
+        raise SettingsError(f"--device {name}: torch {torch.__version__} sees no CUDA device on this machine")
     index = device.index or 0
     if index >= torch.cuda.device_count():
-        raise ModelError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        raise SettingsError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")

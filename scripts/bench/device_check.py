@@ -82,7 +82,7 @@ def fixture_pairs() -> list[tuple[str, str, str]]:
 
 
 def measure(target, draft, prompts, n, device, dtype) -> dict:
-    from ggtools.runtime import run_speculative
+    from ggtools.jobs.run import run_speculative
     t0 = time.perf_counter()
     run = run_speculative(target, draft, prompts, n, ring_cap=4096, backend="torch", device=device, dtype=dtype)
     return {"target": target, "draft": draft, "speculative_tok_s": run.speculative_tokens_per_second,

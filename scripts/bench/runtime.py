@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ggtools.runtime import TargetModel, Tokenizer, continue_greedy, warm_up
+from ggtools.jobs.run import warm_up
+from ggtools.runtime import TargetModel, Tokenizer, continue_greedy
 
 TINY_TARGETS = [("qwen3moe-target", "f16"), ("qwen3moe-target", "Q8_0"), ("gpt-oss-target", "f16"),
                 ("gpt-oss-target", "MXFP4_MOE"), ("qwen35", "f16"), ("qwen35", "q8_0"), ("qwen35moe", "f16"),

@@ -18,7 +18,7 @@ import tempfile
 
 from ggtools.jobs.demo import build_drafters, demo_data, held_out_prompts
 from ggtools.runtime import TargetModel, Tokenizer
-from ggtools.runtime.spec_run import run_speculative
+from ggtools.jobs.run import run_speculative
 from ggtools.runtime.speculative import DraftSettings
 
 

@@ -1,25 +1,136 @@
-"""run_speculative: decode prompts with a target + drafter pair and measure it against target-only decoding.
+"""The `ggtools run` jobs: load a target (and a drafter), tokenize, warm up, decode, time it, measure memory.
 
+`run`: greedy continuation of one prompt by the target alone, with prompt and generation speed and RSS.
+Timing excludes numba's one-time compilation: `warm_up` runs a 2-token batch and a 1-token step first
+(compiled kernels are cached on disk, so this is quick after the first use).
+
+`run_speculative`: decode prompts with a target + drafter pair and measure it against target-only decoding.
 For every prompt, in the same process and alternating: plain greedy decoding (the reference output and
 speed) and speculative decoding (must give the same tokens). Both are timed from the end of the target's
 prefill (the same call in both) to the last token; compilation is done beforehand. Reports the acceptance
-statistics (stats.py), tok/s of each, the speedup, and the draft KV's memory next to what a full draft KV
-would hold for the longest sequence.
+statistics (runtime/stats.py), tok/s of each, the speedup, and the draft KV's memory next to what a full
+draft KV would hold for the longest sequence.
 
 `measure_drafter` is that per-prompt loop for one loaded drafter; its `TargetOnly` reference decodes each
 prompt when first asked and keeps it, so several drafters measured on the same prompts share one target-only
-pass (`ggtools accept`, the demo).
+pass (`ggtools accept`, the demo). `pair_warnings`: what keeps a pair from running in llama.cpp though it runs here.
 """
 
+import resource
 import time
 from dataclasses import asdict, dataclass, field
 
-from ggtools.runtime.drafter import Drafter
-from ggtools.runtime.errors import ModelError
-from ggtools.runtime.generate import backend_fields, check_context, continue_greedy, load_tokenizer, warm_up
-from ggtools.runtime.target.model import TargetModel
-from ggtools.runtime.speculative import DraftSettings, speculative_generate
-from ggtools.runtime.stats import acceptance_stats
+from ggtools.dflash.profiles import LLAMACPP
+from ggtools.dflash.target import OpenTarget
+from ggtools.jobs.errors import JobError, UsageError
+from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, TargetModel, Tokenizer,
+                             acceptance_stats, check_settings, continue_greedy, speculative_generate)
+
+# DraftSettings (what run_speculative drafts with) and DEFINITIONS (what each of a SpecRun's statistics means) are
+# the runtime's, passed on here so the CLI reaches the runtime only through jobs
+__all__ = ["DEFINITIONS", "DraftSettings", "RunError", "RunResult", "SpecRun", "TargetOnly", "measure_drafter",
+           "pair_warnings", "run", "run_speculative", "warm_up"]
+
+
+class RunError(JobError):
+    """Nothing to decode: no prompts, or a prompt of no tokens."""
+
+
+@dataclass
+class RunResult:
+    prompt_ids: list
+    generated_ids: list
+    text: str | None             # the continuation, when the vocabulary can be decoded
+    stop: str                    # "length" or "end-of-generation"
+    prompt_seconds: float
+    generate_seconds: float
+    prompt_tokens_per_second: float
+    generate_tokens_per_second: float  # over the one-token steps (all generated tokens but the first)
+    rss_bytes: int               # resident memory after the run (includes the touched, mapped weights)
+    peak_rss_bytes: int
+    threads: int
+    backend: str = "numba"       # "numba" | "torch"
+    device: str = "cpu"
+    dtype: str = "f32"           # the compute dtype
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def warm_up(model: TargetModel) -> None:
+    """Compile (or load from numba's cache) the batch and one-token kernels, outside any timing."""
+    n = model.kv.n_tokens
+    model.forward([0, 0], logits="all")
+    model.forward([0], logits="last")
+    model.kv.crop(n)
+
+
+def check_context(model: TargetModel, n_prompt: int, n: int, n_ctx: int | None = None):
+    """Refuse a prompt plus n new tokens beyond the context (default: the model's trained context length)."""
+    limit = n_ctx or model.hp.n_ctx_train
+    if n_prompt + n > limit:
+        trained = "" if n_ctx else " the model was trained for (pass --context-length N to allow more)"
+        raise UsageError(model.path, f"the prompt ({n_prompt} tokens) plus -n {n} is {n_prompt + n} tokens, "
+                                     f"beyond the context length {limit}{trained}")
+
+
+def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads: int | None = None,
+        stop_at_eog: bool = True, n_ctx: int | None = None, progress=None, backend: str = "numba",
+        device: str | None = None, dtype: str | None = None) -> RunResult:
+    """Load a target GGUF, greedily continue a prompt (text or token ids), and measure it. n_ctx: the most
+    tokens allowed (default: the model's context length); progress(k): k new tokens generated; backend, device
+    and dtype choose what runs it (TargetModel)."""
+    if (prompt is None) == (prompt_ids is None):
+        raise ValueError("give exactly one of prompt and prompt_ids")
+    model = TargetModel(target, threads=threads, backend=backend, device=device, dtype=dtype)
+    try:
+        tokenizer = load_tokenizer(model, required=prompt is not None)
+        ids = tokenizer.encode(prompt) if prompt is not None else [int(i) for i in prompt_ids]
+        if not ids:
+            raise RunError("the prompt has no tokens")
+        check_context(model, len(ids), n, n_ctx)
+        stop_ids = tokenizer.eog if (tokenizer and stop_at_eog) else set()
+        warm_up(model)
+
+        t0 = time.perf_counter()
+        logits, _ = model.forward(ids, logits="last")
+        t1 = time.perf_counter()
+        generated, stop = continue_greedy(model, logits, n, stop_ids, progress)
+        t2 = time.perf_counter()
+        steps = max(0, len(generated) - 1)
+        return RunResult(
+            prompt_ids=ids, generated_ids=generated,
+            text=tokenizer.decode(generated) if tokenizer else None, stop=stop,
+            prompt_seconds=t1 - t0, generate_seconds=t2 - t1,
+            prompt_tokens_per_second=len(ids) / (t1 - t0),
+            generate_tokens_per_second=steps / (t2 - t1) if steps else 0.0,
+            rss_bytes=current_rss(), peak_rss_bytes=peak_rss(), threads=model.threads, **backend_fields(model))
+    finally:
+        model.close()
+
+
+def backend_fields(model: TargetModel) -> dict:
+    """What ran a model, for a report: backend, device, compute dtype."""
+    return {"backend": model.ops.name, "device": model.ops.device, "dtype": model.ops.dtype}
+
+
+def load_tokenizer(model: TargetModel, required: bool) -> Tokenizer | None:
+    """The GGUF's tokenizer; None when there is none and only token ids are used."""
+    try:
+        return Tokenizer.from_gguf(model.weights.meta)
+    except ModelError:
+        if required:
+            raise
+        return None
+
+
+def current_rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 @dataclass
@@ -67,7 +178,7 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
     progress(k): k new tokens decoded (both decodings count). backend, device, dtype: what runs the pair
     (TargetModel; the drafter runs on the target's backend)."""
     if not prompts:
-        raise ModelError("no prompts")
+        raise RunError("no prompts")
     model = target if isinstance(target, TargetModel) else TargetModel(target, threads=threads, backend=backend,
                                                                         device=device, dtype=dtype)
     drafter = None
@@ -78,17 +189,17 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
         tokenizer = load_tokenizer(model, required=any(isinstance(p, str) for p in prompts))
         ids = [tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
         if not all(ids):
-            raise ModelError("a prompt has no tokens")
+            raise RunError("a prompt has no tokens")
         for p in ids:
             check_context(model, len(p), n, n_ctx)
         stop_ids = set(tokenizer.eog) if (tokenizer and stop_at_eog) else set()
         warm_up(model)
         reference = TargetOnly(model, ids, n, stop_ids, progress) if compare else None
-        run = measure_drafter(model, drafter, ids, n, ring_cap=ring_cap, settings=settings, kv_type=kv_type,
-                              stop_ids=stop_ids, reference=reference, progress=progress)
+        measured = measure_drafter(model, drafter, ids, n, ring_cap=ring_cap, settings=settings, kv_type=kv_type,
+                                   stop_ids=stop_ids, reference=reference, progress=progress)
         if tokenizer:
-            run.texts = [tokenizer.decode(o) for o in run.outputs]
-        return run
+            measured.texts = [tokenizer.decode(o) for o in measured.outputs]
+        return measured
     finally:
         if drafter:
             drafter.close()
@@ -96,11 +207,13 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
             model.close()
 
 
-def check_settings(drafter: Drafter, settings: DraftSettings) -> None:
-    n_max = settings.n_max
-    if n_max is not None and not 0 <= n_max < drafter.block_size:
-        raise ModelError(f"--n-max {n_max}: the drafter's block of {drafter.block_size} drafts at most "
-                         f"{drafter.block_size - 1} tokens per step")
+def pair_warnings(target) -> list[str]:
+    """What keeps this pair from running elsewhere though it runs here (this runtime taps every target arch)."""
+    with OpenTarget(target) as t:
+        if t.arch and t.arch not in LLAMACPP.tap_archs:
+            return [f"target arch '{t.arch}' does not expose layer inputs in llama.cpp (DFlash aborts there with "
+                    "\"layer input tensor is null\"); this runtime runs the pair"]
+    return []
 
 
 class TargetOnly:
@@ -129,7 +242,8 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
                     settings: DraftSettings, kv_type: str = "f16", stop_ids=(), reference: TargetOnly | None = None,
                     on_prompt=lambda: None, progress=None) -> SpecRun:
     """Decode every prompt (token ids) speculatively, each checked against `reference` (None: no check, no
-    target-only speed); on_prompt() after each, progress(k) as tokens come. The drafter's kernels are compiled first, outside the timing."""
+    target-only speed); on_prompt() after each, progress(k) as tokens come. The drafter's kernels are compiled
+    first, outside the timing."""
     kv = drafter.new_kv(ring_cap, kv_type)
     speculative_generate(model, drafter, kv, prompts[0][:8], min(n, 2 * drafter.block_size), stop_ids, settings)
     runs, outputs, mismatches = [], [], []

@@ -1,4 +1,4 @@
-"""The graph's ops in torch: RMS norm, RoPE, SwiGLU and its clamped variant, attention with masks and sinks.
+"""The graph's math on torch tensors: RMS norm, RoPE, SwiGLU and its clamped variant, attention with masks and sinks.
 
 Norms, softmax and attention compute in float32 whatever the compute dtype (their inputs are upcast, their
 outputs cast back), as llama.cpp's GPU backends keep them; matmuls run in the compute dtype (matrix.py).
