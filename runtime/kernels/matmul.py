@@ -31,6 +31,8 @@ offsets stay uint64 (mixing them with signed ints would silently promote to floa
 check every decoder bit-exact against ggtools.quants.dequantize.
 """
 
+import functools
+
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import njit
@@ -69,6 +71,7 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
 Q4_0_REPACKED, MXFP4_REPACKED = 1000 + Q4_0, 1000 + MXFP4
 REPACKED_KERNEL = {T.Q4_0: Q4_0_REPACKED, T.MXFP4: MXFP4_REPACKED}
 FIRST_EXPERT = np.zeros(1, np.int64)   # a plain matmul: one group of rows through "expert" 0
+ONE_ROW_GROUP = np.array([0, 1], np.int64)   # the group of a one-row input
 
 U = np.uint64
 U0, U1, U2, U3, U4, U6, U8, U12, U16, U32 = (U(v) for v in (0, 1, 2, 3, 4, 6, 8, 12, 16, 32))
@@ -624,6 +627,12 @@ def decode_rows(qtype, qk, block_bytes, row_bytes, data, rows, out):
 
 # ---- Python entry points -------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=64)
+def no_values(n_rows: int) -> np.ndarray:
+    """(n_rows, 0): the scales or sums of input rows whose kind has none (no data, so one array serves all)."""
+    return np.empty((n_rows, 0), np.float32)
+
+
 class PreparedInput:
     """Input rows rounded for one activation kind; shared by the matrices that take the same input."""
 
@@ -633,9 +642,9 @@ class PreparedInput:
             return
         x = np.ascontiguousarray(x, np.float32)
         n_rows, n = x.shape
-        quantized = kind in (ACT_Q8_0, ACT_Q8_1)
-        self.xd = np.empty((n_rows, n // 32 if quantized else 0), np.float32)
-        self.xs = np.empty((n_rows, n // 32 if kind == ACT_Q8_1 else 0), np.float32)
+        quantized = kind == ACT_Q8_0 or kind == ACT_Q8_1
+        self.xd = np.empty((n_rows, n // 32), np.float32) if quantized else no_values(n_rows)
+        self.xs = np.empty((n_rows, n // 32), np.float32) if kind == ACT_Q8_1 else no_values(n_rows)
         if kind == ACT_F32:
             self.xq = x
         else:
@@ -696,6 +705,11 @@ class MatmulPlan:
             self.columns.append((column, column + layout.n_rows))
             column += layout.n_rows
         self.n_rows, self.tasks = column, np.array(tasks, np.int64)
+        if first.block32:
+            self.kernel, self.weight_args = matmul_block32, (first.kernel_id, first.block_bytes, first.row_bytes, buf)
+        else:
+            self.kernel, self.weight_args = matmul_float, (first.type_id, first.qk, first.block_bytes, first.row_bytes,
+                                                           buf)
 
     def run(self, a: PreparedInput, stepwise: bool = False) -> list:
         """(rows, n_cols) input prepared for the plan's activation kind -> one (rows, n_rows) output
@@ -704,7 +718,7 @@ class MatmulPlan:
         n_in = a.xq.shape[0]
         # llama.cpp takes tinyBLAS for batches of 2+ rows when the matrix's shape allows, vec_dot otherwise
         one_row = n_in == 1 or stepwise or not self.layout.tinyblas
-        return self._run(a, FIRST_EXPERT, np.array([0, n_in], np.int64), one_row)
+        return self._run(a, FIRST_EXPERT, ONE_ROW_GROUP if n_in == 1 else np.array([0, n_in], np.int64), one_row)
 
     def run_experts(self, a: PreparedInput, experts: np.ndarray, groups: np.ndarray) -> list:
         """Input rows groups[g]..groups[g + 1]-1 through expert experts[g]'s matrices, each expert's weights
@@ -716,12 +730,12 @@ class MatmulPlan:
         out = np.empty((n_in, self.n_rows), np.float32)
         split = (len(self.tasks) * len(experts), n_in * self.n_rows * layout.n_cols, workers.MATMUL_MIN_WORK)
         if layout.block32:
-            workers.run(matmul_block32, *split, layout.kernel_id, layout.block_bytes, layout.row_bytes, self.buf,
-                        a.xq, a.xd, a.xs, out, self.tasks, experts, groups)
+            workers.run(self.kernel, *split, *self.weight_args, a.xq, a.xd, a.xs, out, self.tasks, experts, groups)
         else:
-            workers.run(matmul_float, *split, layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes,
-                        self.buf, a.xq, out, self.tasks, experts, groups, layout.float_type and one_row,
-                        layout.qtype != T.F32)
+            workers.run(self.kernel, *split, *self.weight_args, a.xq, out, self.tasks, experts, groups,
+                        layout.float_type and one_row, layout.qtype != T.F32)
+        if len(self.columns) == 1:
+            return [out]
         return [out[:, lo:hi] for lo, hi in self.columns]
 
 

@@ -56,6 +56,11 @@ class TargetModel:
         if self.arch.rope_sections:
             self.rope_still = rope_ops.fourth_section_pairs(hp.rope_dims // 2, hp.rope_sections,
                                                        self.arch.rope_sections == "imrope")
+        self.text_rope = bool(self.rope_still.any())
+        # rope_angles' arguments after the positions
+        self.rope_params = (hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale), self.rope_freq_factors,
+                            np.float32(hp.rope_ext_factor), np.float32(hp.rope_attn_factor),
+                            np.array(hp.rope_corr_dims, np.float32))
         self.layers = [self._load_layer(i) for i in range(hp.n_layer)]
         kinds = [type(layer.mixer) for layer in self.layers]
         for i, layer in enumerate(self.layers):
@@ -89,7 +94,7 @@ class TargetModel:
         positions = expected if positions is None else np.asarray(positions, np.int64).reshape(-1)
         if len(tokens) == 0:
             raise ValueError("forward needs at least one token")
-        if not np.array_equal(positions, expected):
+        if positions is not expected and not np.array_equal(positions, expected):
             raise ValueError(f"positions must continue the cache: expected {start}..{start + len(tokens) - 1}")
         if tokens.min() < 0 or tokens.max() >= self.token_embd.n_rows:
             raise ModelError(f"token id out of range [0, {self.token_embd.n_rows})")
@@ -126,15 +131,12 @@ class TargetModel:
         """RoPE's cos, sin tables at positions (M-RoPE's text angles where the model has sections), as the
         backend's arrays."""
         rope = self._rope(positions)
-        if self.rope_still.any():
+        if self.text_rope:
             rope = rope_ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), self.rope_still)
         return self.ops.tables(rope)
 
     def _rope(self, positions):
-        hp = self.hp
-        return rope_ops.rope_angles(positions, hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale),
-                               self.rope_freq_factors, np.float32(hp.rope_ext_factor),
-                               np.float32(hp.rope_attn_factor), np.array(hp.rope_corr_dims, np.float32))
+        return rope_ops.rope_angles(positions, *self.rope_params)
 
     @staticmethod
     def _tap(features, taps, layer, x):

@@ -23,20 +23,25 @@ from ggtools.runtime.target.pieces import SOFTMAX, SWIGLU_OAI, RoutedExpertsTens
 from ggtools.runtime.weights import MatrixGroup
 
 WEIGHTS_SUM_MIN = np.float32(6.103515625e-5)   # build_moe_ffn clamps the weights' sum (the smallest normal f16)
+NO_ROUTER_BIAS = np.zeros(0, np.float32)
 
 
 @njit(**EXACT)
-def route_rows(logits, k, gating, normalize, scale, experts, weights):
+def route_rows(logits, bias, k, gating, normalize, scale, experts, weights):
     """Per token: the k experts in descending order of probability (ggml_argsort_top_k; ties to the lower id)
-    and their weights, as build_moe_ffn computes them from the router's logits (T, n_expert)."""
+    and their weights, as build_moe_ffn computes them from the router's logits (T, n_expert) plus its bias
+    (empty: none)."""
     n_expert = logits.shape[1]
+    row = np.empty(n_expert, np.float32)
     probs = np.empty(n_expert, np.float32)
     picked = np.empty(k, np.float32)
     for t in range(logits.shape[0]):
+        for e in range(n_expert):
+            row[e] = logits[t, e] + bias[e] if bias.size else logits[t, e]
         if gating == SOFTMAX:
-            ops.soft_max(logits[t], probs, np.float32(-np.inf))
+            ops.soft_max(row, probs, np.float32(-np.inf))
         else:
-            probs[:] = logits[t]
+            probs[:] = row
         taken = np.zeros(n_expert, np.bool_)
         for j in range(k):
             best = -1
@@ -136,24 +141,34 @@ class RoutedExperts(RoutedExpertsTensors):
     def __post_init__(self):
         self.gate_up, self.down_group = MatrixGroup(self.gate, self.up), MatrixGroup(self.down)
         self.weights_scale = np.float32(self.weights_scale)
+        self.bias = NO_ROUTER_BIAS if self.router_bias is None else self.router_bias
+        self.oai = self.routing.activation == SWIGLU_OAI
+        k = self.n_expert_used
+        # one token's slots as group_by_expert gives them, less the sort: input row 0 k times, slot j in place j
+        self.one_token_slots = np.zeros(k, np.int64), np.arange(k), np.arange(k + 1)
 
     def route(self, h: np.ndarray, stepwise: bool) -> tuple[np.ndarray, np.ndarray]:
         """(T, n_embd) -> experts (T, k) int64 in descending order of probability, weights (T, k) float32."""
-        logits = self.router(h, stepwise)
-        if self.router_bias is not None:
-            logits = logits + self.router_bias
         experts = np.empty((len(h), self.n_expert_used), np.int64)
         weights = np.empty((len(h), self.n_expert_used), np.float32)
-        route_rows(np.ascontiguousarray(logits), self.n_expert_used, self.routing.gating, self.routing.normalize,
-                   self.weights_scale, experts, weights)
+        route_rows(self.router(h, stepwise), self.bias, self.n_expert_used, self.routing.gating,
+                   self.routing.normalize, self.weights_scale, experts, weights)
         return experts, weights
+
+    def slots(self, experts: np.ndarray) -> tuple:
+        """group_by_expert's slots. One token's k experts are distinct, so each is a group of one row already:
+        taken in rank order instead of expert order (every row is its own dot, so the order changes no bit)."""
+        if len(experts) > 1:
+            return group_by_expert(experts, self.n_expert)
+        rows, slot_pos, groups = self.one_token_slots
+        return rows, experts[0], slot_pos, experts[0], groups
 
     def __call__(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
         experts, weights = self.route(h, stepwise)
-        rows, sorted_experts, slot_pos, used, groups = group_by_expert(experts, self.n_expert)
+        rows, sorted_experts, slot_pos, used, groups = self.slots(experts)
         gate, up = self.gate_up.run_experts(h, rows, used, groups)
         act = np.empty_like(gate)
-        activate(gate, up, self.gate_bias, self.up_bias, sorted_experts, self.routing.activation == SWIGLU_OAI, act)
+        activate(gate, up, self.gate_bias, self.up_bias, sorted_experts, self.oai, act)
         (down,) = self.down_group.run_experts(act, None, used, groups)
         out = np.empty((len(h), down.shape[1]), np.float32)
         combine_rows(down, self.down_bias, sorted_experts, slot_pos, weights, out)

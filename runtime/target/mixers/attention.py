@@ -31,6 +31,7 @@ from ggtools.runtime.target.pieces import NO_SINKS, AttentionTensors
 from ggtools.runtime.weights import MatrixGroup
 
 KV_PAD = 32
+NO_BIAS = np.zeros(0, np.float32)
 
 
 @njit(**EXACT)
@@ -80,21 +81,24 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sink
 
 
 @njit(**EXACT)
-def prepare_attention(q, k, v, q_norm, k_norm, eps, cos, sin, neox, k_cache, vt_cache, start, f16, q_out):
-    """One layer's new tokens: per-head RMS norm of q and k (qwen3; skipped when the norms are empty),
-    RoPE, and the cache write of k and v (rounded to f16 for an f16 cache) at positions start...
-    q, k, v: (T, heads * d) projections; q_out: (T, n_head, d)."""
+def prepare_attention(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, neox, k_cache, vt_cache, start, f16, q_out):
+    """One layer's new tokens: the projections' biases (bq, bk, bv; empty: none), per-head
+    RMS norm of q and k (qwen3; skipped when the norms are empty), RoPE, and the cache write of k and v
+    (rounded to f16 for an f16 cache) at positions start... q, k, v: (T, heads * d) projections;
+    q_out: (T, n_head, d)."""
     n_tokens, n_head, d = q_out.shape
     n_kv = k_cache.shape[0]
     head = np.empty(d, np.float32)
     for t in range(n_tokens):
         for h in range(n_head + n_kv):
-            src = q[t, h * d:(h + 1) * d] if h < n_head else k[t, (h - n_head) * d:(h - n_head + 1) * d]
+            o = h * d if h < n_head else (h - n_head) * d
+            src = q[t, o:o + d] if h < n_head else k[t, o:o + d]
+            bias = bq if h < n_head else bk
+            for i in range(d):
+                head[i] = src[i] + bias[o + i] if bias.size else src[i]
             norm = q_norm if h < n_head else k_norm
             if norm.size:
-                rms_norm_row(src, norm, eps, head)
-            else:
-                head[:] = src
+                rms_norm_row(head, norm, eps, head)
             rope_head(head, cos[t], sin[t], neox)
             if h < n_head:
                 q_out[t, h] = head
@@ -103,7 +107,7 @@ def prepare_attention(q, k, v, q_norm, k_norm, eps, cos, sin, neox, k_cache, vt_
                     k_cache[h - n_head, start + t, i] = to_f16(head[i]) if f16 else head[i]
         for g in range(n_kv):
             for i in range(d):
-                value = v[t, g * d + i]
+                value = v[t, g * d + i] + bv[g * d + i] if bv.size else v[t, g * d + i]
                 vt_cache[g, i, start + t] = to_f16(value) if f16 else value
 
 
@@ -129,20 +133,18 @@ class Attention(AttentionTensors):
 
     def __post_init__(self):
         self.qkv = MatrixGroup(self.wq, self.wk, self.wv)
+        self.biases = tuple(NO_BIAS if b is None else b for b in (self.bq, self.bk, self.bv))
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         n_tokens = h.shape[0]
         q, k, v = self.qkv(h, stepwise)
-        for out, bias in ((q, self.bq), (k, self.bk), (v, self.bv)):
-            if bias is not None:
-                out += bias
         if self.output_gate:
             heads = q.reshape(n_tokens, hp.n_head, 2, hp.head_dim)
             q, gate = (np.ascontiguousarray(heads[:, :, j]).reshape(n_tokens, -1) for j in (0, 1))
         start = int(positions[0])
         roped = np.empty((n_tokens, hp.n_head, hp.head_dim), np.float32)
-        prepare_attention(q, k, v, self.q_norm, self.k_norm, np.float32(hp.rms_eps), *rope, hp.rope_neox,
-                          kv.k[slot], kv.v[slot], start, kv.f16, roped)
+        prepare_attention(q, k, v, *self.biases, self.q_norm, self.k_norm, np.float32(hp.rms_eps), *rope,
+                          hp.rope_neox, kv.k[slot], kv.v[slot], start, kv.f16, roped)
         n_ctx = start + n_tokens
         out = attention(roped, kv.k[slot], kv.v[slot], positions, n_ctx, hp.attn_scale, kv.f16, stepwise,
                         self.window, self.sinks)
