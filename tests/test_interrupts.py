@@ -54,7 +54,29 @@ def stop_after_first_shard(procs, out, sig):
     assert running, "every run finished before the signal: make the sample set larger"
     for p in running:
         os.killpg(p.pid, sig)
-    return [(p, *p.communicate(timeout=120)) for p in procs]
+    results = [(p, *p.communicate(timeout=120)) for p in procs]
+    for p in running:
+        wait_for_group_to_end(p.pid)
+    return results
+
+
+def wait_for_group_to_end(group):
+    """Until no process of the group runs: a killed worker may still be finishing a write when its parent has
+    gone (a rerun then rightly keeps its temporary file). Unreaped zombies do not count."""
+    deadline = time.monotonic() + 60
+    while any(stat[4] == str(group) and stat[2] not in "ZX" for stat in process_stats()):
+        assert time.monotonic() < deadline, f"process group {group} still runs"
+        time.sleep(0.02)
+
+
+def process_stats():
+    """Each process's /proc stat fields after the command name: [pid, name, state, ppid, pgrp, ...]."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            raw = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            continue
+        yield [pid, ""] + raw[raw.rindex(")") + 2:].split()
 
 
 def resume_and_compare(moe, out, args=()):

@@ -6,6 +6,8 @@ import json
 import multiprocessing
 import os
 import shutil
+import subprocess
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -16,6 +18,7 @@ from ggtools.cli import main
 from ggtools.jobs.requant import plan_requant_trunk
 from ggtools.samples import write_moe_set
 from ggtools.engine import Interrupted, run_plan
+from ggtools.gguf import outputs
 from tests.hostile_corpus import DEMO
 
 
@@ -111,6 +114,24 @@ def test_temporary_files_of_killed_runs_are_removed(tmp_path):
     result = CliRunner().invoke(main, ["patch", "set", target, "x.y=u8:1", "-o", str(tmp_path / "p.gguf")])
     assert result.exit_code == 0, result.stderr
     assert os.listdir(tmp_path) == ["p.gguf"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="process states are read from /proc")
+def test_temporary_files_of_unreaped_killed_processes_are_removed(tmp_path):
+    """A worker killed with its run stays a zombie until reaped, and kill(pid, 0) still finds it: its temporary
+    file is stale all the same (`requant-trunk -j 2` killed with SIGKILL, then --resume)."""
+    zombie = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 30
+    while open(f"/proc/{zombie.pid}/stat", "rb").read().rpartition(b")")[2][1:2] != b"Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        stale = tmp_path / f".p.gguf.partial-{zombie.pid}"
+        stale.write_bytes(b"half a file")
+        outputs.remove_stale_temps(tmp_path / "p.gguf")
+        assert not stale.exists()
+    finally:
+        zombie.wait()
 
 
 def test_disk_check_speaks_human_units(moe_set, tmp_path, monkeypatch):

@@ -25,10 +25,11 @@ from ggtools.engine.errors import DiskSpaceError, EngineError, Interrupted, Shar
 from ggtools.engine.manifest import ShardResult, describe_output, source_identity
 from ggtools.engine.rewrite import copy_shard, rewrite_shard
 from ggtools.errors import GGToolsError
-from ggtools.gguf.outputs import check_output, make_dir
+from ggtools.gguf.outputs import check_output, make_dir, remove_stale_temps
 from ggtools.plan import Plan, ShardPlan
 
 HEADER_ALLOWANCE = 1 << 20      # disk preflight: room for each output's header
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 STOP_WAIT = 10                  # seconds a stopped worker gets to remove its temporary file
 
 
@@ -199,13 +200,15 @@ def _parallel(todo, fingerprints, jobs, job, bars, finished, errors):
                 i = waiting.pop(0)
                 running[i] = ctx.Process(target=_worker, args=(messages, i, todo[i], fingerprints[i], job, threads),
                                          daemon=True)
-                running[i].start()
+                _start_holding_signals(running[i])
             try:
                 handle(*messages.get(timeout=1))
             except queues.Empty:
                 _reap(running, messages, handle)
     except BaseException:
         _stop(running.values())
+        for i in running:       # what a worker stopped at the wrong moment (or killed) could not remove
+            remove_stale_temps(todo[i].dst)
         raise
 
 
@@ -238,10 +241,22 @@ def _stop(processes):
             p.join()
 
 
+def _start_holding_signals(process):
+    """Start a worker with ^C and SIGTERM held (it inherits the signal mask) until it has its own handlers:
+    one arriving before would end it with a traceback."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def _worker(messages, index, shard, fingerprint, job, threads):
+    global _worker_stopping
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)     # one held since the start arrives now
         import numba
         numba.set_num_threads(threads)
         result = run_shard(shard, fingerprint, job, lambda n: messages.put(("bytes", index, n)))
@@ -254,6 +269,8 @@ def _worker(messages, index, shard, fingerprint, job, threads):
         where = traceback.extract_tb(e.__traceback__)[-1]
         messages.put(("error", index, (f"internal error: {type(e).__name__}: {e} (at {os.path.basename(where.filename)}"
                                        f":{where.lineno})", 2)))
+    finally:
+        _worker_stopping = True     # a signal while the process exits must not raise (a traceback from its exit)
 
 
 _worker_stopping = False

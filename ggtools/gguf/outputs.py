@@ -98,7 +98,18 @@ def _running(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """A killed process still answers kill(pid, 0) until its parent reaps it; after a SIGKILL of the whole run
+    nobody may (a container's pid 1 need not reap orphans), and its temporary file is stale all the same."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:          # no /proc (not Linux), or the process just went
+        return False
+    return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")
 
 
 class AtomicOutput:
