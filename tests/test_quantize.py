@@ -1,11 +1,14 @@
 """quantize: plans follow llama-quantize's rules; output bytes equal llama-quantize with the same types."""
 
+import os
+
 import gguf
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from ggtools.cli import main
+from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile
 from ggtools.jobs.quantize import plan_quantize
 from ggtools.samples import write_moe_set
@@ -89,3 +92,22 @@ def test_drafter_schemes_equal_llama_quantize(ref_drafter_gguf, tmp_path, versio
     assert got == want
     from tests.oracle_artifacts import llama_loads
     assert llama_loads(ours)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="open files are counted in /proc")
+def test_refused_plans_leave_no_file_open(tmp_path):
+    """A library caller planning over a bad file gets the error and keeps no descriptor of it (the mapped
+    input was left open: about two per refused plan)."""
+    from ggtools.jobs.requant import plan_requant_trunk
+    from tests.hostile_corpus import DEMO
+
+    data = open(os.path.join(DEMO, "target.gguf"), "rb").read()
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(data[:-1000])
+    open_before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(GGToolsError):
+            plan_quantize(str(bad), str(tmp_path / "q.gguf"), "q8_0")
+        with pytest.raises(GGToolsError):
+            plan_requant_trunk(str(bad), str(tmp_path / "out"))
+    assert len(os.listdir("/proc/self/fd")) == open_before

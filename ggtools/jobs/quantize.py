@@ -72,13 +72,13 @@ def plan_quantize(path, out, scheme: str, overrides=(), *, allow_requantize=True
     """Refuses (exit 2) a scheme or override it cannot write and any input `ggtools validate` fails."""
     desc, head_type, block_type = scheme_types(scheme)
     rules = parse_overrides(overrides)
-    shards = ShardSet(path)
-    require_valid(shards)
-    dsts = _outputs(shards, out)
-    plans = []
-    for f, dst in zip(shards.files, dsts):
-        actions = [_decide(t, head_type, block_type, rules, desc) for t in f.tensors]
-        plans.append(ShardPlan(f.path, dst, actions))
+    with ShardSet(path) as shards:
+        require_valid(shards)
+        dsts = _outputs(shards, out)
+        plans = []
+        for f, dst in zip(shards.files, dsts):
+            actions = [_decide(t, head_type, block_type, rules, desc) for t in f.tensors]
+            plans.append(ShardPlan(f.path, dst, actions))
     _mark_file_type(plans[0], head_type if head_type == block_type else block_type)
     return Plan("quantize", plans, list(shards.paths))
 

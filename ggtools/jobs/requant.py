@@ -21,15 +21,15 @@ def plan_requant_trunk(path, out_dir, *, src_type="q8_0", dst_type="q4_k", copy_
     and any input `ggtools validate` fails, before anything is written."""
     src_t, dst_t = _types(src_type, dst_type)
     patterns = [_regex(p) for p in copy_patterns]
-    shards = ShardSet(path)
-    _check_out_dir(shards, out_dir)
-    require_valid(shards)
-    indices = _select(shards, only)
-    plans = []
-    for i in indices:
-        f = shards.file(i)
-        actions = [_decide(t, src_t, dst_t, patterns) for t in f.tensors]
-        plans.append(ShardPlan(f.path, os.path.join(out_dir, os.path.basename(f.path)), actions))
+    with ShardSet(path) as shards:
+        _check_out_dir(shards, out_dir)
+        require_valid(shards)
+        indices = _select(shards, only)
+        plans = []
+        for i in indices:
+            f = shards.file(i)
+            actions = [_decide(t, src_t, dst_t, patterns) for t in f.tensors]
+            plans.append(ShardPlan(f.path, os.path.join(out_dir, os.path.basename(f.path)), actions))
     return Plan("requant-trunk", plans, list(shards.paths))
 
 
