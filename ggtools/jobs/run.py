@@ -84,12 +84,8 @@ def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads
         raise ValueError("give exactly one of prompt and prompt_ids")
     model = TargetModel(target, threads=threads, backend=backend, device=device, dtype=dtype)
     try:
-        tokenizer = load_tokenizer(model, required=prompt is not None)
-        ids = tokenizer.encode(prompt) if prompt is not None else [int(i) for i in prompt_ids]
-        if not ids:
-            raise RunError("the prompt has no tokens")
-        check_context(model, len(ids), n, n_ctx)
-        stop_ids = tokenizer.eog if (tokenizer and stop_at_eog) else set()
+        tokenizer, [ids], stop_ids = prepare_prompts(model, [prompt if prompt is not None else prompt_ids], n, n_ctx,
+                                                     stop_at_eog)
         warm_up(model)
 
         t0 = time.perf_counter()
@@ -107,6 +103,20 @@ def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads
             rss_bytes=current_rss(), peak_rss_bytes=peak_rss(), threads=model.threads, **backend_fields(model))
     finally:
         model.close()
+
+
+def prepare_prompts(model: TargetModel, prompts: list, n: int, n_ctx: int | None, stop_at_eog: bool):
+    """Prompts (texts, tokenized with the target's vocabulary, or token ids) as token ids, each refused when
+    empty or when it plus n tokens exceeds the context; with the tokenizer (None when only ids are given and
+    the GGUF has none) and the ids that stop generation."""
+    tokenizer = load_tokenizer(model, required=any(isinstance(p, str) for p in prompts))
+    ids = [tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+    for p in ids:
+        if not p:
+            raise RunError("the prompt has no tokens")
+        check_context(model, len(p), n, n_ctx)
+    stop_ids = set(tokenizer.eog) if (tokenizer and stop_at_eog) else set()
+    return tokenizer, ids, stop_ids
 
 
 def backend_fields(model: TargetModel) -> dict:
@@ -186,13 +196,7 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
         drafter = Drafter(draft, model, mask_id=mask_id)
         settings = settings or DraftSettings()
         check_settings(drafter, settings)
-        tokenizer = load_tokenizer(model, required=any(isinstance(p, str) for p in prompts))
-        ids = [tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
-        if not all(ids):
-            raise RunError("a prompt has no tokens")
-        for p in ids:
-            check_context(model, len(p), n, n_ctx)
-        stop_ids = set(tokenizer.eog) if (tokenizer and stop_at_eog) else set()
+        tokenizer, ids, stop_ids = prepare_prompts(model, prompts, n, n_ctx, stop_at_eog)
         warm_up(model)
         reference = TargetOnly(model, ids, n, stop_ids, progress) if compare else None
         measured = measure_drafter(model, drafter, ids, n, ring_cap=ring_cap, settings=settings, kv_type=kv_type,
