@@ -119,8 +119,8 @@ def dspark_config(ckpt, source: DSparkSource, hidden: int, vocab: int | None) ->
     c, where = ckpt.config, ckpt.config_path
     markov_type = c.get("markov_head_type", "vanilla")
     if markov_type not in MARKOV_HEAD_TYPES:
-        raise CheckpointError(where, f"unsupported markov_head_type {markov_type!r} (only 'vanilla' is supported, "
-                                     "as llama.cpp's converter and runtime)", "markov_head_type")
+        raise CheckpointError(where, f"unsupported markov_head_type {markov_type!r} (only 'vanilla' is supported)",
+                              "markov_head_type")
     if vocab is None:
         raise CheckpointError(where, "missing (a DSpark drafter's Markov head has one row per target token)",
                               "vocab_size")
