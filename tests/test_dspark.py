@@ -20,20 +20,11 @@ from ggtools.jobs.inspect import inspect
 from ggtools.jobs.quantize import plan_quantize
 from ggtools.jobs.validate import validate
 from scripts.fixtures import dspark_checkpoints as DS
-from tests.test_convert_support import FF, HD, NH, NKV, NL, VOCAB, H, kv_table, make_target_gguf, rewrite_gguf
-
-R, VD, MASK = 32, 64, 100
-BACKBONE = dict(model_type="qwen3", hidden_size=H, num_hidden_layers=NL, num_attention_heads=NH,
-                num_key_value_heads=NKV, head_dim=HD, intermediate_size=FF, vocab_size=VOCAB,
-                max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0)
-
-
-def checkpoint(path, *, arch="Qwen3DSparkModel", layout="flat", conf=True, reduced=False, scale=False,
-               extra=None, drop=()):
-    vd = VD if reduced else None
-    cfg = DS.dspark_config(arch, layout, dict(BACKBONE), draft_vocab=vd, rank=R, mask_token_id=MASK, extra=extra)
-    tensors = DS.dspark_tensors(dict(BACKBONE), confidence=conf, draft_vocab=vd, w2_scale=scale, rank=R)
-    return DS.write_dspark(path, cfg, {k: v for k, v in tensors.items() if k not in drop})
+from tests.test_convert_support import DSPARK_DRAFT_VOCAB as VD
+from tests.test_convert_support import DSPARK_MASK as MASK
+from tests.test_convert_support import DSPARK_RANK as R
+from tests.test_convert_support import VOCAB, H, kv_table, make_target_gguf, rewrite_gguf
+from tests.test_convert_support import make_dspark_checkpoint as checkpoint
 
 
 @pytest.fixture(scope="module")
