@@ -278,6 +278,10 @@ DSPARK_CASES = {
     "scale-size": ("Qwen3DSparkModel", "flat", True, False, True, {},
                    lambda t: t | {"markov_head.markov_w2.scale": ("BF16", np.ones(2, np.float32))}),
     "gemma4": ("Gemma4DSparkModel", "flat", True, False, False, {}, None),
+    "no-vocab": ("Qwen3DSparkModel", "flat", True, False, False, {"vocab_size": None}, None),
+    "draft-vocab-type": ("Qwen3DSparkModel", "flat", True, False, False, {"draft_vocab_size": "512"}, None),
+    "w1-1d": ("Qwen3DSparkModel", "flat", True, False, False, {},
+              lambda t: t | {"markov_head.markov_w1.weight": ("BF16", np.zeros(2048 * DSPARK_RANK, np.float32))}),
     "vocab-4096": ("Qwen3DSparkModel", "flat", True, False, False, {"vocab_size": 4096},
                    lambda t: t | {"markov_head.markov_w1.weight": ("BF16", np.zeros((4096, DSPARK_RANK), np.float32)),
                                   "markov_head.markov_w2.weight": ("BF16", np.zeros((4096, DSPARK_RANK), np.float32))}),
@@ -298,6 +302,8 @@ def _dspark(c, j):
         cfg = DS.dspark_config(arch, layout, hh, draft_vocab=vd, rank=DSPARK_RANK, target_layer_ids=[1, 2],
                                mask_token_id=2047, block_size=8, num_target_layers=4)
         cfg |= {k: v for k, v in edits.items() if k != "vocab_size"}
+        if edits.get("vocab_size", 0) is None:
+            del cfg["vocab_size"]
         tensors = DS.dspark_tensors(h, confidence=conf, draft_vocab=vd, w2_scale=scale, rank=DSPARK_RANK)
         c[f"ds_{name}"] = str(DS.write_dspark(j("dspark", name), cfg, tensor_edit(tensors) if tensor_edit else tensors))
     for name, src in (("ds_gguf", "base"), ("ds_red_gguf", "reduced-bonus"), ("ds_bonus_gguf", "bonus")):
@@ -305,6 +311,7 @@ def _dspark(c, j):
         c[name] = j(f"{name}.gguf")
     c["ds_nobias_gguf"] = str(rewrite_gguf(c["ds_bonus_gguf"], j("ds_nobias.gguf"), drop_tensors=["conf_proj.bias"]))
     c["ds_nobs_gguf"] = str(rewrite_gguf(c["ds_gguf"], j("ds_nobs.gguf"), drop_keys=["dflash.block_size"]))
+    c["ds_now1_gguf"] = str(rewrite_gguf(c["ds_bonus_gguf"], j("ds_now1.gguf"), drop_tensors=["markov_w1.weight"]))
 
 
 HOSTILE_MANIFESTS = {"binary": bytes(range(256)) * 4, "list": b"[]", "files_number": b'{"files": 5}',

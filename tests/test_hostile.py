@@ -166,6 +166,8 @@ ROWS = [
         ("anchor-not-bool", "is not true or false"), ("tlc-not-object", "transformer_layer_config"),
         ("aux-zero", "each is at least 1"), ("int-weight", "a weight must be one of"),
         ("scale-size", "the scale of markov_w2 is one value"), ("gemma4", "Gemma 4 backbone"),
+        ("no-vocab", "vocab_size: missing (a DSpark drafter's Markov head"), ("draft-vocab-type", "'512' is not a "),
+        ("w1-1d", "the Markov embedding is [vocab_size, rank]"),
         ("vocab-4096", "differs from the target's vocabulary"))],
     *[(f"dspark/convert-lucebox-{case}", ["convert", "dflash", "{ds_%s}" % case, "--profile", "lucebox", "-o",
                                           "{root}/d.gguf"], 2, [], fragment) for case, fragment in (
@@ -174,7 +176,8 @@ ROWS = [
     *[(f"dspark/gguf-layout-{case}", ["convert", "gguf-layout", "{%s}" % src, "--to", "lucebox", "-o",
                                       "{root}/l.gguf"], 2, [], fragment) for case, src, fragment in (
         ("anchor-first", "ds_gguf", "bonus-anchor blocks only"), ("d2t", "ds_red_gguf", "draft vocabulary is smaller"),
-        ("no-bias", "ds_nobias_gguf", "confidence head has no bias"))],
+        ("no-bias", "ds_nobias_gguf", "confidence head has no bias"),
+        ("heads-without-markov-w1", "ds_now1_gguf", "nothing says the Markov rank"))],
     ("dspark/doctor-to-lucebox", ["doctor", "{ds_gguf}", "--fix", "--to", "lucebox", "-o", "{root}/l.gguf"], 2, [],
      "bonus-anchor blocks only"),
     ("dspark/validate-no-block-size", ["validate", "{ds_nobs_gguf}"], 1, [], None),
