@@ -58,11 +58,9 @@ def draft_config(ckpt: Checkpoint, *, mask_token_id: int | None = None,
     num_target = _int(c, where, "num_target_layers", default=None)
     mask, mask_from = _mask(dc, c, mask_token_id, where)
     ids, ids_from = _target_ids(dc, c, where, num_target, n_layer, guess_target_layers)
-    if ckpt.dspark is not None:          # the layout's keys, which the normalized dflash_config holds
-        ids_from = ckpt.dspark.ids_from if ids_from == "dflash_config.target_layer_ids" and ckpt.dspark.ids_from \
-            else ids_from
-        mask_from = ckpt.dspark.mask_from if mask_from == "dflash_config.mask_token_id" and ckpt.dspark.mask_from \
-            else mask_from
+    if ckpt.dspark is not None and ckpt.dspark.ids_from:     # a dflash_config built from the layout's own keys
+        ids_from = ckpt.dspark.ids_from if ids_from == "dflash_config.target_layer_ids" else ids_from
+        mask_from = ckpt.dspark.mask_from if mask_from == "dflash_config.mask_token_id" else mask_from
     block, block_from = _block_size(dc, c, where)
     v2 = {}
     if ckpt.version == 2:
