@@ -25,23 +25,29 @@ from tests.test_convert_oracle import same_kvs_and_tensors
 pytestmark = pytest.mark.oracle
 
 
+@pytest.fixture
+def refs(dspark_checkpoint_refs):
+    return dspark_checkpoint_refs
+
+
 @pytest.mark.parametrize("variant", DS.CONVERTED)
 @pytest.mark.parametrize("outtype", DS.OUTTYPES)
-def test_dspark_equals_llamacpp_converter(tmp_path, dspark_checkpoint_refs, tiny_target, variant, outtype):
+def test_dspark_equals_llamacpp_converter(tmp_path, refs, tiny_target, variant, outtype):
     out = tmp_path / "d.gguf"
-    convert_dflash(dspark_checkpoint_refs.dirs[variant], out, target=tiny_target.gguf["f16"], outtype=outtype,
+    convert_dflash(refs.dirs[variant], out, target=tiny_target.gguf["f16"], outtype=outtype,
                    name=f"tiny-dspark-{variant}")
-    ref = dspark_checkpoint_refs(variant, outtype)
+    ref = refs(variant, outtype)
     assert same_kvs_and_tensors(out, ref) == []
     assert out.read_bytes() == ref.read_bytes()
-    assert dspark_checkpoint_refs.loads[f"{variant}/{outtype}"]["ok"], dspark_checkpoint_refs.loads[f"{variant}/{outtype}"]
+    load = refs.loads[f"{variant}/{outtype}"]
+    assert load["ok"], load
 
 
-def test_the_fixtures_cover_every_dimension(dspark_checkpoint_refs):
+def test_the_fixtures_cover_every_dimension(refs):
     """Both layouts, with and without the confidence head, full and reduced vocabulary, both block layouts."""
     with_ = {}
     for variant in DS.CONVERTED:
-        with GGUFFile(dspark_checkpoint_refs(variant, "f16")) as f:
+        with GGUFFile(refs(variant, "f16")) as f:
             with_[variant] = (f.get("dflash.sample_from_anchor"), f.get("dflash.has_confidence_head"),
                               "d2t" in f.tensor, DS.VARIANTS[variant][1])
     assert {v[0] for v in with_.values()} == {True, False}
@@ -51,11 +57,11 @@ def test_the_fixtures_cover_every_dimension(dspark_checkpoint_refs):
 
 
 @pytest.mark.parametrize("name", [n for n in DS.REFUSED if n != "deepspec-w2scale"])
-def test_refuses_what_the_converter_refuses_in_its_words(tmp_path, dspark_checkpoint_refs, tiny_target, name):
-    said = dspark_checkpoint_refs.refusals[name]
+def test_refuses_what_the_converter_refuses_in_its_words(tmp_path, refs, tiny_target, name):
+    said = refs.refusals[name]
     assert said.startswith("ValueError: ")
-    r = CliRunner().invoke(main, ["convert", "dflash", str(dspark_checkpoint_refs.refused_dir(name)), "-o", str(tmp_path / "o.gguf"),
-                                  "--target-gguf", str(tiny_target.gguf["f16"])])
+    r = CliRunner().invoke(main, ["convert", "dflash", str(refs.refused_dir(name)), "-o",
+                                  str(tmp_path / "o.gguf"), "--target-gguf", str(tiny_target.gguf["f16"])])
     assert r.exit_code == 2, r.output
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ")
@@ -63,15 +69,15 @@ def test_refuses_what_the_converter_refuses_in_its_words(tmp_path, dspark_checkp
     assert not (tmp_path / "o.gguf").exists()
 
 
-def test_markov_w2_scale_the_converter_cannot_map(tmp_path, dspark_checkpoint_refs, tiny_target):
+def test_markov_w2_scale_the_converter_cannot_map(tmp_path, refs, tiny_target):
     """llama.cpp's converter refuses markov_head.markov_w2.scale; ggtools writes it as markov_w2.scale (F32 {1}), the
     tensor llama.cpp's loader and graph take: everything else equals the converter's file of the same weights, and
     libllama loads it."""
-    assert "Can not map tensor 'model.markov_head.markov_w2.scale'" in dspark_checkpoint_refs.refusals["deepspec-w2scale"]
+    assert "Can not map tensor 'model.markov_head.markov_w2.scale'" in refs.refusals["deepspec-w2scale"]
     out = tmp_path / "d.gguf"
-    convert_dflash(dspark_checkpoint_refs.dirs["deepspec-w2scale"], out, target=tiny_target.gguf["f16"], outtype="f16",
+    convert_dflash(refs.dirs["deepspec-w2scale"], out, target=tiny_target.gguf["f16"], outtype="f16",
                    name="tiny-dspark-deepspec")
-    ref = dspark_checkpoint_refs("deepspec", "f16")
+    ref = refs("deepspec", "f16")
     with GGUFFile(out) as f, GGUFFile(ref) as g:
         scale = f.tensor["markov_w2.scale"]
         assert (scale.type_name, tuple(scale.ne)) == ("F32", (1,))

@@ -195,14 +195,16 @@ def _cases():
         "dspark/lucebox-markov": (lambda w: doctor(broken(w, "dslb", "dslb-now2", drop_tensors=[
             "dflash.dspark.markov.w2"])), "dspark", "lucebox", "draft GGUF: incomplete DSpark Markov tensors"),
         "dspark/lucebox-confidence": (lambda w: doctor(broken(w, "dslb", "dslb-nob", drop_tensors=[
-            "dflash.dspark.confidence.bias"])), "dspark", "lucebox", "draft GGUF: incomplete DSpark confidence tensors"),
+            "dflash.dspark.confidence.bias"])), "dspark", "lucebox",
+            "draft GGUF: incomplete DSpark confidence tensors"),
         "dspark/lucebox-shape": (lambda w: doctor(broken(w, "dslb", "dslb-rank", set_keys=[
             (f"{LB}.dflash.dspark.markov_rank", VT.UINT32, 16, None)])), "dspark", "lucebox",
             "draft GGUF: Domino tensor dspark.markov.w1 shape mismatch: got [32,128], expected [16,128]"),
         "dspark/lucebox-vocab": (lambda w: pair_check(make_target_gguf(w["dir"] / "q35v.gguf", arch="qwen35",
                                                                        vocab=2 * VOCAB), w["dslb"]),
                                  "dspark_vocab", "lucebox",
-                                 f"dspark_markov_correct_greedy_chain: vocab mismatch target={2 * VOCAB} dspark={VOCAB}"),
+                                 "dspark_markov_correct_greedy_chain: vocab mismatch "
+                                 f"target={2 * VOCAB} dspark={VOCAB}"),
     }
 
 

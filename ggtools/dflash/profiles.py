@@ -49,9 +49,10 @@ LUCEBOX_BACKEND_ARCHS = frozenset({"qwen35", "qwen35moe", "laguna", "qwen3", "ge
 # DFlash v1 backbone in Qwen3 names), and those it converts with classes of their own (other backbones).
 DSPARK_ARCHITECTURES = ("Qwen3DSparkModel", "DSparkDraftModel", "DSparkSpeculator", "Lfm2DSparkDraftModel",
                         "LingDSparkModel")
-DSPARK_OTHER_BACKBONES = {"Gemma4DSparkModel": "a Gemma 4 backbone (llama.cpp: conversion/gemma.py)",
-                          "DeepseekV4DSparkModel": "a DeepSeek-V4 backbone exported from the target's own "
-                                                   "checkpoint (llama.cpp: conversion/deepseek.py, --dspark-draft-only)"}
+DSPARK_OTHER_BACKBONES = {
+    "Gemma4DSparkModel": "a Gemma 4 backbone (llama.cpp: conversion/gemma.py)",
+    "DeepseekV4DSparkModel": "a DeepSeek-V4 backbone exported from the target's own checkpoint (llama.cpp: "
+                             "conversion/deepseek.py, --dspark-draft-only)"}
 MARKOV_HEAD_TYPES = ("vanilla",)
 # the heads' canonical HF names (without 'model.'), and the two vocabulary tables
 MARKOV_W1, MARKOV_W2 = "markov_head.markov_w1.weight", "markov_head.markov_w2.weight"

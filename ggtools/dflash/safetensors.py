@@ -20,7 +20,7 @@ from ggtools.gguf.inputs import regular_file
 DTYPES = {"BF16": ("<u2", T.BF16), "F16": ("<f2", T.F16), "F32": ("<f4", T.F32), "F64": ("<f8", T.F64),
           "I64": ("<i8", T.I64), "I32": ("<i4", T.I32), "I16": ("<i2", T.I16), "I8": ("i1", T.I8),
           "U8": ("u1", T.I8), "BOOL": ("u1", T.I8)}
-FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")        # the weights' dtypes; the others hold ids and masks (DSpark d2t, t2d)
+FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")     # the weights' dtypes; the others: ids and masks (DSpark's d2t, t2d)
 MAX_HEADER = 100 << 20
 
 
