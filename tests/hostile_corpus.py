@@ -7,6 +7,7 @@ except the outputs the run is meant to write.
 """
 
 import hashlib
+import json
 import os
 import shutil
 import struct
@@ -168,6 +169,7 @@ def build_corpus(root) -> dict[str, str]:
     c["notok"] = write(j("notok.gguf"), _without_tokenizer(c["target"]))
     c["drafter"] = _drafter(c, j("drafter.gguf"))
     _hf_variants(c, j)
+    _dspark(c, j)
     _manifests(c, j)
     os.makedirs(j("outdir"))
     c["outdir"] = j("outdir")
@@ -221,6 +223,95 @@ def _hf_variants(c, j):
     os.mkfifo(os.path.join(c["hf_fifo"], "model.safetensors"))
     c["hf_badjson"] = shutil.copytree(os.path.join(DEMO, "drafter"), j("hf_badjson"))
     write(os.path.join(c["hf_badjson"], "config.json"), b"[" * 100000)
+
+
+# DSpark checkpoints on the demo drafter's backbone (hidden 128, vocabulary 2048 of the demo target): name ->
+# (architecture, config layout, confidence head, reduced vocabulary, markov_w2 scale, config edits, tensor edit)
+DSPARK_RANK = 32
+
+
+def _d2t(offsets_edit):
+    return lambda t: t | {"d2t": ("I64", offsets_edit(t["d2t"][1].copy()))}
+
+
+def _set(a, i, v):
+    a[i] = v
+    return a
+
+
+DSPARK_CASES = {
+    "base": ("Qwen3DSparkModel", "flat", True, False, False, {}, None),
+    "bonus": ("Qwen3DSparkModel", "flat", True, False, False, {"sample_from_anchor": False}, None),
+    "reduced-bonus": ("DSparkSpeculator", "speculators", True, True, False, {}, None),
+    "scaled-bonus": ("Qwen3DSparkModel", "flat", True, False, True, {"sample_from_anchor": False}, None),
+    "markov-type": ("Qwen3DSparkModel", "flat", True, False, False, {"markov_head_type": "gated"}, None),
+    "no-d2t": ("DSparkSpeculator", "speculators", True, True, False, {}, lambda t: {k: v for k, v in t.items()
+                                                                                   if k != "d2t"}),
+    "d2t-size": ("DSparkSpeculator", "speculators", True, True, False, {}, _d2t(lambda a: a[:-3])),
+    "d2t-duplicate": ("DSparkSpeculator", "speculators", True, True, False, {}, _d2t(lambda a: _set(a, 20, a[21] + 1))),
+    "d2t-range": ("DSparkSpeculator", "speculators", True, True, False, {}, _d2t(lambda a: _set(a, 0, -1))),
+    "d2t-bool": ("DSparkSpeculator", "speculators", True, True, False, {},
+                 lambda t: t | {"d2t": ("BOOL", np.ones(t["d2t"][1].size, bool))}),
+    "d2t-fraction": ("DSparkSpeculator", "speculators", True, True, False, {},
+                     lambda t: t | {"d2t": ("F32", t["d2t"][1].astype(np.float32) + 0.5)}),
+    "no-markov": ("Qwen3DSparkModel", "flat", False, False, False, {},
+                  lambda t: {k: v for k, v in t.items() if not k.startswith("markov_head.")}),
+    "w1-vocab": ("Qwen3DSparkModel", "flat", True, False, False, {},
+                 lambda t: t | {"markov_head.markov_w1.weight": ("BF16", np.zeros((1024, DSPARK_RANK), np.float32))}),
+    "w2-rank": ("Qwen3DSparkModel", "flat", True, False, False, {},
+                lambda t: t | {"markov_head.markov_w2.weight": ("BF16", np.zeros((2048, 16), np.float32))}),
+    "rank-config": ("Qwen3DSparkModel", "flat", True, False, False, {"markov_rank": 64}, None),
+    "conf-shape": ("Qwen3DSparkModel", "flat", True, False, False, {},
+                   lambda t: t | {"confidence_head.proj.weight": ("BF16", np.zeros((1, 128), np.float32))}),
+    "conf-bias-only": ("Qwen3DSparkModel", "flat", True, False, False, {},
+                       lambda t: {k: v for k, v in t.items() if k != "confidence_head.proj.weight"}),
+    "reduced-no-head": ("DSparkSpeculator", "speculators", True, True, False, {},
+                        lambda t: {k: v for k, v in t.items() if k != "lm_head.weight"}),
+    "draft-vocab-too-big": ("Qwen3DSparkModel", "flat", True, False, False, {"draft_vocab_size": 4096}, None),
+    "anchor-not-bool": ("Qwen3DSparkModel", "flat", True, False, False, {"sample_from_anchor": "yes"}, None),
+    "tlc-not-object": ("DSparkSpeculator", "speculators", True, False, False, {"transformer_layer_config": [1]},
+                       None),
+    "aux-zero": ("DSparkSpeculator", "speculators", True, False, False, {"aux_hidden_state_layer_ids": [0, 2]},
+                 None),
+    "int-weight": ("Qwen3DSparkModel", "flat", True, False, False, {},
+                   lambda t: t | {"norm.weight": ("I32", np.ones(128, np.int32))}),
+    "scale-size": ("Qwen3DSparkModel", "flat", True, False, True, {},
+                   lambda t: t | {"markov_head.markov_w2.scale": ("BF16", np.ones(2, np.float32))}),
+    "gemma4": ("Gemma4DSparkModel", "flat", True, False, False, {}, None),
+    "no-vocab": ("Qwen3DSparkModel", "flat", True, False, False, {"vocab_size": None}, None),
+    "draft-vocab-type": ("Qwen3DSparkModel", "flat", True, False, False, {"draft_vocab_size": "512"}, None),
+    "w1-1d": ("Qwen3DSparkModel", "flat", True, False, False, {},
+              lambda t: t | {"markov_head.markov_w1.weight": ("BF16", np.zeros(2048 * DSPARK_RANK, np.float32))}),
+    "vocab-4096": ("Qwen3DSparkModel", "flat", True, False, False, {"vocab_size": 4096},
+                   lambda t: t | {"markov_head.markov_w1.weight": ("BF16", np.zeros((4096, DSPARK_RANK), np.float32)),
+                                  "markov_head.markov_w2.weight": ("BF16", np.zeros((4096, DSPARK_RANK), np.float32))}),
+}
+
+
+def _dspark(c, j):
+    """DSpark checkpoints (DSPARK_CASES) on the demo drafter's backbone, and GGUFs converted from three of them."""
+    from scripts.fixtures import dspark_checkpoints as DS
+    from tests.test_convert_support import rewrite_gguf
+    from ggtools.jobs.convert import convert_dflash
+
+    demo = json.loads(open(os.path.join(DEMO, "drafter", "config.json")).read())
+    h = {k: v for k, v in demo.items() if k not in ("architectures", "auto_map", "dflash_config", "block_size")}
+    for name, (arch, layout, conf, reduced, scale, edits, tensor_edit) in DSPARK_CASES.items():
+        vd = 512 if reduced else None
+        hh = h | {k: v for k, v in edits.items() if k == "vocab_size"}
+        cfg = DS.dspark_config(arch, layout, hh, draft_vocab=vd, rank=DSPARK_RANK, target_layer_ids=[1, 2],
+                               mask_token_id=2047, block_size=8, num_target_layers=4)
+        cfg |= {k: v for k, v in edits.items() if k != "vocab_size"}
+        if edits.get("vocab_size", 0) is None:
+            del cfg["vocab_size"]
+        tensors = DS.dspark_tensors(h, confidence=conf, draft_vocab=vd, w2_scale=scale, rank=DSPARK_RANK)
+        c[f"ds_{name}"] = str(DS.write_dspark(j("dspark", name), cfg, tensor_edit(tensors) if tensor_edit else tensors))
+    for name, src in (("ds_gguf", "base"), ("ds_red_gguf", "reduced-bonus"), ("ds_bonus_gguf", "bonus")):
+        convert_dflash(c[f"ds_{src}"], j(f"{name}.gguf"), target=c["target"])
+        c[name] = j(f"{name}.gguf")
+    c["ds_nobias_gguf"] = str(rewrite_gguf(c["ds_bonus_gguf"], j("ds_nobias.gguf"), drop_tensors=["conf_proj.bias"]))
+    c["ds_nobs_gguf"] = str(rewrite_gguf(c["ds_gguf"], j("ds_nobs.gguf"), drop_keys=["dflash.block_size"]))
+    c["ds_now1_gguf"] = str(rewrite_gguf(c["ds_bonus_gguf"], j("ds_now1.gguf"), drop_tensors=["markov_w1.weight"]))
 
 
 HOSTILE_MANIFESTS = {"binary": bytes(range(256)) * 4, "list": b"[]", "files_number": b'{"files": 5}',

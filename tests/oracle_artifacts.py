@@ -134,6 +134,24 @@ def _hybrid_target(arch: str, hf_dir: Path, gguf: dict, split=()) -> HybridTarge
 
 
 @dataclass
+class DSparkCheckpointRefs:
+    """dspark_checkpoints.py: tiny DSpark HF dirs and llama.cpp's conversions. Call with (variant, outtype) for the
+    reference GGUF; `dirs[variant]` the HF dir (refused ones under "refused/<name>" unless a variant),
+    `refusals[name]` the converter's last line for each REFUSED name, `loads` libllama's load results."""
+    dirs: dict[str, Path]
+    paths: dict[str, Path]          # "deepspec/f16" -> path
+    refusals: dict[str, str]
+    loads: dict[str, dict]
+    manifest: dict = field(repr=False)
+
+    def __call__(self, variant: str, outtype: str = "f16") -> Path:
+        return self.paths[f"{variant}/{outtype}"]
+
+    def refused_dir(self, name: str) -> Path:
+        return self.dirs[name] if name in self.dirs else self.dirs[f"refused/{name}"]
+
+
+@dataclass
 class MoeTarget:
     """Tiny routed-expert target (moe_targets.py): HF dir and llama.cpp GGUFs "f32", "f16" and the quantized
     one ("Q8_0" for qwen3moe, "MXFP4_MOE" for gpt-oss)."""
@@ -246,3 +264,19 @@ def moe_drafters() -> dict[str, dict[str, Path]]:
     (target_layer_ids [1, 2])."""
     d, m = oracle_unit("moe-drafters")
     return {arch: {v: d / p for v, p in dirs.items()} for arch, dirs in m["dirs"].items()}
+
+
+@pytest.fixture(scope="session")
+def dspark_checkpoints() -> dict[str, Path]:
+    """{variant: HF dir} of the tiny DSpark checkpoints (scripts/fixtures/dspark_checkpoints.py; numpy only)."""
+    d, m = oracle_unit("dspark-checkpoints")
+    return {k: d / p for k, p in m["dirs"].items()}
+
+
+@pytest.fixture(scope="session")
+def dspark_checkpoint_refs(dspark_checkpoints) -> DSparkCheckpointRefs:
+    """llama.cpp's converter on the tiny DSpark checkpoints (f32 / f16 / bf16 / q8_0), what it says refusing the
+    broken ones, and libllama's load results."""
+    d, m = oracle_unit("dspark-checkpoint-refs")
+    return DSparkCheckpointRefs(dirs=dspark_checkpoints, paths={k: d / e["path"] for k, e in m["refs"].items()},
+                      refusals=m["refusals"], loads=m["loads"], manifest=m)

@@ -150,6 +150,38 @@ ROWS = [
     ("policy/requant-to-unwritable-type", ["requant-trunk", "{set}", "-o", "{root}/rq", "--to", "mxfp4"], 2, [],
      "cannot write MXFP4"),
     ("policy/unknown-command", ["frobnicate"], 2, [], "No such command"),
+    # 10. DSpark: every refusal of convert (llama.cpp's converter's and ggtools' own), of a layout move, and the checks
+    *[(f"dspark/convert-{case}", ["convert", "dflash", "{ds_%s}" % case, "--target-gguf", "{target}", "-o",
+                                  "{root}/d.gguf"], 2, [], fragment) for case, fragment in (
+        ("markov-type", "unsupported markov_head_type 'gated' (only 'vanilla' is supported)"),
+        ("no-d2t", "draft_vocab_size 512 < vocab_size 2048 but no d2t table found"),
+        ("d2t-size", "d2t size 509 does not match draft_vocab_size 512"),
+        ("d2t-duplicate", "d2t contains duplicate target ids"),
+        ("d2t-range", "d2t target ids out of range for target vocab size 2048"),
+        ("d2t-bool", "dtype BOOL"), ("d2t-fraction", "not whole numbers"),
+        ("no-markov", "without its Markov head"), ("w1-vocab", "vocab_size 2048 x markov rank"),
+        ("w2-rank", "the rank of markov_head.markov_w1.weight"), ("rank-config", "says markov_rank 64"),
+        ("conf-shape", "hidden_size 128 + markov rank 32"), ("conf-bias-only", "without confidence_head.proj.weight"),
+        ("reduced-no-head", "no lm_head.weight [512, 128]"), ("draft-vocab-too-big", "exceeds vocab_size 2048"),
+        ("anchor-not-bool", "is not true or false"), ("tlc-not-object", "transformer_layer_config"),
+        ("aux-zero", "each is at least 1"), ("int-weight", "a weight must be one of"),
+        ("scale-size", "the scale of markov_w2 is one value"), ("gemma4", "Gemma 4 backbone"),
+        ("no-vocab", "vocab_size: missing (a DSpark drafter's Markov head"), ("draft-vocab-type", "'512' is not a "),
+        ("w1-1d", "the Markov embedding is [vocab_size, rank]"),
+        ("vocab-4096", "differs from the target's vocabulary"))],
+    *[(f"dspark/convert-lucebox-{case}", ["convert", "dflash", "{ds_%s}" % case, "--profile", "lucebox", "-o",
+                                          "{root}/d.gguf"], 2, [], fragment) for case, fragment in (
+        ("base", "bonus-anchor blocks only"), ("reduced-bonus", "draft vocabulary is smaller"),
+        ("scaled-bonus", "markov_w2 has a scale"))],
+    *[(f"dspark/gguf-layout-{case}", ["convert", "gguf-layout", "{%s}" % src, "--to", "lucebox", "-o",
+                                      "{root}/l.gguf"], 2, [], fragment) for case, src, fragment in (
+        ("anchor-first", "ds_gguf", "bonus-anchor blocks only"), ("d2t", "ds_red_gguf", "draft vocabulary is smaller"),
+        ("no-bias", "ds_nobias_gguf", "confidence head has no bias"),
+        ("heads-without-markov-w1", "ds_now1_gguf", "nothing says the Markov rank"))],
+    ("dspark/doctor-to-lucebox", ["doctor", "{ds_gguf}", "--fix", "--to", "lucebox", "-o", "{root}/l.gguf"], 2, [],
+     "bonus-anchor blocks only"),
+    ("dspark/validate-no-block-size", ["validate", "{ds_nobs_gguf}"], 1, [], None),
+    ("dspark/doctor-no-block-size", ["doctor", "{ds_nobs_gguf}"], 1, [], None),
 ]
 
 

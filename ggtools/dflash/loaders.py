@@ -7,6 +7,7 @@ format strings filled in, so a test can find each one in the runtime's source.
 """
 
 from ggtools.dflash.draftfile import DraftFile
+from ggtools.dflash.dspark_rules import llamacpp_findings, llamacpp_shapes, lucebox_findings, lucebox_stray
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, failed, ok
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, PROFILES, V2_KEYS
 
@@ -73,7 +74,7 @@ def _llamacpp(d: DraftFile) -> list[Finding]:
         out.append(_llama("sliding_window", "sliding_window > 0 without sliding_window_pattern",
                           f"array key not found in model: {A}.attention.sliding_window_pattern",
                           RECONVERT.format(profile=LLAMACPP.name)))
-    if d.value("block_size") is None:
+    if d.value("block_size") is None and "markov_w1.weight" not in f.tensor:     # DSpark: an error (dspark_rules)
         out.append(_llama("block_size", f"{d.key('block_size')} is missing: llama.cpp assumes "
                           f"{LLAMACPP.default_block_size}",
                           speculative_log_line(d, LLAMACPP.default_block_size),
@@ -81,6 +82,7 @@ def _llamacpp(d: DraftFile) -> list[Finding]:
                           "block size drafts from untrained positions", WARNING))
     out += _llamacpp_tensors(d)
     out += llamacpp_tokenizer(d)
+    out += llamacpp_findings(d)
     return out
 
 
@@ -129,9 +131,10 @@ def _llamacpp_tensors(d: DraftFile) -> list[Finding]:
     n_ff = f.get(f"{A}.feed_forward_length")
     required = {"fc.weight": (len(d.stored_ids or []) * H, H), "enc.output_norm.weight": (H,),
                 "output_norm.weight": (H,)}
-    optional = {"token_embd.weight": (H, V), "output.weight": (H, V), "fc.scale": (1,), "rope_freqs.weight": (dk // 2,),
-                "d2t": None, "markov_w1.weight": None, "markov_w2.weight": None, "markov_w2.scale": None,
-                "conf_proj.weight": None, "conf_proj.bias": None}
+    optional = {"token_embd.weight": (H, V), "fc.scale": (1,), "rope_freqs.weight": (dk // 2,)}
+    dspark_required, dspark_optional = llamacpp_shapes(d, H, V)
+    required |= dspark_required
+    optional |= dspark_optional
     layer = {"attn_norm": (H,), "attn_q": (H, dk * n_head), "attn_k": (H, dk * n_kv), "attn_output": (dk * n_head, H),
              "attn_q_norm": (dk,), "attn_k_norm": (dk,), "ffn_norm": (H,),
              "ffn_gate": (H, n_ff) if n_ff else None, "ffn_up": (H, n_ff) if n_ff else None,
@@ -143,20 +146,25 @@ def _llamacpp_tensors(d: DraftFile) -> list[Finding]:
         optional |= {f"blk.{i}.{t}.weight": ne for t, ne in layer_optional.items()}
     out = _llamacpp_v2(d, H, n_layer, V, required)
     reconvert = RECONVERT.format(profile=LLAMACPP.name)
+    dspark = set(dspark_required) | set(dspark_optional) if (dspark_required or "d2t" in f.tensor) else set()
     for name, ne in required.items():
         t = f.tensor.get(name)
+        check = "dspark" if name in dspark else "tensors"
         if t is None:
-            out.append(_llama("tensors", f"tensor {name} is missing", f"missing tensor '{name}'", reconvert))
-        elif ne is not None and tuple(t.ne) != tuple(ne):
-            out.append(_wrong_shape(name, ne, t.ne))
+            out.append(_llama(check, f"tensor {name} is missing", f"missing tensor '{name}'", reconvert))
+        elif ne is not None and _ne4(t.ne) != _ne4(ne):
+            out.append(_wrong_shape(name, ne, t.ne, check))
     for name, ne in optional.items():
         t = f.tensor.get(name)
-        if t is not None and ne is not None and tuple(t.ne) != tuple(ne):
-            out.append(_wrong_shape(name, ne, t.ne))
+        if t is not None and ne is not None and _ne4(t.ne) != _ne4(ne):
+            out.append(_wrong_shape(name, ne, t.ne, "dspark" if name in dspark else "tensors"))
     extra = [t.name for t in f.tensors if t.name not in required and t.name not in optional]
     if extra:
         n = len(f.tensors)
-        out.append(_llama("tensors", f"tensors the dflash loader does not take: {extra[:5]}",
+        heads = any(name in ("markov_w2.weight", "markov_w2.scale", "conf_proj.weight", "conf_proj.bias")
+                    for name in extra)        # DSpark heads without markov_w1: the loader takes none of them
+        out.append(_llama("dspark" if heads else "tensors", f"tensors the dflash loader does not take: {extra[:5]}"
+                          + (" (no markov_w1.weight: the DSpark heads are not loaded)" if heads else ""),
                           f"done_getting_tensors: wrong number of tensors; expected {n}, got {n - len(extra)}",
                           reconvert))
     return out
@@ -192,10 +200,15 @@ def _llamacpp_v2(d: DraftFile, H, n_layer, V, required) -> list[Finding]:
                           f"H >= top_k {kt} x {kt + 1}")]
 
 
-def _wrong_shape(name, want, got) -> Finding:
-    return _llama("tensors", f"tensor {name} has ne {list(got)}, the loader wants {list(want)}",
+def _wrong_shape(name, want, got, check="tensors") -> Finding:
+    return _llama(check, f"tensor {name} has ne {list(got)}, the loader wants {list(want)}",
                   f"check_tensor_dims: tensor '{name}' has wrong shape; expected {_shape(want)}, got "
                   f"{_shape(tuple(got) + (1,) * (4 - len(got)))}", RECONVERT.format(profile=LLAMACPP.name))
+
+
+def _ne4(ne) -> tuple:
+    """ne as check_tensor_dims compares it: all four dimensions, the missing ones 1."""
+    return tuple(int(x) for x in ne) + (1,) * (4 - len(ne))
 
 
 def _shape(ne) -> str:
@@ -237,6 +250,7 @@ def _lucebox(d: DraftFile) -> list[Finding]:
         out.append(_lb("dflash2", "DFlash2 tensors in a lucebox drafter", None,
                        RECONVERT.format(profile=LLAMACPP.name), "the loader ignores them: lucebox has no DFlash2 "
                        "support and drafts it as v1 (about 0% acceptance)"))
+    out += lucebox_findings(d, H) + lucebox_stray(d)
     return out
 
 
@@ -304,24 +318,42 @@ def _u32(f, key) -> int:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
+# ---- DSpark --------------------------------------------------------------------------------------------------
+
+# the DSpark heads, d2t, the block size the Markov head asserts, and the mask id its draft batch is filled with (the
+# K3 field report: without tokenizer.ggml.mask_token_id every draft step fails with "invalid token[1] = -1")
+DSPARK_CHECKS = ("dspark", "d2t", "block_size", "confidence_head", "sample_from_anchor", "mask_token_id")
+
+
+def dspark_findings(d: DraftFile) -> list[Finding]:
+    """The loader rules of the file's own runtime about its DSpark heads, d2t, block size and mask id (what
+    `validate` reports for a DSpark drafter); [] for a file that is none."""
+    if d.profile is None or not (d.is_dspark or d.tensor("d2t") is not None):
+        return []
+    return [f for f in loader_findings(d, d.profile.runtime) if f.check in DSPARK_CHECKS]
+
+
 # ---- draft size ----------------------------------------------------------------------------------------------
 
 LLAMACPP_DEFAULT_N_MAX = 3       # common.h: common_params_speculative_draft.n_max (--spec-draft-n-max)
 
 
 def draft_size_findings(d: DraftFile, n_max: int | None, runtimes) -> list[Finding]:
-    """A draft size above block size - 1: llama.cpp clamps it (and says so), ggtools' runtime refuses it."""
+    """A draft size above what a block drafts (block size - 1; an anchor-first DSpark block: block size): llama.cpp
+    clamps it (and says so), ggtools' runtime refuses it."""
     block = d.int_value("block_size") or d.profile.default_block_size
     if not block:
         return []             # the block-size rules report it
     out = []
     asked = n_max if n_max is not None else LLAMACPP_DEFAULT_N_MAX
-    if LLAMACPP.runtime in runtimes and asked > block - 1:
+    most = block if d.is_dspark and d.sample_from_anchor else block - 1
+    what = f"block size {block}" if most == block else f"block size {block} - 1"
+    if LLAMACPP.runtime in runtimes and asked > most:
         out.append(_llama("n_max", f"draft size n_max {asked}{'' if n_max is not None else ' (llama.cpp default)'} "
-                          f"> block size {block} - 1", f"{DFLASH_SPEC}: requested draft size (n_max={asked}, n_min=0) exceeds the "
-                          f"trained block size {block} -- clamping to {block - 1}",
-                          f"--spec-draft-n-max {block - 1} (or fix the block size: ggtools doctor {d.path} --hf "
-                          "HF_DIR --fix -o OUT)", f"drafts {block - 1} tokens per step, not {asked}", WARNING))
+                          f"> {what}", f"{DFLASH_SPEC}: requested draft size (n_max={asked}, n_min=0) exceeds the "
+                          f"trained block size {block} -- clamping to {most}",
+                          f"--spec-draft-n-max {most} (or fix the block size: ggtools doctor {d.path} --hf "
+                          "HF_DIR --fix -o OUT)", f"drafts {most} tokens per step, not {asked}", WARNING))
     if "ggtools" in runtimes and n_max is not None and n_max > block - 1:
         out.append(_finding("ggtools", "n_max", f"draft size n_max {n_max} > block size {block} - 1",
                             f"--n-max {n_max}: the drafter's block of {block} drafts at most {block - 1} tokens "

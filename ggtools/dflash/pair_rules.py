@@ -7,6 +7,7 @@ to the target archs it can tap; the jobs layer supplies ggtools' own runtime's l
 """
 
 from ggtools.dflash.draftfile import DraftFile
+from ggtools.dflash.dspark_rules import lucebox_vocab
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, ok, unchecked
 from ggtools.dflash.loaders import LAYER_INPUT_ASSERT
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, LUCEBOX_BACKEND_ARCHS
@@ -22,7 +23,20 @@ def pair_findings(d: DraftFile, t: TargetInfo, runtimes, tap_archs: dict, target
     out += [_taps(t, r, tap_archs[r], target_says.get(r)) for r in runtimes]
     if d.profile.tokenizer:
         out.append(_vocab(d, t))
+    if d.is_dspark and LUCEBOX.runtime in runtimes:
+        out += [lucebox_vocab(d, t.vocab), _dspark_backend(t)]
     return [f for f in out if f is not None]
+
+
+def _dspark_backend(t: TargetInfo) -> Finding | None:
+    """lucebox runs the Markov chain in some backends only; the others draft with the backbone alone."""
+    archs = LUCEBOX.dspark_target_archs
+    if t.arch is None or archs is None or t.arch in archs or t.arch not in LUCEBOX.tap_archs:
+        return None
+    return Finding("dspark_target", WARNING, f"lucebox runs the DSpark heads only for {', '.join(sorted(archs))} "
+                   f"targets: for '{t.arch}' it drafts with the DFlash backbone alone",
+                   (Effect(LUCEBOX.runtime, None, "no error: the Markov and confidence heads are loaded and unused"),),
+                   "no fix in the file")
 
 
 def _needs(t: TargetInfo, check: str, **values) -> Finding | None:

@@ -182,10 +182,14 @@ def _rope_in_doubt(d: DraftFile, t: TargetInfo | None, runtimes) -> list[Finding
 
 
 def _file_fixes(d: DraftFile, fixes: dict) -> dict:
-    """What the file itself proves: a mask id kept under an older key, an id count that disagrees with the ids."""
+    """What the file itself proves: a mask id kept under an older key, an id count that disagrees with the ids,
+    a DSpark confidence flag that disagrees with the tensors."""
     out = {}
     if d.profile is None:
         return out
+    if d.is_dspark and d.profile.has_key("has_confidence_head") and "has_confidence_head" not in fixes and \
+            d.file.get(d.key("has_confidence_head")) is not d.has_confidence:
+        out["has_confidence_head"] = d.has_confidence
     mask, where = d.mask
     if mask is not None and where != d.key("mask") and "mask" not in fixes:
         out["mask"] = mask

@@ -1,10 +1,14 @@
-"""validate: container rules for files and shard sets, optional deep row-data scan, sha256 manifests."""
+"""validate: container rules for files and shard sets, optional deep row-data scan, sha256 manifests; for a DSpark
+drafter, its runtime's rules on the heads, d2t and block size."""
 
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ggtools.dflash.draftfile import DraftFile
+from ggtools.dflash.findings import FAILING, OK
+from ggtools.dflash.loaders import dspark_findings
 from ggtools.errors import located
 from ggtools.gguf import GGUFError, GGUFFile, ShardSet
 from ggtools.gguf.check import Problem, check_file, check_set
@@ -112,12 +116,27 @@ def _check_one(path, deep, want_hashes) -> FileReport:
         report.size, report.n_tensors = f.file_size, len(f.tensors)
         report.problems = check_file(f)
         intact = not any(p.severity == "error" for p in report.problems)
+        if intact:
+            report.problems += dspark_problems(f)
         if deep and intact:
             report.problems += deep_scan(f)
             report.deep_bytes = sum(t.nbytes for t in f.tensors)
         if want_hashes:
             report.sha256, report.tensor_sha256 = hash_file(f, tensors=intact)
     return report
+
+
+def dspark_problems(f: GGUFFile) -> list[Problem]:
+    """A DSpark drafter (llama.cpp or lucebox layout): what its runtime's loader and graph do with its heads, d2t and
+    block size (dflash/loaders.py), each with the runtime's own words."""
+    out = []
+    for x in dspark_findings(DraftFile.read(f)):
+        if x.severity == OK:
+            continue
+        said = "; ".join(str(e) for e in x.effects)
+        out.append(Problem(f.path, f"DSpark {x.check}", f"{x.message} ({said})" if said else x.message,
+                           "error" if x.severity in FAILING else "warning"))
+    return out
 
 
 def deep_scan(f: GGUFFile) -> list[Problem]:
