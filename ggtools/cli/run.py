@@ -5,6 +5,7 @@ from tqdm import tqdm
 
 from ggtools.cli.backend_options import backend_options, runs_on
 from ggtools.cli.draft_options import draft_options, draft_options_given, draft_setup
+from ggtools.cli.params import FiniteFloatRange
 from ggtools.cli.render import emit_json, human_bytes
 from ggtools.jobs.run import DEFINITIONS, pair_warnings, run, run_speculative
 
@@ -34,7 +35,7 @@ def _progress_bar(total, as_json):
 @click.option("--prompt-ids", help="Prompt as token ids, e.g. '1,415,2936' (any vocabulary).")
 @click.option("-n", "--n-predict", "n", default=64, show_default=True, type=click.IntRange(min=0), help="Tokens to generate.")
 @draft_options
-@click.option("--min-acceptance", type=click.FloatRange(0, 1), help="Exit 1 when acceptance (accepted/drafted) is below this.")
+@click.option("--min-acceptance", type=FiniteFloatRange(0, 1), help="Exit 1 when acceptance (accepted/drafted) is below this.")
 @click.option("--no-baseline", is_flag=True, help="Skip target-only decoding (no speedup, no output check).")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--context-length", "n_ctx", type=click.IntRange(min=1),
