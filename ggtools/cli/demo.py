@@ -21,7 +21,8 @@ from ggtools.jobs.demo import check_request, check_work_dir, requant_demo, run_d
               help="Tokens per prompt (the 128-token prompts plus -n must fit the demo target's context of 512).")
 @click.option("--ring-cap", default=64, show_default=True, type=click.IntRange(1), help="Draft KV ring slots.")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
-              help="CPU threads (the demo models are tiny: one thread is the fastest target-only baseline).")
+              help="CPU threads (the demo models are tiny: one thread is the fastest target-only baseline; at most 4 "
+                   "per core).")
 @backend_options
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1), help="Runs per variant (best kept).")
 @click.option("--skip-requant", is_flag=True, help="Leave out the second part (requant-trunk on a sample MoE set).")

@@ -37,7 +37,7 @@ def _progress_bar(total, as_json):
 @draft_options
 @click.option("--min-acceptance", type=FiniteFloatRange(0, 1), help="Exit 1 when acceptance (accepted/drafted) is below this.")
 @click.option("--no-baseline", is_flag=True, help="Skip target-only decoding (no speedup, no output check).")
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores; at most 4 per core).")
 @click.option("--context-length", "n_ctx", type=click.IntRange(min=1),
               help="Allow prompt + -n up to this many tokens (default: the target's context_length).")
 @backend_options
