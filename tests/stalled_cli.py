@@ -18,9 +18,10 @@ STALL = 120     # seconds: far longer than any test waits
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def stop_while_stalled(args, stalled, sig, tmp_path):
+def stop_while_stalled(args, stalled, sig, tmp_path, look=None):
     """Run `ggtools args` with `stalled` stalled and a private $TMPDIR, send sig once it is stalled; returns
-    (the finished process, its stderr, the $TMPDIR)."""
+    (the finished process, its stderr, the $TMPDIR, what the directories `look` and $TMPDIR held when the signal
+    was sent)."""
     tmp, marker = Path(tmp_path) / "tmp", Path(tmp_path) / "stalled"
     tmp.mkdir()
     env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
@@ -30,9 +31,10 @@ def stop_while_stalled(args, stalled, sig, tmp_path):
     while not marker.exists():
         assert p.poll() is None and time.monotonic() < deadline, (stalled, p.communicate())
         time.sleep(0.02)
+    seen = sorted(os.listdir(look) if look else []) + sorted(os.listdir(tmp))
     os.kill(p.pid, sig)
     _, stderr = p.communicate(timeout=120)
-    return p, stderr, tmp
+    return p, stderr, tmp, seen
 
 
 def stall(target: str, marker: str) -> None:

@@ -326,7 +326,7 @@ def test_stop_signals_at_fuzzed_points(pair, tmp_path):
         out = case / "out"
         out.mkdir(parents=True)
         before = snapshot(pair)
-        p, stderr, tmp = stop_while_stalled([a.format(out=out, **files) for a in args], point, sig, case)
+        p, stderr, tmp, _ = stop_while_stalled([a.format(out=out, **files) for a in args], point, sig, case)
         what = f"case {i}: {name} stopped by {sig.name} in {point}: exit {p.returncode}, {stderr!r}"
         assert p.returncode == 128 + sig, what
         assert stderr.splitlines() == ["error: interrupted" + ("" if sig == signal.SIGINT else f" by {sig.name}")], what

@@ -190,7 +190,9 @@ def test_stop_signal_leaves_nothing_behind(pair, tmp_path, name, sig):
     out.mkdir()
     args, stalled = STOPPED[name]
     before = snapshot(root)
-    p, stderr, tmp = stop_while_stalled([a.format(out=out, **files) for a in args], stalled, sig, tmp_path)
+    p, stderr, tmp, seen = stop_while_stalled([a.format(out=out, **files) for a in args], stalled, sig, tmp_path,
+                                              look=out)
+    assert seen, "nothing temporary existed when the signal came: stall a later function"
     assert p.returncode == 128 + sig, stderr
     expected = "error: interrupted" + ("" if sig == signal.SIGINT else f" by {sig.name}")
     assert stderr.splitlines() == [expected], stderr
@@ -203,8 +205,9 @@ def test_sigterm_during_an_output_write_removes_the_partial_file(pair, tmp_path)
     _, files = pair
     out = tmp_path / "out"
     out.mkdir()
-    p, stderr, tmp = stop_while_stalled(["convert", "gguf-layout", files["drafter"], "--to", "lucebox", "-o",
-                                         str(out / "l.gguf")], COMMIT, signal.SIGTERM, tmp_path)
+    p, stderr, _, seen = stop_while_stalled(["convert", "gguf-layout", files["drafter"], "--to", "lucebox", "-o",
+                                             str(out / "l.gguf")], COMMIT, signal.SIGTERM, tmp_path, look=out)
+    assert [f for f in seen if f.startswith(".l.gguf.partial-")] == seen != []
     assert (p.returncode, stderr.splitlines()) == (143, ["error: interrupted by SIGTERM"])
     assert os.listdir(out) == []
 

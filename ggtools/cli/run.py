@@ -17,6 +17,8 @@ def _parse_ids(text: str) -> list[int]:
         ids = [int(v) for v in text.replace(",", " ").split()]
     except ValueError:
         raise click.BadParameter("expected integers separated by commas or spaces", param_hint="--prompt-ids")
+    if not ids:
+        raise click.BadParameter("no token ids", param_hint="--prompt-ids")
     bad = next((i for i in ids if not 0 <= i <= MAX_TOKEN_ID), None)
     if bad is not None:
         raise click.BadParameter(f"token id {bad} is outside 0..{MAX_TOKEN_ID}", param_hint="--prompt-ids")
