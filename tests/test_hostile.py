@@ -21,6 +21,8 @@ def corpus(tmp_path_factory):
 
 CONVERT = ["convert", "dflash", "{hf}", "--target-gguf", "{target}"]
 Q8 = ["--scheme", "q8_0"]
+RUN = ["run", "--target", "{target}", "--prompt-ids", "1,2", "-n", "4"]
+ACCEPT = ["accept", "--target", "{target}", "--draft", "{drafter}", "-q", "-n", "4"]
 
 # (id, args, exit code, outputs the run may create, fragment of the error line)
 ROWS = [
@@ -89,7 +91,7 @@ ROWS = [
     ("input/run-prompt-id-overflow", ["run", "--target", "{target}", "--prompt-ids", "99999999999999999999999"], 2,
      [], "outside 0..2147483647"),
     ("input/run-prompt-id-outside-vocab", ["run", "--target", "{target}", "--prompt-ids", "5000"], 2, [],
-     "out of range"),
+     "target.gguf: prompt token id 5000 is outside the vocabulary of 2048 tokens"),
     *[(f"input/manifest-{name}/validate", ["validate", "--manifest", "{manifest_%s}" % name, "{good}"], 2, [], None)
       for name in HOSTILE_MANIFESTS],
     *[(f"input/manifest-{name}/requant-resume", ["requant-trunk", "{set}", "-o", "{resume_%s}" % name, "--resume",
@@ -116,6 +118,9 @@ ROWS = [
     ("message/validate-missing", ["validate", "{missing}"], 2, [], "not found"),
     ("message/inspect-missing", ["inspect", "{missing}"], 2, [], "not found"),
     ("message/validate-99999-shards", ["validate", "{big}"], 1, [], None),
+    ("message/validate-existing-manifest", ["validate", "--write-manifest", "{afile}", "{good}"], 2, [],
+     "output exists; pass --force to overwrite it"),
+    ("message/run-empty-prompt-ids", [*RUN[:3], "--prompt-ids", ""], 2, [], "--prompt-ids"),
     ("message/quantize-existing-output", ["quantize", "{good}", "-o", "{afile}", *Q8], 2, [],
      "output exists; pass --force to overwrite it"),
     ("message/requant-existing-output", ["requant-trunk", "{set}", "-o", "{outdir_link}", "-q"], 2, [],
@@ -141,9 +146,57 @@ ROWS = [
     ("nonfinite/requant-nan-scale", ["requant-trunk", "{nan_q8}", "-o", "{root}/rq", "-q"], 2, [], "row 1"),
     ("nonfinite/requant-copied-nan-scale", ["requant-trunk", "{nan_q8_copy}", "-o", "{root}/rq", "-q"], 2, [],
      "refusing to copy them as verified"),
-    # 7. bounds
+    # 7. bounds: every request is refused up front when it cannot fit, naming the limit
     ("bounds/run-beyond-context", ["run", "--target", "{target}", "--prompt-ids", "1,2,3", "-n", "100000"], 2, [],
      "context length"),
+    *[(f"bounds/{cmd[0]}-n-beyond-context", [*cmd, "-n", "100000"], 2, [], "context length 512")
+      for cmd in (ACCEPT, ["demo", "--skip-requant"])],
+    ("bounds/accept-prompt-of-newlines", [*ACCEPT, "--prompts", "{prompts_newlines}"], 2, [],
+     "newlines.jsonl:1: the prompt (500000 bytes) takes at least"),
+    ("bounds/accept-prompt-of-a-1mb-word", [*ACCEPT, "--prompts", "{prompts_word}"], 2, [],
+     "word.txt:1: the prompt (1048576 bytes) takes at least"),
+    *[(f"bounds/{cmd[0]}-threads", [*cmd, "--threads", "100000"], 2, [], "--threads: 100000 is more than")
+      for cmd in (RUN, ACCEPT, ["demo", "--skip-requant"])],
+    *[(f"bounds/{cmd[0]}-ring-cap-beyond-memory", [*cmd, "--ring-cap", "1000000000"], 2, [],
+       "a ring of --ring-cap 1000000000 slots")
+      for cmd in (["run", "--target", "{target}", "--draft", "{drafter}", "--prompt-ids", "1,2"], ACCEPT,
+                  ["demo", "--skip-requant"])],
+    *[(f"bounds/{cmd[0]}-block-size-beyond-memory", cmd, 2, [], "4294967295")
+      for cmd in (["run", "--target", "{target}", "--draft", "{drafter_huge_block}", "--prompt-ids", "1,2"],
+                  ["accept", "--target", "{target}", "--draft", "{drafter_huge_block}", "-q", "-n", "4"])],
+    # 10. a gate that cannot fail is refused: NaN compares false with everything
+    ("gate/run-min-acceptance-nan", [*RUN, "--draft", "{drafter}", "--min-acceptance", "nan"], 2, [], "finite"),
+    ("gate/run-p-min-nan", [*RUN, "--draft", "{drafter}", "--cut", "prob", "--p-min", "nan"], 2, [], "finite"),
+    ("gate/accept-max-drop-nan", [*ACCEPT, "--max-drop", "nan"], 2, [], "finite"),
+    ("gate/accept-min-tau-inf", [*ACCEPT, "--min-tau", "inf"], 2, [], "finite"),
+    ("gate/accept-p-min-nan", [*ACCEPT, "--p-min", "nan"], 2, [], "finite"),
+    # 11. outputs: never one output over another, never an existing file without --force
+    ("output/accept-report-and-plot-same-file", [*ACCEPT, "--report", "{root}/x.svg", "--plot", "{root}/x.svg"], 2,
+     [], "--report and --plot name the same file"),
+    ("output/accept-existing-report", [*ACCEPT, "--report", "{afile}"], 2, [],
+     "output exists; pass --force to overwrite it (--report)"),
+    ("output/accept-existing-plot", [*ACCEPT, "--plot", "{existing_svg}"], 2, [], "pass --force"),
+    ("output/demo-work-dir-of-an-earlier-demo", ["demo", "--work-dir", "{demo_earlier}"], 2, [],
+     "holds moe/ (an earlier demo's files): pass --force"),
+    # 12. text: command-line text must be UTF-8 (paths may be any bytes), prompts files Unicode, lines end at \n
+    ("text/run-prompt-not-utf8", [*RUN[:3], "--prompt", "x\udcff"], 2, [], "not UTF-8 text: byte 0xff"),
+    ("text/convert-name-not-utf8", [*CONVERT, "-o", "{root}/d.gguf", "--name", "\udcfe"], 2, [], "not UTF-8 text"),
+    ("text/patch-value-not-utf8", ["patch", "set", "{good}", "x.y=str:\udcff", "-o", "{root}/p.gguf"], 2, [],
+     "not UTF-8 text"),
+    ("text/patch-key-not-utf8", ["patch", "rm", "{good}", "x.\udcff", "-o", "{root}/p.gguf"], 2, [],
+     "not UTF-8 text"),
+    ("text/quantize-scheme-not-utf8", ["quantize", "{good}", "-o", "{root}/q.gguf", "--scheme", "q8\udcff"], 2, [],
+     "not UTF-8 text"),
+    ("text/inspect-path-not-utf8", ["inspect", "{root}/\udcff.gguf"], 2, [], "not found"),
+    ("text/accept-prompt-lone-surrogate", [*ACCEPT, "--prompts", "{prompts_surrogate}"], 2, [],
+     "surrogate.jsonl:1: \"prompt\" holds a lone surrogate U+D800"),
+    ("text/accept-id-lone-surrogate", [*ACCEPT, "--prompts", "{prompts_surrogate_id}"], 2, [],
+     "\"id\" holds a lone surrogate U+DFFF"),
+    ("text/accept-prompts-deep-json", [*ACCEPT, "--prompts", "{prompts_deep}"], 2, [], "nested too deeply"),
+    ("text/accept-prompts-line-separators", [*ACCEPT, "--prompts", "{prompts_separators}"], 0, [], None),
+    # 13. messages name the file, the option and the value
+    ("message/accept-target-is-a-directory", ["accept", "--target", "{outdir}", "--draft", "{drafter}"], 2, [],
+     "is a directory, not a regular file (--target)"),
     # 8. one exit-code policy: plan-time refusals, nothing left behind
     ("policy/quantize-override-unwritable-type", ["quantize", "{good}", "-o", "{root}/q.gguf", *Q8,
                                                   "--tensor-type", "x=mxfp4"], 2, [], "cannot write MXFP4"),

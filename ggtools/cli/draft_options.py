@@ -3,6 +3,8 @@ cut."""
 
 import click
 
+from ggtools.cli.params import FiniteFloatRange
+
 from ggtools.jobs.accept import DEFAULT_RING_CAP
 from ggtools.jobs.run import DraftSettings
 
@@ -14,7 +16,7 @@ DRAFT_OPTIONS = [
     click.option("--cut", type=click.Choice(["none", "prob", "margin"]), default="none", show_default=True,
                  help="Early cut: prob = stop at p(top1) < P (llama.cpp); margin = stop at top1 - top2 < 3*P "
                       "(DFlash2: lattice scores)."),
-    click.option("--p-min", type=click.FloatRange(min=0), default=0.0, show_default=True,
+    click.option("--p-min", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
                  help="Threshold P of the cut."),
     click.option("--n-min", type=click.IntRange(min=0), default=0, show_default=True,
                  help="Fewer surviving drafts than this: offer none (llama.cpp)."),

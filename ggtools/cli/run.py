@@ -5,6 +5,7 @@ from tqdm import tqdm
 
 from ggtools.cli.backend_options import backend_options, runs_on
 from ggtools.cli.draft_options import draft_options, draft_options_given, draft_setup
+from ggtools.cli.params import FiniteFloatRange
 from ggtools.cli.render import emit_json, human_bytes
 from ggtools.jobs.run import DEFINITIONS, pair_warnings, run, run_speculative
 
@@ -16,6 +17,8 @@ def _parse_ids(text: str) -> list[int]:
         ids = [int(v) for v in text.replace(",", " ").split()]
     except ValueError:
         raise click.BadParameter("expected integers separated by commas or spaces", param_hint="--prompt-ids")
+    if not ids:
+        raise click.BadParameter("no token ids", param_hint="--prompt-ids")
     bad = next((i for i in ids if not 0 <= i <= MAX_TOKEN_ID), None)
     if bad is not None:
         raise click.BadParameter(f"token id {bad} is outside 0..{MAX_TOKEN_ID}", param_hint="--prompt-ids")
@@ -34,9 +37,9 @@ def _progress_bar(total, as_json):
 @click.option("--prompt-ids", help="Prompt as token ids, e.g. '1,415,2936' (any vocabulary).")
 @click.option("-n", "--n-predict", "n", default=64, show_default=True, type=click.IntRange(min=0), help="Tokens to generate.")
 @draft_options
-@click.option("--min-acceptance", type=click.FloatRange(0, 1), help="Exit 1 when acceptance (accepted/drafted) is below this.")
+@click.option("--min-acceptance", type=FiniteFloatRange(0, 1), help="Exit 1 when acceptance (accepted/drafted) is below this.")
 @click.option("--no-baseline", is_flag=True, help="Skip target-only decoding (no speedup, no output check).")
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores; at most 4 per core).")
 @click.option("--context-length", "n_ctx", type=click.IntRange(min=1),
               help="Allow prompt + -n up to this many tokens (default: the target's context_length).")
 @backend_options

@@ -68,15 +68,16 @@ class Report:
         }
 
 
-def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None) -> Report:
-    """Check every file and every shard set named by `paths` (any shard of a set names the whole set)."""
+def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None, force=False) -> Report:
+    """Check every file and every shard set named by `paths` (any shard of a set names the whole set); force: let
+    write_manifest replace an existing file."""
     sets = _distinct_sets(paths)
     want_hashes = bool(manifest or write_manifest)
     files = [s.paths[i] for s in sets for i in s.present_indices]
     expected = load_manifest(manifest) if manifest else None
     inputs = [p for s in sets for p in s.paths] + ([manifest] if manifest else [])
     if write_manifest:
-        check_output(write_manifest, inputs, force=True)
+        check_output(write_manifest, inputs, force=force)
     with ThreadPoolExecutor(max_workers=jobs or min(len(files), os.cpu_count() or 1) or 1) as pool:
         reports = list(pool.map(lambda p: _check_one(p, deep, want_hashes), files))
     set_problems = []
@@ -88,7 +89,7 @@ def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None
     if manifest:
         report.set_problems += check_manifest(manifest, expected, reports)
     if write_manifest and report.exit_code != 2:
-        save_manifest(write_manifest, reports, inputs)
+        save_manifest(write_manifest, reports, inputs, force=force)
     return report
 
 
@@ -171,11 +172,11 @@ def scan_tensor(f: GGUFFile, t, check, chunk_bytes=16 << 20) -> tuple[int, int]:
     return total, first
 
 
-def save_manifest(path, reports, inputs=()):
+def save_manifest(path, reports, inputs=(), force=False):
     data = {"format": "ggtools-manifest/1",
             "files": {os.path.basename(r.path): {"size": r.size, "sha256": r.sha256, "tensors": r.tensor_sha256}
                       for r in reports}}
-    write_bytes(path, json.dumps(data, indent=1, sort_keys=True).encode(), inputs=inputs, force=True)
+    write_bytes(path, json.dumps(data, indent=1, sort_keys=True).encode(), inputs=inputs, force=force)
 
 
 class ManifestFileError(JobError):
