@@ -1,4 +1,5 @@
-"""validate: container rules for files and shard sets, optional deep row-data scan, sha256 manifests."""
+"""validate: container rules for files and shard sets, the model-file rules on the hyperparameters (the ones the
+runtime's loaders apply, ggtools.hparam_rules), optional deep row-data scan, sha256 manifests."""
 
 import json
 import os
@@ -11,6 +12,8 @@ from ggtools.gguf.check import Problem, check_file, check_set
 from ggtools.gguf.hashing import hash_file
 from ggtools.gguf.inputs import parse_json, read_text
 from ggtools.gguf.outputs import check_output, write_bytes
+from ggtools.gguf.scan import scan_tensor
+from ggtools.hparam_rules import model_violations
 from ggtools.jobs.errors import JobError
 
 
@@ -110,7 +113,7 @@ def _check_one(path, deep, want_hashes) -> FileReport:
         return report
     with f:
         report.size, report.n_tensors = f.file_size, len(f.tensors)
-        report.problems = check_file(f)
+        report.problems = check_file(f) + hparam_problems(f)
         intact = not any(p.severity == "error" for p in report.problems)
         if deep and intact:
             report.problems += deep_scan(f)
@@ -118,6 +121,12 @@ def _check_one(path, deep, want_hashes) -> FileReport:
         if want_hashes:
             report.sha256, report.tensor_sha256 = hash_file(f, tensors=intact)
     return report
+
+
+def hparam_problems(f: GGUFFile) -> list[Problem]:
+    """The model-file rules the file's hyperparameters break (its metadata: shard 1 of a set), as the runtime
+    words them."""
+    return [Problem(f.path, v.where, v.rule) for v in model_violations(f)]
 
 
 def deep_scan(f: GGUFFile) -> list[Problem]:
@@ -133,23 +142,6 @@ def deep_scan(f: GGUFFile) -> list[Problem]:
                                f"{unit} {first}: NaN/inf data or fp16 scale, or MXFP4 exponent 0xFF "
                                "(ggml_validate_row_data rejects it)"))
     return out
-
-
-def scan_tensor(f: GGUFFile, t, check, chunk_bytes=16 << 20) -> tuple[int, int]:
-    """check(type, rows) over a tensor in row chunks read with pread (bounded memory); returns
-    (bad items, index of the first bad item) where an item is a block, or a value for float types."""
-    row_bytes = t.nbytes // t.n_rows
-    items_per_row = row_bytes // t.block[1]
-    step = max(1, chunk_bytes // row_bytes)
-    total, first, buf = 0, -1, None
-    for start in range(0, t.n_rows, step):
-        rows = f.read_rows(t, start, min(step, t.n_rows - start), buf)
-        buf = rows if buf is None else buf
-        n_bad, at = check(t.type_id, rows)
-        if n_bad and first < 0:
-            first = start * items_per_row + at
-        total += n_bad
-    return total, first
 
 
 def save_manifest(path, reports, inputs=()):
