@@ -1,15 +1,21 @@
-"""Tiny random target GGUFs of the runtime's other architectures, written here in a blink (no converter, no
-tokenizer): a qwen35 hybrid (Gated DeltaNet layers and gated attention) and a gpt-oss MoE (sinks, sliding window,
-YaRN). Inputs of the hostile corpus and the fuzz test: models every key of which the runtime reads, small enough
-to run a few tokens of in-process. Their numerics are proven elsewhere (tests/test_hybrid_parity.py,
-tests/test_runtime_moe.py, against llama.cpp on converter-built models); these only have to load and run.
+"""Tiny random target GGUFs of the runtime's other architectures, written here in a blink (no converter): a
+qwen35 hybrid (Gated DeltaNet layers and gated attention) and a gpt-oss MoE (sinks, sliding window, YaRN), with
+the demo target's tokenizer. Inputs of the hostile corpus, the fuzz test and the model-file rules' oracle test
+(libllama runs them): models every key of which the runtime reads, small enough to run a few tokens of
+in-process. Their numerics are proven elsewhere (tests/test_hybrid_parity.py, tests/test_runtime_moe.py,
+against llama.cpp on converter-built models); these only have to load and run.
 """
+
+import os
 
 import numpy as np
 from gguf import GGUFValueType as VT
 from gguf import GGUFWriter
 
-EMBD, HEADS, KV_HEADS, HEAD_DIM, FF, VOCAB, CTX = 64, 4, 2, 16, 128, 96, 256
+from ggtools.gguf import GGUFFile
+
+DEMO_TARGET = os.path.join(os.path.dirname(__file__), "..", "ggtools", "data", "demo", "target.gguf")
+EMBD, HEADS, KV_HEADS, HEAD_DIM, FF, VOCAB, CTX = 64, 4, 2, 16, 128, 2048, 256
 
 
 def _writer(path, arch, n_layer, keys):
@@ -22,6 +28,11 @@ def _writer(path, arch, n_layer, keys):
             ("attention.layer_norm_rms_epsilon", VT.FLOAT32, 1e-6, None), ("rope.freq_base", VT.FLOAT32, 10000.0, None),
             *keys]:
         w.add_key_value(f"{arch}.{name}", value, vtype, elem)
+    with GGUFFile(DEMO_TARGET) as demo:
+        for kv in demo.kvs:
+            if kv.key.startswith("tokenizer."):
+                value = kv.value.tolist() if hasattr(kv.value, "tolist") else kv.value
+                w.add_key_value(kv.key, value, kv.vtype, kv.elem_type)
     return w
 
 
@@ -103,11 +114,15 @@ def write_gpt_oss(path, n_layer=2, seed=0):
         t.matrix(p + "attn_k.weight", EMBD, KV_HEADS * HEAD_DIM)
         t.matrix(p + "attn_v.weight", EMBD, KV_HEADS * HEAD_DIM)
         t.matrix(p + "attn_output.weight", HEADS * HEAD_DIM, EMBD)
+        t.vector(p + "attn_output.bias", EMBD, 0.0)
         t.vector(p + "attn_sinks.weight", HEADS, 0.0)
         t.matrix(p + "ffn_gate_inp.weight", EMBD, experts)
+        t.vector(p + "ffn_gate_inp.bias", experts, 0.0)
         t.matrix(p + "ffn_gate_exps.weight", EMBD, ff_exp, experts)
         t.matrix(p + "ffn_up_exps.weight", EMBD, ff_exp, experts)
         t.matrix(p + "ffn_down_exps.weight", ff_exp, EMBD, experts)
+        for name, n in (("ffn_gate_exps.bias", ff_exp), ("ffn_up_exps.bias", ff_exp), ("ffn_down_exps.bias", EMBD)):
+            t.matrix(p + name, n, experts, scale=0.05)
     t.vector("output_norm.weight", EMBD)
     t.matrix("output.weight", EMBD, VOCAB)
     _close(w)

@@ -143,7 +143,7 @@ class Keys:
         ok = kv.elem_type in element_types or (not self.strict and kv.elem_type in INTEGERS)
         if not ok:
             known = kv.elem_type in (VT.STRING, VT.FLOAT32, VT.UINT32, VT.INT32, VT.UINT64)
-            says = (f"{self.name(key)} has wrong array element type {kv.elem_type.name}" if known else
+            says = (f"{self.name(key)} has wrong array element type {GGUF_TYPE_NAME[kv.elem_type]}" if known else
                     f"{self.name(key)} is not a string/float32/uint32/int32/uint64 array")
             self.fail(key, f"is an array of {GGUF_TYPE_NAME.get(kv.elem_type, kv.elem_type)}, the loader requires "
                            "an array of integers", says, TYPE, check)

@@ -113,7 +113,8 @@ def _check_one(path, deep, want_hashes) -> FileReport:
         return report
     with f:
         report.size, report.n_tensors = f.file_size, len(f.tensors)
-        report.problems = check_file(f) + hparam_problems(f)
+        report.problems = check_file(f)
+        report.problems += hparam_problems(f, {p.where for p in report.problems})
         intact = not any(p.severity == "error" for p in report.problems)
         if deep and intact:
             report.problems += deep_scan(f)
@@ -123,10 +124,10 @@ def _check_one(path, deep, want_hashes) -> FileReport:
     return report
 
 
-def hparam_problems(f: GGUFFile) -> list[Problem]:
+def hparam_problems(f: GGUFFile, reported=()) -> list[Problem]:
     """The model-file rules the file's hyperparameters break (its metadata: shard 1 of a set), as the runtime
-    words them."""
-    return [Problem(f.path, v.where, v.rule) for v in model_violations(f)]
+    words them; reported: places the container rules already name (a key of the wrong type, say)."""
+    return [Problem(f.path, v.where, v.rule) for v in model_violations(f) if v.where not in reported]
 
 
 def deep_scan(f: GGUFFile) -> list[Problem]:
