@@ -55,9 +55,10 @@ def _close(w):
     w.close()
 
 
-def write_qwen35(path, n_layer=4, seed=0):
-    """qwen35: layers 0..2 Gated DeltaNet, layer 3 gated attention (full_attention_interval 4), partial IMROPE."""
-    conv, state, groups, rank = 4, 16, 2, 4
+def write_qwen35(path, n_layer=4, seed=0, rank=4):
+    """qwen35: layers 0..2 Gated DeltaNet, layer 3 gated attention (full_attention_interval 4), partial IMROPE;
+    rank: the DeltaNet's value heads (2 key heads)."""
+    conv, state, groups = 4, 16, 2
     w = _writer(path, "qwen35", n_layer, [
         ("feed_forward_length", VT.UINT32, FF, None), ("rope.dimension_count", VT.UINT32, 8, None),
         ("rope.dimension_sections", VT.ARRAY, [2, 1, 1, 0], VT.INT32), ("ssm.conv_kernel", VT.UINT32, conv, None),

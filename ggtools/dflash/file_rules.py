@@ -9,7 +9,7 @@ from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, V2_KEYS
 from ggtools.gguf.check import Problem, errors
 from ggtools.hparam_rules.violation import VALUE
 
-LOADS_ANYWAY = "no load error: it runs with this value (garbage or a crash later)"
+LOADS_ANYWAY = "not checked when the file loads: a later failure (a tensor's shape, an assert, a crash) or garbage"
 # llama.cpp's words for tensor data cut by the end of the file (llama-model-loader.h)
 OUT_OF_BOUNDS = "tensor '{}' data is not within the file bounds, model is corrupted or incomplete"
 # drafter keys whose right value `doctor --hf --fix` takes from the checkpoint (dflash/source_check.py)

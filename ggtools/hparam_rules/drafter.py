@@ -35,7 +35,8 @@ def drafter_violations(f, mask_id: int | None = None) -> list[Violation]:
     head_dim = _heads(k, n_embd)
     eps = k.float("attention.layer_norm_rms_epsilon", required=llama)
     k.check("attention.layer_norm_rms_epsilon", eps is None or eps > 0,
-            f"is {eps}: the RMS norm divides by sqrt(mean + eps), which must be above 0")
+            f"is {eps}: the RMS norm divides by sqrt(mean + eps), which must be above 0",
+            "GGML_ASSERT(eps >= 0.0f) failed" if eps is not None and eps < 0 else None)
     _rope(k, head_dim)
     for key in ("embedding_scale", "logit_scale"):
         k.float(key)
@@ -90,7 +91,7 @@ def _rope(k: Keys, head_dim):
                 "GGML_ASSERT(n_dims % 2 == 0) failed" if n_rot % 2 else None)
     sections = k.int_array("rope.dimension_sections")
     if sections is not None:
-        _sections(k, sections, n_rot)
+        _sections(k, sections, llama_reads=True)
 
 
 def _window(k: Keys, n_layer):
@@ -113,7 +114,7 @@ def _target_ids(k: Keys, p):
                "'target_layers' in GGUF metadata" if p is LLAMACPP else None, check="target_layers")
         return
     if not kv.is_array:
-        k.fail(key, f"has type {kv.vtype.name}, an integer array is required",
+        k.fail(key, f"has type {kv.type_label}, an array of integers is required",
                "DFlash model requires 'target_layers' in GGUF metadata" if p is LLAMACPP else None,
                check="target_layers")
         return

@@ -77,10 +77,13 @@ class Keys:
         return kv
 
     def _typed(self, key, kv, want: VT, family, check: str) -> bool:
+        """Whether the value has the type the loader reads it as; worded as the container rules word the keys whose
+        type they check (ggtools.gguf.check.KEY_TYPES), so a fault reads the same from every command."""
         if kv.vtype == want or (not self.strict and kv.vtype in family):
             return True
-        wanted = GGUF_TYPE_NAME[want] if self.strict else ("an integer type" if family is INTEGERS else "a float type")
-        self.fail(key, f"has type {type_name(kv)}, the loader requires {wanted}",
+        wanted = f"llama.cpp requires {want.name}" if self.strict else \
+            ("an integer type is required" if family is INTEGERS else "a float type is required")
+        self.fail(key, f"has type {kv.type_label}, {wanted}",
                   f"key {self.name(key)} has wrong type {type_name(kv)} but expected type {GGUF_TYPE_NAME[want]}",
                   TYPE, check)
         return False
@@ -137,7 +140,7 @@ class Keys:
         if kv is None:
             return None
         if not kv.is_array:
-            self.fail(key, f"has type {type_name(kv)}, the loader requires an array of integers",
+            self.fail(key, f"has type {kv.type_label}, an array of integers is required",
                       f"array key not found in model: {self.name(key)}", TYPE, check)
             return None
         ok = kv.elem_type in element_types or (not self.strict and kv.elem_type in INTEGERS)
@@ -145,8 +148,7 @@ class Keys:
             known = kv.elem_type in (VT.STRING, VT.FLOAT32, VT.UINT32, VT.INT32, VT.UINT64)
             says = (f"{self.name(key)} has wrong array element type {GGUF_TYPE_NAME[kv.elem_type]}" if known else
                     f"{self.name(key)} is not a string/float32/uint32/int32/uint64 array")
-            self.fail(key, f"is an array of {GGUF_TYPE_NAME.get(kv.elem_type, kv.elem_type)}, the loader requires "
-                           "an array of integers", says, TYPE, check)
+            self.fail(key, f"has type {kv.type_label}, an array of integers is required", says, TYPE, check)
             return None
         return [int(v) for v in np.asarray(kv.value, np.int64)]
 

@@ -60,7 +60,8 @@ def target_violations(f) -> list[Violation]:
     _rope(k, spec, arch, head_dim, n_layer_all)
     eps = k.float("attention.layer_norm_rms_epsilon", required=known)
     k.check("attention.layer_norm_rms_epsilon", eps is None or eps > 0,
-            f"is {eps}: the RMS norm divides by sqrt(mean + eps), which must be above 0")
+            f"is {eps}: the RMS norm divides by sqrt(mean + eps), which must be above 0",
+            "GGML_ASSERT(eps >= 0.0f) failed" if eps is not None and eps < 0 else None)
     scale = k.float("attention.scale")
     k.check("attention.scale", scale is None or scale >= 0, f"is {scale}: an attention scale cannot be negative")
     _sliding_window(k, spec, n_layer_all)
@@ -163,10 +164,12 @@ def _rope(k: Keys, spec: ArchKeys, arch: str, head_dim, n_layer_all):
     n_rot = k.uint("rope.dimension_count", head_dim)
     if n_rot is not None and head_dim is not None:
         if spec.rot_is_head:
+            # llama: the loader's check; gpt-oss: its loader sizes Q, K and V by n_rot (a tensor shape error);
+            # qwen3, qwen3moe: the graph's assert
             k.check("rope.dimension_count", n_rot == head_dim,
                     f"is {n_rot}, the head size is {head_dim}: llama.cpp's {arch} graph rotates whole heads",
-                    f"invalid n_rot: {n_rot}, expected {head_dim}" if arch == "llama" else
-                    "GGML_ASSERT(n_embd_head == n_rot) failed")
+                    f"invalid n_rot: {n_rot}, expected {head_dim}" if arch == "llama" else None if arch == "gpt-oss"
+                    else "GGML_ASSERT(n_embd_head == n_rot) failed")
         elif k.check("rope.dimension_count", n_rot <= head_dim and n_rot % 2 == 0,
                      f"is {n_rot}, the head size is {head_dim}: RoPE rotates pairs of a head's dims (an even count, "
                      "at most the head size)", "GGML_ASSERT(n_dims <= ne0) failed" if n_rot > head_dim else
@@ -174,19 +177,21 @@ def _rope(k: Keys, spec: ArchKeys, arch: str, head_dim, n_layer_all):
             k.check("rope.dimension_count", n_rot > 0, "is 0: ggtools' runtime needs at least one rotated pair")
     sections = k.int_array("rope.dimension_sections", required=spec.delta_net)
     if sections is not None:
-        _sections(k, sections, n_rot)
+        _sections(k, sections, llama_reads=spec.delta_net)
 
 
-def _sections(k: Keys, sections: list[int], n_rot):
-    """M-RoPE's sections: 4 counts of rotated pairs (llama.cpp: get_key_or_arr(..., 4); ggml's mrope cache)."""
+def _sections(k: Keys, sections: list[int], llama_reads: bool):
+    """M-RoPE's sections: 4 counts of rotated pairs (llama.cpp: get_key_or_arr(..., 4) where the arch reads them,
+    ggml's mrope cache); llama_reads: whether llama.cpp reads them for this arch (ggtools' runtime always does)."""
     key = "rope.dimension_sections"
     if not k.check(key, len(sections) == 4, f"has {len(sections)} entries: M-RoPE has 4 sections",
-                   f"key {k.name(key)} has wrong array length; expected 4, got {len(sections)}"):
+                   f"key {k.name(key)} has wrong array length; expected 4, got {len(sections)}" if llama_reads
+                   else None):
         return
     if not k.check(key, min(sections) >= 0, f"holds {min(sections)}: a section cannot be negative"):
         return
     k.check(key, sum(sections[:3]) > 0, f"is {sections}: one of the first three sections must be above 0",
-            "GGML_ASSERT(sections[0] > 0 || sections[1] > 0 || sections[2] > 0) failed")
+            "GGML_ASSERT(sections[0] > 0 || sections[1] > 0 || sections[2] > 0) failed" if llama_reads else None)
 
 
 def _sliding_window(k: Keys, spec: ArchKeys, n_layer_all):
@@ -217,7 +222,7 @@ def _delta_net(k: Keys, n_layer_all, n_layer):
     if rank and groups:
         k.check("ssm.time_step_rank", rank % groups == 0,
                 f"{rank} value heads are not a multiple of ssm.group_count {groups} key heads",
-                "GGML_ASSERT(num_v_heads % num_k_heads == 0) failed")
+                "GGML_ASSERT(H_v % H_k == 0) failed")
     if k.has("attention.recurrent_layers"):
         k.per_layer("attention.recurrent_layers", n_layer_all, flags=True)
         return

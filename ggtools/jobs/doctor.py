@@ -116,9 +116,8 @@ def examine(d: DraftFile, t: TargetInfo | None, hf, runtimes=None, n_max=None) -
     problems = check_file(d.file)
     violations = drafter_violations(d.file)
     loaders = {r: loader_findings(d, r, violations) for r in runtimes if r != "ggtools"}
-    findings, fixes = container_findings(d.path, problems, runtimes), {}
-    findings += hparam_findings(d.path, _unreported(violations, problems), readable, drafter_fix(d.path, d.profile),
-                                loaders)
+    findings, fixes = container_findings(d.path, _unclaimed(problems, violations), runtimes), {}
+    findings += hparam_findings(d.path, violations, readable, drafter_fix(d.path, d.profile), loaders)
     for r in runtimes:
         if r != "ggtools":
             findings += loaders[r]
@@ -156,9 +155,9 @@ def target_findings(t: TargetInfo, runtimes) -> list[Finding]:
     runtime refuses in a valid target."""
     with ShardSet(t.path) as shards:
         problems = [p for i in shards.present_indices for p in check_file(shards.file(i))] + check_set(shards)
-    out = container_findings(t.path, problems, runtimes, what="the target")
     violations = target_violations(t.file)
-    out += hparam_findings(t.path, _unreported(violations, problems), runtimes, target_fix(t.path))
+    out = container_findings(t.path, _unclaimed(problems, violations), runtimes, what="the target")
+    out += hparam_findings(t.path, violations, runtimes, target_fix(t.path))
     says = _ggtools_refusal(t).get("ggtools")
     if says and not violations and "ggtools" in runtimes and t.arch in runtime_tap_archs()["ggtools"]:
         out.append(Finding("target", ERROR, f"ggtools' runtime does not run this target: {says}",
@@ -172,10 +171,11 @@ def runtime_tap_archs() -> dict:
     return {LLAMACPP.runtime: LLAMACPP.tap_archs, LUCEBOX.runtime: LUCEBOX.tap_archs, "ggtools": frozenset(ARCHS)}
 
 
-def _unreported(violations, problems) -> list:
-    """The violations at places the container rules do not already name (a key of the wrong type, say)."""
-    places = {p.where for p in problems}
-    return [v for v in violations if v.where not in places]
+def _unclaimed(problems, violations) -> list:
+    """The container problems at places no hyperparameter rule names (a key of the wrong type is one fault, which
+    the rule's finding reports with the loader's words)."""
+    places = {v.where for v in violations}
+    return [p for p in problems if p.where not in places]
 
 
 def _ggtools_refusal(t: TargetInfo) -> dict:

@@ -163,15 +163,12 @@ def read_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
         n_swa=int(key("attention.sliding_window", 0)),
         swa_layers=_swa_layers(gguf, f"{arch}.attention.sliding_window_pattern", n_layer, arch_entry.swa_pattern),
         rope_sections=tuple(int(v) for v in _get(gguf, f"{arch}.rope.dimension_sections", ())),
-        **_delta_net(gguf, arch, n_layer),
+        **(_delta_net(gguf, arch, n_layer) if arch_entry.hybrid else {}),
     )
 
 
 def _delta_net(gguf, arch: str, n_layer: int) -> dict:
-    """The Gated DeltaNet fields of a hybrid (qwen35) model, as llama.cpp reads them; none otherwise."""
-    if _get(gguf, f"{arch}.ssm.conv_kernel") is None:
-        return {}
-
+    """The Gated DeltaNet fields of a hybrid (qwen35) model, as llama.cpp reads them."""
     def key(name):
         return int(_get(gguf, f"{arch}.ssm.{name}", required=True))
 
