@@ -7,7 +7,6 @@ runtime that reads it: each finding says what each of them does with it.
 from ggtools.dflash.findings import ERROR, Effect, Finding, failed
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, V2_KEYS
 from ggtools.gguf.check import Problem, errors
-from ggtools.hparam_rules.violation import VALUE
 
 LOADS_ANYWAY = "not checked when the file loads: a later failure (a tensor's shape, an assert, a crash) or garbage"
 # llama.cpp's words for tensor data cut by the end of the file (llama-model-loader.h)
@@ -35,8 +34,8 @@ def hparam_findings(path: str, violations, runtimes, fix, loaders=None) -> list[
     """One finding per broken hyperparameter rule, with what each runtime does: ggtools' runtime refuses it in these
     words; llama.cpp's loader refuses it in its own words (`says`) or loads it anyway; so does lucebox's. loaders:
     runtime -> its loader findings (dflash/loaders.py), which already speak for it where they fail in the same
-    class (lucebox's own words on a missing block size, say); a violation no runtime checked is affected by
-    besides is left to those."""
+    class (lucebox's own words on a missing block size, say): a violation only such a runtime is checked for is
+    left to that finding."""
     out = []
     for v in violations:
         effects = []
@@ -47,7 +46,7 @@ def hparam_findings(path: str, violations, runtimes, fix, loaders=None) -> list[
                 continue
             elif r == LLAMACPP.runtime:
                 effects.append(Effect(r, v.says, None if v.says else LOADS_ANYWAY))
-            elif v.kind == VALUE:
+            else:
                 effects.append(Effect(r, None, LOADS_ANYWAY))
         if effects or not runtimes:
             out.append(Finding(v.check, ERROR, str(v), tuple(effects), fix(v)))

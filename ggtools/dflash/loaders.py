@@ -62,7 +62,7 @@ def _llamacpp(d: DraftFile) -> list[Finding]:
     f, A = d.file, d.arch
     out = []
     act = f.get(f"{A}.hidden_activation")
-    if act is not None and act not in ACTIVATIONS:
+    if act is not None and (not isinstance(act, str) or act not in ACTIVATIONS):
         out.append(_llama("activation", f"hidden activation '{act}'", f"unsupported DFlash hidden activation: {act}",
                           "silu or gelu only: reconvert the drafter"))
     if _u32(f, f"{A}.attention.sliding_window") > 0 and f"{A}.attention.sliding_window_pattern" not in f.kv:
@@ -222,7 +222,7 @@ def _lucebox(d: DraftFile) -> list[Finding]:
         out.append(_lb("block_size", f"{d.key('block_size')} is missing or zero", None,
                        f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT", "no loader error; drafting with block "
                        "size 0 fails when the draft step is set up"))
-    if not f.get(f"{A}.rope.freq_base"):
+    if f"{A}.rope.freq_base" not in f.kv:
         out.append(_lb("rope_theta", f"{A}.rope.freq_base is missing",
                        "[draft-gguf] WARNING: rope.freq_base not found in GGUF, draft RoPE will be wrong",
                        f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"))

@@ -9,6 +9,8 @@ from ggtools.hparam_rules.keys import FLAG_TYPES, LLAMA_MAX_LAYERS, RUNTIME, Key
 from ggtools.hparam_rules.target import ROPE_SCALING_TYPES, _sections
 from ggtools.hparam_rules.violation import Violation
 
+MAX_BLOCK = 1 << 16      # without a context length: a block (draft positions held per step) no drafter comes near
+
 
 
 def drafter_violations(f, mask_id: int | None = None) -> list[Violation]:
@@ -47,7 +49,7 @@ def drafter_violations(f, mask_id: int | None = None) -> list[Violation]:
     for key in V2_KEYS:
         k.uint(key)
     _target_ids(k, p)
-    _block_size(k, p)
+    _block_size(k, p, n_ctx)
     if mask_id is None:
         _mask(k, p)
     return k.violations
@@ -128,12 +130,17 @@ def _target_ids(k: Keys, p):
             check="target_layers")
 
 
-def _block_size(k: Keys, p):
+def _block_size(k: Keys, p, n_ctx):
+    """The anchor and at least one mask; at most the drafter's context (each block position is a draft position
+    the runtime holds keys and values for)."""
     key = p.keys["block_size"]
     block = k.uint(key, p.default_block_size, required=p.default_block_size is None, check="block_size")
-    if block is not None:
-        k.check(key, block >= 2, f"is {block}: a drafter's block is the anchor and at least one mask (2 or more)",
-                check="block_size")
+    if block is None or not k.check(key, block >= 2, f"is {block}: a drafter's block is the anchor and at least one "
+                                                     "mask (2 or more)", check="block_size"):
+        return
+    limit = n_ctx or MAX_BLOCK
+    k.check(key, block <= limit, f"is {block}, above the drafter's " + (f"context_length {n_ctx}" if n_ctx else
+            f"largest block {MAX_BLOCK}") + ": the block's positions are draft positions", check="block_size")
 
 
 def _mask(k: Keys, p):

@@ -24,7 +24,7 @@ from ggtools.dflash.draftfile import DraftFile
 from ggtools.dflash.file_rules import container_findings, drafter_fix, hparam_findings, target_fix
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, failed, ok
 from ggtools.dflash.loaders import draft_size_findings, loader_findings
-from ggtools.dflash.pair_rules import pair_findings, rope_against_target, rope_effects
+from ggtools.dflash.pair_rules import number, pair_findings, rope_against_target, rope_effects
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, PROFILES
 from ggtools.dflash.rewrite import DrafterRewrite, move, repair
 from ggtools.dflash.source_check import source_findings
@@ -210,7 +210,7 @@ def _rope_in_doubt(d: DraftFile, t: TargetInfo | None, runtimes) -> list[Finding
     if t is not None and t.file.get(f"{t.arch}.rope.freq_base") is not None:
         rope = rope_against_target(d, t, runtimes)
         return [rope] if rope else []
-    theta = d.value("rope.freq_base")
+    theta = number(d.value("rope.freq_base"))
     if d.profile is not LUCEBOX or theta != 1e6:
         return []
     return [Finding("rope_theta", WARNING, f"{d.key('rope.freq_base')} is 1e6, what lucebox's converter writes when "
@@ -227,7 +227,7 @@ def _file_fixes(d: DraftFile, fixes: dict) -> dict:
     if mask is not None and where != d.key("mask") and "mask" not in fixes:
         out["mask"] = mask
     ids = d.hf_ids
-    if ids is not None and d.profile.has_key("n_target_ids") and d.value("n_target_ids") != len(ids):
+    if ids is not None and d.profile.has_key("n_target_ids") and d.int_value("n_target_ids") != len(ids):
         out.setdefault("n_target_ids", len(fixes.get("target_ids", ids)))
     return out
 
