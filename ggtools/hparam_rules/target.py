@@ -107,8 +107,9 @@ def _experts(k: Keys, spec: ArchKeys, n_layer_all):
         k.check("expert_used_count", top <= n_expert, f"is {top}, above expert_count {n_expert}",
                 "GGML_ASSERT(n_expert_used_max <= hparams.n_expert) failed")
         if n_expert > 0:
-            k.check("expert_used_count", min(used, default=1) > 0, "is 0 with experts: a layer must use one",
-                    "GGML_ASSERT(n_expert_used_max > 0) failed" if top == 0 else None)
+            k.check("expert_used_count", min(used, default=1) > 0,
+                    f"is {'0' if k.has('expert_used_count') else 'missing (0)'} with expert_count {n_expert}: a "
+                    "layer must use one", "GGML_ASSERT(n_expert_used_max > 0) failed" if top == 0 else None)
     n_ff_exp = k.per_layer("expert_feed_forward_length", n_layer_all, required=spec.expert_ff_required)
     if spec.experts and n_ff_exp is not None:
         k.check("expert_feed_forward_length", min(n_ff_exp, default=1) > 0, "is 0: an expert has no width")
