@@ -118,17 +118,18 @@ def _experts(k: Keys, spec: ArchKeys, n_layer_all):
 
 
 def _heads(k: Keys, n_embd, n_layer_all, known: bool) -> int | None:
-    """Head counts per layer (> 0, KV heads dividing heads) and the head size; returns the K head size."""
+    """Head counts per layer (> 0 on the archs in ARCHS, whose every layer has attention heads: other archs give
+    their linear-attention layers 0 KV heads), KV heads dividing heads, and the head size; returns the K head size."""
     n_head = k.per_layer("attention.head_count", n_layer_all, required=RUNTIME if known else False)
-    if n_head is not None and not k.check("attention.head_count", min(n_head, default=1) > 0,
-                                          "is 0: attention needs heads"):
+    if n_head is not None and known and not k.check("attention.head_count", min(n_head, default=1) > 0,
+                                                    "is 0: attention needs heads"):
         n_head = None
     n_head_kv = k.per_layer("attention.head_count_kv", n_layer_all)
-    if n_head_kv is not None and not k.check("attention.head_count_kv", min(n_head_kv, default=1) > 0,
-                                             "is 0: attention needs key/value heads"):
+    if n_head_kv is not None and known and not k.check("attention.head_count_kv", min(n_head_kv, default=1) > 0,
+                                                       "is 0: attention needs key/value heads"):
         return None
     if n_head is not None and n_head_kv is not None:
-        bad = [(h, kv) for h, kv in zip(n_head, n_head_kv) if h % kv]
+        bad = [(h, kv) for h, kv in zip(n_head, n_head_kv) if kv and h % kv]
         k.check("attention.head_count_kv", not bad,
                 f"{bad[0][1] if bad else 0} KV heads do not divide {bad[0][0] if bad else 0} heads (grouped-query "
                 "attention shares each KV head among a whole group)")
@@ -137,7 +138,7 @@ def _heads(k: Keys, n_embd, n_layer_all, known: bool) -> int | None:
     k.check("attention.value_length", value_length != 0, "is 0")
     if key_length is not None:
         return key_length if k.check("attention.key_length", key_length > 0, "is 0") else None
-    if n_head is None or n_embd is None or k.has("attention.key_length"):
+    if not n_head or not n_head[0] or n_embd is None or k.has("attention.key_length"):
         return None
     h = n_head[0]
     if not k.check("embedding_length", n_embd % h == 0,
