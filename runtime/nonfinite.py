@@ -2,7 +2,7 @@
 anyway), and when NaN or inf appear, the step is traced to the layer and the tensor that made them, so the run
 stops with one line naming them (NonFiniteError: exit 2) instead of decoding argmax(NaN) = token 0.
 
-The normal path pays one isfinite over the logits; only a failed step is run again with a check after each
+The normal path pays one isfinite over the logits (over the final states when no logits are asked for); only a failed step is run again with a check after each
 piece (the target: embeddings, each layer's token mixer and FFN, the head; its cache is cropped back first), and
 only the tensors of the piece that failed are scanned (ggml_validate_row_data's rules: NaN/inf values or scales).
 """
@@ -16,16 +16,17 @@ def finite(ops, x) -> bool:
     return bool(np.isfinite(ops.host(x)).all())
 
 
-def target_error(model, tokens, positions, start: int, stepwise: bool) -> NonFiniteError:
+def target_error(model, tokens, positions, start: int, stepwise: bool,
+                 outcome: str = "the logits are not finite") -> NonFiniteError:
     """The error for a target step (tokens at `positions`, the cache holding `start` tokens before it) whose logits
-    are not finite: which piece first gives NaN/inf, and the first of its tensors holding them."""
+    (or final states) are not finite: which piece first gives NaN/inf, and the first of its tensors holding them."""
     try:
         model.kv.crop(start)
         piece, names = _first_nonfinite_piece(model, tokens, positions, stepwise)
         model.kv.crop(start)
     except ValueError:           # a cache that cannot roll back: name any tensor of the model holding NaN/inf
         piece, names = "a layer", model.weights.ordered_names
-    return _error(model.path, model.weights, piece, names, "the logits are not finite")
+    return _error(model.path, model.weights, piece, names, outcome)
 
 
 def _first_nonfinite_piece(model, tokens, positions, stepwise) -> tuple[str, list[str]]:

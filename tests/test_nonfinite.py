@@ -162,3 +162,16 @@ def test_drafter_nan_is_named_and_accept_fails_it(tmp_path):
     r = check_run(str(tmp_path), ["accept", "--target", target, "--draft", drafter, "--draft", bad, "-n", "6", "-q"], 2)
     assert "nan.gguf: tensor 'blk.1.attn_q.weight' holds NaN/inf" in r.stderr
     assert "the draft logits are not finite" in r.stderr
+
+
+def test_a_forward_without_logits_checks_the_final_states(tmp_path):
+    from ggtools.runtime import TargetModel
+    from ggtools.runtime.errors import NonFiniteError
+    from tests.hostile_corpus import poison
+    model = TargetModel(poison(os.path.join(DEMO, "target.gguf"), tmp_path / "m.gguf", "blk.0.attn_v.weight"),
+                        threads=1)
+    try:
+        with pytest.raises(NonFiniteError, match="tensor 'blk.0.attn_v.weight'.*final hidden states are not finite"):
+            model.forward([1, 2, 3], taps=[1], logits="none")
+    finally:
+        model.close()

@@ -51,13 +51,13 @@ def target_violations(f) -> list[Violation]:
     n_embd = k.uint("embedding_length", required=known)
     k.check("embedding_length", n_embd != 0, "is 0")
     n_layer_all = _layers(k, known)
-    n_layer = _nextn(k, n_layer_all)
+    _nextn(k, n_layer_all)
     _experts(k, spec, n_layer_all)
     n_ff = k.per_layer("feed_forward_length", n_layer_all)
     if spec.dense_ffn and n_ff is not None:
         k.check("feed_forward_length", min(n_ff, default=1) > 0, "is 0: every layer has a feed-forward network")
     head_dim = _heads(k, n_embd, n_layer_all, known)
-    _rope(k, spec, arch, head_dim, n_layer_all)
+    _rope(k, spec, arch, head_dim)
     eps = k.float("attention.layer_norm_rms_epsilon", required=known)
     k.check("attention.layer_norm_rms_epsilon", eps is None or eps > 0,
             f"is {eps}: the RMS norm divides by sqrt(mean + eps), which must be above 0",
@@ -66,7 +66,7 @@ def target_violations(f) -> list[Violation]:
     k.check("attention.scale", scale is None or scale >= 0, f"is {scale}: an attention scale cannot be negative")
     _sliding_window(k, spec, n_layer_all)
     if spec.delta_net:
-        _delta_net(k, n_layer_all, n_layer)
+        _delta_net(k, n_layer_all)
     return k.violations
 
 
@@ -80,17 +80,14 @@ def _layers(k: Keys, required: bool) -> int | None:
     return n
 
 
-def _nextn(k: Keys, n_layer_all) -> int | None:
-    """The trunk's layer count: block_count less the MTP (NextN) blocks stored after it."""
+def _nextn(k: Keys, n_layer_all):
+    """The MTP (NextN) blocks stored after the trunk, counted in block_count: the trunk keeps at least one layer."""
     nextn = k.uint("nextn_predict_layers", 0)
-    if n_layer_all is None or nextn is None:
-        return None
-    if not k.check("nextn_predict_layers", nextn < n_layer_all,
-                   f"is {nextn} of {n_layer_all} layers (block_count): it leaves no trunk layer to run"
-                   + (" (llama.cpp asserts n_layer_nextn <= n_layer_all)" if nextn > n_layer_all else ""),
-                   "GGML_ASSERT(hparams.n_layer_nextn <= hparams.n_layer_all) failed" if nextn > n_layer_all else None):
-        return None
-    return n_layer_all - nextn
+    if n_layer_all is not None and nextn is not None:
+        k.check("nextn_predict_layers", nextn < n_layer_all,
+                f"is {nextn} of {n_layer_all} layers (block_count): it leaves no trunk layer to run"
+                + (" (llama.cpp asserts n_layer_nextn <= n_layer_all)" if nextn > n_layer_all else ""),
+                "GGML_ASSERT(hparams.n_layer_nextn <= hparams.n_layer_all) failed" if nextn > n_layer_all else None)
 
 
 def _experts(k: Keys, spec: ArchKeys, n_layer_all):
@@ -148,7 +145,7 @@ def _heads(k: Keys, n_embd, n_layer_all, known: bool) -> int | None:
     return n_embd // h
 
 
-def _rope(k: Keys, spec: ArchKeys, arch: str, head_dim, n_layer_all):
+def _rope(k: Keys, spec: ArchKeys, arch: str, head_dim):
     base = k.float("rope.freq_base", 10000.0)
     k.check("rope.freq_base", base is None or base > 0, f"is {base}: the RoPE base must be above 0")
     base_swa = k.float("rope.freq_base_swa")
@@ -214,7 +211,7 @@ def _sliding_window(k: Keys, spec: ArchKeys, n_layer_all):
         k.uint(key)
 
 
-def _delta_net(k: Keys, n_layer_all, n_layer):
+def _delta_net(k: Keys, n_layer_all):
     """Gated DeltaNet layers (qwen35, qwen35moe: load_arch_hparams reads ssm.* with get_key, required)."""
     sizes = {name: k.uint(f"ssm.{name}", required=True)
              for name in ("conv_kernel", "inner_size", "state_size", "time_step_rank", "group_count")}

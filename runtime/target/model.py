@@ -116,7 +116,10 @@ class TargetModel:
         self.kv.n_tokens = start + len(tokens)
         out = backend.rms_norm(x, self.output_norm, hp.rms_eps)
         self._tap(features, taps, hp.n_layer, out)
-        if logits == "none":
+        if logits == "none":             # no logits to check: the final states (and so every tap before them)
+            if not nonfinite.finite(backend, out):
+                raise nonfinite.target_error(self, tokens, positions, start, stepwise,
+                                             "the final hidden states are not finite")
             return None, features
         rows = backend.host(self.head(out if logits == "all" else out[-1:], stepwise))
         if not np.isfinite(rows).all():       # on the host already: the one check the normal path pays
