@@ -9,7 +9,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ggtools import quants
+from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
+from ggtools.gguf.scan import scan_tensor
 from ggtools.runtime.kernels import matmul
 from ggtools.runtime.errors import ModelError
 
@@ -65,6 +67,11 @@ class WeightFile:
     def names(self) -> set[str]:
         return set(self._where)
 
+    @property
+    def ordered_names(self) -> list[str]:
+        """Every tensor name, in file (and shard) order."""
+        return list(self._where)
+
     def _lookup(self, name):
         try:
             return self._where[name]
@@ -106,6 +113,21 @@ class WeightFile:
 
     def optional_vector(self, name: str, n: int | None = None) -> np.ndarray | None:
         return self.vector(name, n) if self.has(name) else None
+
+    def nonfinite(self, names) -> tuple[str, str] | None:
+        """The first of `names` (in that order; absent ones skipped) whose data holds NaN/inf values or scales
+        (ggml_validate_row_data's rules), as (name, where: 'value N' or 'block N'); None when all are finite."""
+        for name in names:
+            if name not in self._where:
+                continue
+            f, t = self._where[name]
+            try:
+                n_bad, first = scan_tensor(f, t, quants.check_row_data)
+            except GGToolsError:
+                continue                # a type ggml has no row rule for
+            if n_bad:
+                return name, f"{'value' if t.block[0] == 1 else 'block'} {first}"
+        return None
 
     def close(self):
         self.shards.close()

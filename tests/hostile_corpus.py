@@ -14,8 +14,11 @@ import struct
 
 import numpy as np
 from click.testing import CliRunner
+from gguf import GGUFValueType as VT
 
 from tests import gguf_builder as B
+from tests.test_convert_support import rewrite_gguf
+from tests.tiny_targets import write_gpt_oss, write_qwen35
 from ggtools.cli import main
 from ggtools.samples import write_moe_set
 
@@ -170,6 +173,7 @@ def build_corpus(root) -> dict[str, str]:
     c["notok"] = write(j("notok.gguf"), _without_tokenizer(c["target"]))
     c["drafter"] = _drafter(c, j("drafter.gguf"))
     c["drafter_huge_block"] = _patched(c["drafter"], j("drafter_huge_block.gguf"), "dflash.block_size=u32:4294967295")
+    _model_variants(c, j)
     _hf_variants(c, j)
     _dspark(c, j)
     _prompt_files(c, j)
@@ -247,6 +251,69 @@ def _prompt_files(c, j):
     os.makedirs(j("prompts"))
     for key, (name, data) in PROMPT_FILES.items():
         c[key] = write(j("prompts", name), data)
+
+
+U32, I32, F32_KV, STR = VT.UINT32, VT.INT32, VT.FLOAT32, VT.STRING
+NAN = float("nan")
+# name -> (base model, keys set (key, type, value, element type), keys dropped): models with broken hyperparameters
+# (issue 21 section 2), the first six the original reproductions (memory corruption before the model-file rules)
+HPARAM_VARIANTS = {
+    "t_rot999": ("target", [("qwen3.rope.dimension_count", U32, 999, None)]),
+    "t_rot128": ("target", [("qwen3.rope.dimension_count", U32, 128, None)]),      # head size 64
+    "q35_rot999": ("q35", [("qwen35.rope.dimension_count", U32, 999, None)]),
+    "q35_rot32": ("q35", [("qwen35.rope.dimension_count", U32, 32, None)]),         # head size 16
+    "oss_rot999": ("oss", [("gpt-oss.rope.dimension_count", U32, 999, None)]),
+    "oss_rot32": ("oss", [("gpt-oss.rope.dimension_count", U32, 32, None)]),
+    "d_rot999": ("drafter", [("dflash.rope.dimension_count", U32, 999, None)]),
+    "d_rot128": ("drafter", [("dflash.rope.dimension_count", U32, 128, None)]),   # head size 64
+    "t_eps_nan": ("target", [("qwen3.attention.layer_norm_rms_epsilon", F32_KV, NAN, None)]),
+    "t_eps_neg": ("target", [("qwen3.attention.layer_norm_rms_epsilon", F32_KV, -1e-6, None)]),
+    "t_base0": ("target", [("qwen3.rope.freq_base", F32_KV, 0.0, None)]),
+    "t_base_nan": ("target", [("qwen3.rope.freq_base", F32_KV, NAN, None)]),
+    "oss_yarn_nan": ("oss", [("gpt-oss.rope.scaling.factor", F32_KV, NAN, None)]),
+    "oss_yarn_attn_nan": ("oss", [("gpt-oss.rope.scaling.attn_factor", F32_KV, NAN, None)]),
+    "t_scale_nan": ("target", [("qwen3.attention.scale", F32_KV, NAN, None)]),
+    "t_layers0": ("target", [("qwen3.block_count", U32, 0, None)]),
+    "t_layers_neg": ("target", [("qwen3.block_count", I32, -1, None)]),
+    "t_layers_f32": ("target", [("qwen3.block_count", F32_KV, 4.0, None)]),
+    "q35_nextn": ("q35", [("qwen35.nextn_predict_layers", U32, 9, None)]),
+    "t_heads_str": ("target", [("qwen3.attention.head_count", STR, "4", None)]),
+    "t_heads0": ("target", [("qwen3.attention.head_count", U32, 0, None)]),
+    "t_kv_heads0": ("target", [("qwen3.attention.head_count_kv", U32, 0, None)]),
+    "q35_interval0": ("q35", [("qwen35.full_attention_interval", U32, 0, None)]),
+    "q35_groups0": ("q35", [("qwen35.ssm.group_count", U32, 0, None)]),
+    "d_ids_str": ("drafter", [("dflash.target_layers", VT.ARRAY, ["2", "3"], STR)]),
+    "d_mask_i32": ("drafter", [("tokenizer.ggml.mask_token_id", I32, -1, None)]),
+    "d_block0": ("drafter", [("dflash.block_size", U32, 0, None)]),
+    "d_base_nan": ("drafter", [("dflash.rope.freq_base", F32_KV, NAN, None)]),
+}
+
+
+def _model_variants(c, j):
+    """Models of every arch the runtime runs, and broken copies: hyperparameters (HPARAM_VARIANTS), NaN weights,
+    cut files."""
+    c["q35"] = write_qwen35(j("q35.gguf"))
+    c["oss"] = write_gpt_oss(j("oss.gguf"))
+    for name, (base, keys) in HPARAM_VARIANTS.items():
+        c[name] = str(rewrite_gguf(c[base], j(f"{name}.gguf"), set_keys=keys))
+    c["t_nan"] = poison(c["target"], j("t_nan.gguf"), "blk.1.ffn_up.weight")
+    c["d_nan"] = poison(c["drafter"], j("d_nan.gguf"), "blk.0.ffn_up.weight")
+    for name in ("target", "drafter"):
+        data = open(c[name], "rb").read()
+        c[f"{name}_half"] = write(j(f"{name}_half.gguf"), data[:len(data) // 2])
+
+
+def poison(src, dst, tensor) -> str:
+    """A copy of src whose tensor's value 40 is NaN (F32, F16 or BF16 data)."""
+    from ggtools.gguf import GGUFFile
+    data = bytearray(open(src, "rb").read())
+    with GGUFFile(src) as f:
+        t = f.tensor[tensor]
+        at, kind = t.data_start, t.type_name
+    nan = {"F32": np.float32(np.nan).tobytes(), "F16": np.float16(np.nan).tobytes(), "BF16": b"\xc0\x7f"}[kind]
+    at += 40 * len(nan)
+    data[at:at + len(nan)] = nan
+    return write(dst, bytes(data))
 
 
 def _hf_variants(c, j):

@@ -140,15 +140,23 @@ def make_dspark_checkpoint(path, *, arch="Qwen3DSparkModel", layout="flat", conf
 
 
 def make_target_gguf(path, *, arch="qwen3", n_layer=8, hidden=H, vocab=VOCAB, extra=()) -> Path:
-    """A target GGUF with only metadata: what the converter and pair-check read (no tensors)."""
+    """A target GGUF with only metadata (no tensors): what the converter and pair-check read, and the keys
+    llama.cpp's loader requires of the arch (the model-file rules doctor applies to a target); `extra` adds keys
+    or replaces these."""
+    kvs = {"general.architecture": (VT.STRING, arch, None), f"{arch}.block_count": (VT.UINT32, n_layer, None),
+           f"{arch}.context_length": (VT.UINT32, 4096, None), f"{arch}.embedding_length": (VT.UINT32, hidden, None),
+           f"{arch}.attention.head_count": (VT.UINT32, 4, None),
+           f"{arch}.attention.layer_norm_rms_epsilon": (VT.FLOAT32, 1e-6, None)}
+    if arch in ("qwen35", "qwen35moe"):
+        kvs[f"{arch}.rope.dimension_sections"] = (VT.ARRAY, [4, 4, 0, 0], VT.INT32)
+        kvs |= {f"{arch}.ssm.{k}": (VT.UINT32, v, None) for k, v in (
+            ("conv_kernel", 4), ("inner_size", 64), ("state_size", 16), ("time_step_rank", 4), ("group_count", 2))}
+    kvs |= {"tokenizer.ggml.model": (VT.STRING, "llama", None),
+            "tokenizer.ggml.tokens": (VT.ARRAY, [f"<t{i}>" for i in range(vocab)], VT.STRING),
+            "tokenizer.ggml.bos_token_id": (VT.UINT32, 1, None)}
+    kvs |= {key: (vtype, value, elem) for key, vtype, value, elem in extra}
     with GGUFWriter(path, force=True) as w:
-        w.add_kv("general.architecture", VT.STRING, arch)
-        w.add_kv(f"{arch}.block_count", VT.UINT32, n_layer)
-        w.add_kv(f"{arch}.embedding_length", VT.UINT32, hidden)
-        w.add_kv("tokenizer.ggml.model", VT.STRING, "llama")
-        w.add_kv("tokenizer.ggml.tokens", VT.ARRAY, [f"<t{i}>" for i in range(vocab)], VT.STRING)
-        w.add_kv("tokenizer.ggml.bos_token_id", VT.UINT32, 1)
-        for key, vtype, value, elem in extra:
+        for key, (vtype, value, elem) in kvs.items():
             w.add_kv(key, vtype, value, elem)
     return Path(path)
 

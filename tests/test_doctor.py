@@ -127,8 +127,25 @@ def _cases():
                             "clamping to 7"),
         "n_max/ggtools": (lambda w: doctor(w["v1"], n_max=12, runtimes=["ggtools"]), "n_max", "ggtools",
                           "--n-max 12: the drafter's block of 8 drafts at most 7 tokens per step"),
-        "loader/ggtools": (lambda w: doctor(broken(w, "v1", "noids-gg", drop_keys=[f"{A}.target_layers"]),
-                                            runtimes=["ggtools"]), "loader", "ggtools", None),
+        "loader/ggtools": (lambda w: doctor(broken(w, "v1", "kv-gg", set_keys=[
+            (f"{A}.attention.value_length", VT.UINT32, 64, None)]), runtimes=["ggtools"]), "loader", "ggtools", None),
+        # the model-file rules (ggtools.hparam_rules), quoting llama.cpp's loader where it refuses the file
+        "hparams/type": (lambda w: doctor(broken(w, "v1", "bs-f32", set_keys=[
+            (f"{A}.block_size", VT.FLOAT32, 8.0, None)])), "block_size", "llama.cpp",
+            f"key {A}.block_size has wrong type f32 but expected type u32"),
+        "hparams/block_count": (lambda w: doctor(broken(w, "v1", "nl0", set_keys=[
+            (f"{A}.block_count", VT.UINT32, 0, None)])), "hparams", "llama.cpp",
+            "GGML_ASSERT(hparams.n_layer_all > 0 && hparams.n_layer_all <= LLAMA_MAX_LAYERS) failed"),
+        "hparams/n_rot": (lambda w: doctor(broken(w, "v1", "nrot", set_keys=[
+            (f"{A}.rope.dimension_count", VT.UINT32, 999, None)])), "hparams", "llama.cpp",
+            "GGML_ASSERT(n_dims <= ne0) failed"),
+        "mask_token_id/type": (lambda w: doctor(broken(w, "v1", "mask-i32", set_keys=[
+            ("tokenizer.ggml.mask_token_id", VT.INT32, -1, None)])), "mask_token_id", "llama.cpp",
+            "key tokenizer.ggml.mask_token_id has wrong type i32 but expected type u32"),
+        "target_layers/strings": (lambda w: doctor(broken(w, "v1", "ids-str", set_keys=[
+            (f"{A}.target_layers", VT.ARRAY, ["2", "6"], VT.STRING)])), "target_layers", "llama.cpp",
+            f"{A}.target_layers has wrong array element type str"),
+
         "hidden": (lambda w: pair_check(make_target_gguf(w["dir"] / "wide.gguf", hidden=2 * H), w["v1"]), "hidden",
                    "llama.cpp", "encode: embd row width 256 does not match the encoder input 128"),
         "fc/llama.cpp": (lambda w: pair_check(w["target"], broken(w, "v1", "fc3", set_keys=[

@@ -1,10 +1,14 @@
 """Bounded, seeded mutation fuzzing of GGUF and safetensors headers through inspect, validate, quantize, patch
-and convert. Every run must keep the hostile corpus's four properties (hostile_corpus.py): an exit code of
-0, 1 or 2; on failure one line on stderr and no traceback; inputs unchanged; no new file but the output.
+and convert, and of model hyperparameters (values and types) through validate, doctor and run. Every run must keep
+the hostile corpus's four properties (hostile_corpus.py): an exit code of 0, 1 or 2; on failure one line on stderr
+and no traceback; inputs unchanged; no new file but the output.
 
-The mutator is hand-rolled and structure-aware: it walks the header itself (independently of ggtools'
+The header mutator is hand-rolled and structure-aware: it walks the header itself (independently of ggtools'
 reader) to find every count, length, type, dimension and offset, then sets one of them to a boundary or
-random value, or flips bytes, or cuts the file. The seed is fixed: a failure names its case and replays.
+random value, or flips bytes, or cuts the file. The hyperparameter mutator sets one key the runtime reads (or one
+it does not have) to a boundary value of some GGUF type, or drops it, on a tiny model of every arch the runtime
+runs and a drafter; a file the model-file rules refuse must be refused by run (in their words) and failed by
+doctor. The seed is fixed: a failure names its case and replays.
 """
 
 import json
@@ -16,9 +20,13 @@ import struct
 import numpy as np
 import pytest
 
+from gguf import GGUFValueType as VT
+
 from tests import gguf_builder as B
 from tests.hostile_corpus import DEMO, check_run, snapshot
 from tests.stalled_cli import stop_while_stalled
+from tests.test_convert_support import rewrite_gguf
+from tests.tiny_targets import write_gpt_oss, write_qwen35
 
 SEED = 12
 GGUF_CASES = 400
@@ -333,3 +341,115 @@ def test_stop_signals_at_fuzzed_points(pair, tmp_path):
         assert os.listdir(tmp) == [], what
         assert os.listdir(out) == [], what
         assert snapshot(pair) == before, what
+
+
+# ---- hyperparameters ---------------------------------------------------------------------------------------------
+
+HPARAM_CASES = 160
+NAN, INF = float("nan"), float("inf")
+# GGUF type -> (element type for arrays, boundary values)
+HOSTILE_VALUES = [
+    (VT.UINT32, None, [0, 1, 2, 3, 7, 64, 513, 2 ** 31, 2 ** 32 - 1]),
+    (VT.INT32, None, [-1, 0, 2, -2 ** 31]),
+    (VT.UINT64, None, [4, 2 ** 63]),
+    (VT.FLOAT32, None, [NAN, INF, -INF, 0.0, -1.0, 1e-30, 1e30, 0.5, 4.0]),
+    (VT.FLOAT64, None, [NAN, 1.0]),
+    (VT.STRING, None, ["", "4", "yarn", "none"]),
+    (VT.BOOL, None, [True]),
+    (VT.ARRAY, VT.INT32, [[], [0], [-1, 2], [1, 1, 1, 1], [2 ** 31 - 1] * 4, [0, 0, 0, 0], [2, 1, 1, 0]]),
+    (VT.ARRAY, VT.UINT32, [[4, 4, 4, 4], [0, 0, 0, 0, 0]]),
+    (VT.ARRAY, VT.FLOAT32, [[NAN, 1.0, 1.0, 1.0]]),
+    (VT.ARRAY, VT.STRING, [["2", "3"]]),
+    (VT.ARRAY, VT.BOOL, [[True, False, True, True], [False]]),
+]
+# keys a model may lack that the runtime reads (after "<arch>.")
+ABSENT_KEYS = ["nextn_predict_layers", "attention.scale", "rope.scaling.type", "rope.scaling.factor",
+               "rope.freq_base_swa", "expert_count", "expert_used_count", "attention.sliding_window",
+               "attention.sliding_window_pattern", "rope.dimension_sections", "attention.recurrent_layers",
+               "full_attention_interval", "rope.dimension_count", "attention.causal", "embedding_scale"]
+
+
+@pytest.fixture(scope="module")
+def hparam_models(tmp_path_factory):
+    from ggtools.jobs.convert import convert_dflash
+    d = tmp_path_factory.mktemp("models")
+    target = shutil.copy(os.path.join(DEMO, "target.gguf"), d / "target.gguf")
+    drafter, lucebox = d / "drafter.gguf", d / "lucebox.gguf"
+    convert_dflash(os.path.join(DEMO, "drafter"), drafter, profile="llama.cpp", target=target)
+    convert_dflash(os.path.join(DEMO, "drafter"), lucebox, profile="lucebox")
+    return {"target": str(target), "q35": write_qwen35(d / "q35.gguf"), "oss": write_gpt_oss(d / "oss.gguf"),
+            "drafter": str(drafter), "lucebox": str(lucebox)}
+
+
+def hparam_keys(path) -> tuple[str, dict]:
+    """The model's arch and its hyperparameter keys -> (type, element type)."""
+    from ggtools.gguf import GGUFFile
+    with GGUFFile(path) as f:
+        arch = f.architecture
+        return arch, {kv.key: (kv.vtype, kv.elem_type) for kv in f.kvs
+                      if kv.key.startswith(arch + ".") or kv.key == "tokenizer.ggml.mask_token_id"}
+
+
+def mutate_hparams(path, rng) -> tuple[str, list, list]:
+    """(what, keys set, keys dropped): one key of the model (or one it lacks) set to a boundary value of its own
+    type (half the time) or of another, or dropped."""
+    arch, keys = hparam_keys(path)
+    key = pick(rng, sorted(keys)) if rng.random() < 0.8 else f"{arch}.{pick(rng, ABSENT_KEYS)}"
+    if key in keys and rng.random() < 0.12:
+        return f"drop {key}", [], [key]
+    own = [entry for entry in HOSTILE_VALUES if key in keys and entry[:2] == keys[key]]
+    vtype, elem, values = own[0] if own and rng.random() < 0.5 else pick(rng, HOSTILE_VALUES)
+    value = pick(rng, values)
+    what = f"{key} := {vtype.name}{f'[{elem.name}]' if elem else ''} {value!r}"
+    return what, [(key, vtype, value, elem)], []
+
+
+def hparam_cases():
+    rng = np.random.default_rng(SEED + 2)
+    names = ["target", "q35", "oss", "drafter", "lucebox"]
+    for i in range(HPARAM_CASES):
+        yield i, names[i % len(names)], rng
+
+
+def test_hyperparameter_mutations(tmp_path, hparam_models):
+    """HPARAM_CASES models with one hyperparameter mutated, each through validate, doctor and run (2 tokens): the
+    four properties, and one verdict: a file the model-file rules refuse is failed by validate and doctor and
+    refused by run in the rules' words; one they pass never crashes run."""
+    from ggtools.gguf import GGUFFile
+    from ggtools.hparam_rules import model_violations
+    refused = ran = 0
+    for i, name, rng in hparam_cases():
+        what, set_keys, drop_keys = mutate_hparams(hparam_models[name], rng)
+        case = f"{i}-{name}: {what}"
+        d = tmp_path / str(i)
+        d.mkdir()
+        path = str(rewrite_gguf(hparam_models[name], d / "m.gguf", set_keys=set_keys, drop_keys=drop_keys))
+        with GGUFFile(path) as f:
+            violations = model_violations(f)
+        drafter = name in ("drafter", "lucebox")
+        few = ["--prompt-ids", "1,2,3", "-n", "2"]
+        run = ["run", "--target", hparam_models["target"], "--draft", path, *few] if drafter else \
+            ["run", "--target", path, *few]
+        doctor = ["doctor", path] + (["--hf", os.path.join(DEMO, "drafter")] if i % 2 else []) if drafter else \
+            ["doctor", hparam_models["drafter"], "--target", path]
+        v = _check(d, ["validate", path], [], case)
+        r = _check(d, run, [], case)
+        doc = _check(d, doctor, [], case)
+        if violations:
+            refused += 1
+            assert v.exit_code == 1 and doc.exit_code == 1, case
+            assert r.exit_code == 2 and str(violations[0]) in r.stderr, f"case {case}: {r.stderr}"
+        elif r.exit_code == 0:
+            ran += 1
+        shutil.rmtree(d)
+    assert refused > HPARAM_CASES // 4 and ran > HPARAM_CASES // 8, (refused, ran)
+
+
+def test_hyperparameter_mutator_reaches_every_model_and_type():
+    rng = np.random.default_rng(SEED + 2)
+    kinds = {(vtype, elem) for vtype, elem, _ in HOSTILE_VALUES}
+    seen = set()
+    for _ in range(400):
+        vtype, elem, _ = pick(rng, HOSTILE_VALUES)
+        seen.add((vtype, elem))
+    assert seen == kinds

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests.hostile_corpus import HOSTILE_MANIFESTS, build_corpus, check_run
+from tests.hostile_corpus import HOSTILE_MANIFESTS, HPARAM_VARIANTS, build_corpus, check_run
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +23,27 @@ CONVERT = ["convert", "dflash", "{hf}", "--target-gguf", "{target}"]
 Q8 = ["--scheme", "q8_0"]
 RUN = ["run", "--target", "{target}", "--prompt-ids", "1,2", "-n", "4"]
 ACCEPT = ["accept", "--target", "{target}", "--draft", "{drafter}", "-q", "-n", "4"]
+FEW = ["--prompt-ids", "1,2,3", "-n", "2"]
+
+
+def _hparam_rows():
+    """Every broken-hyperparameter model (hostile_corpus.HPARAM_VARIANTS) through run, validate and doctor: one line
+    naming the key, the same rule everywhere (run exit 2, validate and doctor exit 1)."""
+    rows = []
+    for name, (base, keys) in HPARAM_VARIANTS.items():
+        key = "{%s}" % name
+        where = f"key '{keys[0][0]}'"
+        if base == "drafter":
+            run = ["run", "--target", "{target}", "--draft", key, *FEW]
+            doctor = ["doctor", key]
+        else:
+            run = ["run", "--target", key, *FEW]
+            doctor = ["doctor", "{drafter}", "--target", key] if base == "target" else None
+        rows += [(f"hparams/run-{name}", run, 2, [], where), (f"hparams/validate-{name}", ["validate", key], 1, [], where)]
+        if doctor:
+            rows.append((f"hparams/doctor-{name}", doctor, 1, [], where))
+    return rows
+
 
 # (id, args, exit code, outputs the run may create, fragment of the error line)
 ROWS = [
@@ -146,6 +167,25 @@ ROWS = [
     ("nonfinite/requant-nan-scale", ["requant-trunk", "{nan_q8}", "-o", "{root}/rq", "-q"], 2, [], "row 1"),
     ("nonfinite/requant-copied-nan-scale", ["requant-trunk", "{nan_q8_copy}", "-o", "{root}/rq", "-q"], 2, [],
      "refusing to copy them as verified"),
+    ("nonfinite/run-nan-target", ["run", "--target", "{t_nan}", *FEW], 2, [], "tensor 'blk.1.ffn_up.weight'"),
+    ("nonfinite/run-draft-nan-target", ["run", "--target", "{t_nan}", "--draft", "{drafter}", *FEW], 2, [],
+     "tensor 'blk.1.ffn_up.weight'"),
+    ("nonfinite/run-draft-nan-drafter", ["run", "--target", "{target}", "--draft", "{d_nan}", *FEW], 2, [],
+     "tensor 'blk.0.ffn_up.weight'"),
+    ("nonfinite/accept-nan-target", ["accept", "--target", "{t_nan}", "--draft", "{drafter}", "-n", "4", "-q"], 2, [],
+     "tensor 'blk.1.ffn_up.weight'"),
+    ("nonfinite/accept-nan-drafter", ["accept", "--target", "{target}", "--draft", "{d_nan}", "-n", "4", "-q"], 2, [],
+     "tensor 'blk.0.ffn_up.weight'"),
+    ("nonfinite/validate-deep-nan-target", ["validate", "--deep", "{t_nan}"], 1, [], "tensor 'blk.1.ffn_up.weight'"),
+    ("nonfinite/validate-deep-nan-drafter", ["validate", "--deep", "{d_nan}"], 1, [], "tensor 'blk.0.ffn_up.weight'"),
+    # 10. model-file rules: a hyperparameter the runtime reads is checked where the runtime reads it, by validate
+    # and by doctor, in the same words; doctor never says OK to a file run refuses
+    *_hparam_rows(),
+    ("doctor/truncated-drafter", ["doctor", "{drafter_half}"], 1, [], "the file is truncated"),
+    ("doctor/truncated-target", ["doctor", "{drafter}", "--target", "{target_half}"], 1, [], "the file is truncated"),
+    ("input/run-truncated-target", ["run", "--target", "{target_half}", *FEW], 2, [], "end of the file"),
+    ("input/run-truncated-drafter", ["run", "--target", "{target}", "--draft", "{drafter_half}", *FEW], 2, [],
+     "end of the file"),
     # 7. bounds: every request is refused up front when it cannot fit, naming the limit
     ("bounds/run-beyond-context", ["run", "--target", "{target}", "--prompt-ids", "1,2,3", "-n", "100000"], 2, [],
      "context length"),
@@ -273,6 +313,24 @@ def test_every_command_has_rows():
     from ggtools.cli import COMMANDS
     covered = {r[1][0] for r in ROWS}
     assert set(COMMANDS) - covered == set(), set(COMMANDS) - covered
+
+
+def test_nan_rope_base_is_named_as_such(corpus):
+    """A NaN RoPE base is not "a separate RoPE base for sliding-window layers" (NaN != NaN): the finite rule speaks."""
+    result = check_run(corpus["root"], _fill(["run", "--target", "{t_base_nan}", *FEW], corpus), 2)
+    assert "must be a finite number" in result.stderr and "sliding-window" not in result.stderr
+
+
+def test_the_reproductions_name_the_rope_rule(corpus):
+    """The original reproductions (rope.dimension_count 999, or twice the head size) on every arch: one clean line
+    with the rule (these crashed the process with SIGSEGV or "double free or corruption" before it)."""
+    for name in ("t_rot999", "t_rot128", "q35_rot999", "q35_rot32", "oss_rot999", "oss_rot32"):
+        result = check_run(corpus["root"], _fill(["run", "--target", "{%s}" % name, *FEW], corpus), 2)
+        assert "the head size is" in result.stderr, name
+    for name in ("d_rot999", "d_rot128"):
+        result = check_run(corpus["root"], _fill(["run", "--target", "{target}", "--draft", "{%s}" % name, *FEW],
+                                                 corpus), 2)
+        assert "the head size is 64" in result.stderr, name
 
 
 def test_corpus_makes_no_files_outside_its_directory(corpus):

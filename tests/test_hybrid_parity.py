@@ -154,8 +154,10 @@ def test_split_target_runs_from_its_first_shard(targets, models):
 @pytest.mark.parametrize("edit, message", [
     ("qwen35.ssm.inner_size=u32:100", "'qwen35.ssm.inner_size' is not time_step_rank x state_size"),
     ("qwen35.attention.recurrent_layers=bool[]:1,1,1,1,1,1", "tensor 'blk.1.attn_qkv.weight' is missing"),
-    ("qwen35.attention.recurrent_layers=bool[]:1,0", "'qwen35.attention.recurrent_layers' has 2 entries for 6 layers"),
-    ("qwen35.ssm.group_count=u32:3", "4 value heads is not a multiple of 3 key heads"),
+    ("qwen35.attention.recurrent_layers=bool[]:1,0", "key 'qwen35.attention.recurrent_layers': has 2 entries for 6 "
+                                                     "layers"),
+    ("qwen35.ssm.group_count=u32:3", "key 'qwen35.ssm.time_step_rank': 4 value heads are not a multiple of "
+                                     "ssm.group_count 3 key heads"),
 ])
 def test_inconsistent_hybrid_keys_are_one_line_errors(targets, tmp_path, edit, message):
     """A qwen35 GGUF whose Gated DeltaNet keys disagree with its tensors: `ggtools run` names the file and the

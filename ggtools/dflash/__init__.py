@@ -16,6 +16,7 @@ runtime's loader applies.
 - findings.py     Finding / Effect: what doctor reports, per runtime
 - loaders.py      llama.cpp's and lucebox's drafter loader rules, quoting what each prints
 - dspark_rules.py what llama.cpp's and lucebox's loaders and graphs do with a DSpark drafter's heads and d2t
+- file_rules.py   the model-file rules (container, hyperparameters) as findings, per runtime
 - pair_rules.py   the drafter + target rules, per runtime
 - source_check.py a drafter GGUF against its Hugging Face checkpoint (values and tensors)
 - rewrite.py      the KV edits and tensor actions that repair a drafter or move it to another layout

@@ -4,6 +4,10 @@ llama.cpp at 0c1e570 (`src/models/dflash.cpp`, `llama-model.cpp`, `llama-model-l
 `llama-batch.cpp`, `common/speculative.cpp`) for arch `dflash`; lucebox at 62880e20
 (`server/src/draft/draft_gguf_loader.cpp`) for `qwen35-dflash-draft` and its aliases. Quotes are the runtime's
 format strings filled in, so a test can find each one in the runtime's source.
+
+The hyperparameter rules (required keys and their types, block size, target layer ids, mask id range, ...) are
+ggtools.hparam_rules' (doctor reports them through dflash/file_rules.py, quoting llama.cpp where it refuses);
+these are the rest of each loader.
 """
 
 from ggtools.dflash.draftfile import DraftFile
@@ -11,7 +15,6 @@ from ggtools.dflash.dspark_rules import llamacpp_findings, llamacpp_shapes, luce
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, failed, ok
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, PROFILES, V2_KEYS
 
-LLAMA_REQUIRED_KEYS = ("context_length", "embedding_length", "block_count", "attention.layer_norm_rms_epsilon")
 LUCEBOX_LAYER = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
                  "ffn_gate", "ffn_up", "ffn_down")
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
@@ -20,12 +23,13 @@ RECONVERT = "ggtools convert dflash HF_DIR -o OUT --profile {profile}"
 DFLASH_SPEC = "common_speculative_impl_draft_dflash"     # the __func__ llama.cpp's DFlash drafter logs under
 
 
-def loader_findings(d: DraftFile, runtime: str) -> list[Finding]:
-    """What `runtime`'s drafter loader (llama.cpp or lucebox) does with this file."""
+def loader_findings(d: DraftFile, runtime: str, violations=()) -> list[Finding]:
+    """What `runtime`'s drafter loader (llama.cpp or lucebox) does with this file; violations: the hyperparameter
+    rules it breaks (reported apart), those llama.cpp's loader refuses with its own words among them."""
     if d.profile is None or d.profile.runtime != runtime:
         return [arch_finding(d, runtime)]
     out = _llamacpp(d) if runtime == LLAMACPP.runtime else _lucebox(d)
-    if not failed(out):
+    if not failed(out) and not any(v.says for v in violations):
         out.insert(0, ok("loader", f"{runtime}'s drafter loader takes its keys and all {len(d.file.tensors)} "
                                    "tensors"))
     return out
@@ -57,20 +61,12 @@ def _llama(check, message, says, fix, symptom=None, severity=ERROR) -> Finding:
 
 def _llamacpp(d: DraftFile) -> list[Finding]:
     f, A = d.file, d.arch
-    out = [_llama("keys", f"{A}.{k} is missing", f"key not found in model: {A}.{k}",
-                  f"ggtools patch set {d.path} {A}.{k}=<type>:<value> -o OUT")
-           for k in LLAMA_REQUIRED_KEYS if f"{A}.{k}" not in f.kv]
-    kv = f.kv.get(d.key("target_ids"))
-    if d.stored_ids is None:
-        out.append(_llama("target_layers", f"{kv.key if kv else d.key('target_ids')} is missing or not an integer "
-                          "array", "DFlash model requires 'target_layers' in GGUF metadata" if kv is None or
-                          not kv.is_array else f"{kv.key} has wrong array element type {kv.elem_type.name}",
-                          f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"))
+    out = []
     act = f.get(f"{A}.hidden_activation")
-    if act is not None and act not in ACTIVATIONS:
+    if act is not None and (not isinstance(act, str) or act not in ACTIVATIONS):
         out.append(_llama("activation", f"hidden activation '{act}'", f"unsupported DFlash hidden activation: {act}",
                           "silu or gelu only: reconvert the drafter"))
-    if (f.get(f"{A}.attention.sliding_window") or 0) > 0 and f"{A}.attention.sliding_window_pattern" not in f.kv:
+    if _u32(f, f"{A}.attention.sliding_window") > 0 and f"{A}.attention.sliding_window_pattern" not in f.kv:
         out.append(_llama("sliding_window", "sliding_window > 0 without sliding_window_pattern",
                           f"array key not found in model: {A}.attention.sliding_window_pattern",
                           RECONVERT.format(profile=LLAMACPP.name)))
@@ -110,25 +106,22 @@ def llamacpp_tokenizer(d: DraftFile) -> list[Finding]:
                "-o OUT)")
         return [_llama("mask_token_id", f"{key} is missing{found}", "init: invalid token[1] = -1", fix,
                        "every draft batch is rejected: the drafter silently drafts nothing (llama.cpp#26761)")]
-    if not isinstance(mask, int) or mask >= d.n_vocab:
-        return [_llama("mask_token_id", f"mask token id {mask} is outside the drafter's {d.n_vocab}-token vocabulary",
-                       f"load: bad special token: '{key}' = {mask}, using default id -1",
-                       f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT",
-                       "the mask id becomes -1: every draft batch is rejected (\"invalid token[1] = -1\")")]
+    if not isinstance(mask, int) or isinstance(mask, bool) or not 0 <= mask < d.n_vocab:
+        return []               # the hyperparameter rules report it (its type, its range)
     return [ok("mask_token_id", f"mask token id {mask} in the drafter's {d.n_vocab}-token vocabulary")]
 
 
 def _llamacpp_tensors(d: DraftFile) -> list[Finding]:
     f, A = d.file, d.arch
-    H, n_layer = f.get(f"{A}.embedding_length"), f.get(f"{A}.block_count")
-    if not isinstance(H, int) or not isinstance(n_layer, int):
-        return []
-    n_head = f.get(f"{A}.attention.head_count") or 0
-    n_kv = f.get(f"{A}.attention.head_count_kv") or n_head
-    dk = f.get(f"{A}.attention.key_length") or (H // n_head if n_head else 0)
-    dv = f.get(f"{A}.attention.value_length") or dk
+    H, n_layer = _u32(f, f"{A}.embedding_length"), _u32(f, f"{A}.block_count")
+    if not H or not 0 < n_layer <= 1024:
+        return []             # the hyperparameter rules report them
+    n_head = _u32(f, f"{A}.attention.head_count")
+    n_kv = _u32(f, f"{A}.attention.head_count_kv") or n_head
+    dk = _u32(f, f"{A}.attention.key_length") or (H // n_head if n_head else 0)
+    dv = _u32(f, f"{A}.attention.value_length") or dk
     V = d.n_vocab or 0
-    n_ff = f.get(f"{A}.feed_forward_length")
+    n_ff = _u32(f, f"{A}.feed_forward_length")
     required = {"fc.weight": (len(d.stored_ids or []) * H, H), "enc.output_norm.weight": (H,),
                 "output_norm.weight": (H,)}
     optional = {"token_embd.weight": (H, V), "fc.scale": (1,), "rope_freqs.weight": (dk // 2,)}
@@ -175,8 +168,8 @@ def _llamacpp_v2(d: DraftFile, H, n_layer, V, required) -> list[Finding]:
     if not d.is_dflash2:
         return []
     f, A = d.file, d.arch
-    keys = {k: f.get(f"{A}.{k}") or 0 for k in ("selector_rank", "block_size", "selector_top_k",
-                                                    "conv_kernel_size", "conv_group_size")}
+    keys = {k: _u32(f, f"{A}.{k}") for k in ("selector_rank", "block_size", "selector_top_k", "conv_kernel_size",
+                                               "conv_group_size")}
     if min(keys.values()) <= 0:
         missing = [k for k, v in keys.items() if v <= 0]
         return [_llama("dflash2", f"DFlash2 keys missing or zero: {missing}", "DFlash2 model is missing "
@@ -238,11 +231,11 @@ def _lucebox(d: DraftFile) -> list[Finding]:
                        f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"))
     out += _lucebox_tensors(d, L, nh, nkv, hd, H)
     out += _lucebox_ids(d, H)
-    if _u32(f, d.key("block_size")) == 0:
+    if _u32(f, d.key("block_size")) <= 0:
         out.append(_lb("block_size", f"{d.key('block_size')} is missing or zero", None,
                        f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT", "no loader error; drafting with block "
                        "size 0 fails when the draft step is set up"))
-    if not f.get(f"{A}.rope.freq_base"):
+    if f"{A}.rope.freq_base" not in f.kv:
         out.append(_lb("rope_theta", f"{A}.rope.freq_base is missing",
                        "[draft-gguf] WARNING: rope.freq_base not found in GGUF, draft RoPE will be wrong",
                        f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"))

@@ -6,6 +6,8 @@ A rule whose inputs the target lacks is `unchecked` (a failure), never passed. `
 to the target archs it can tap; the jobs layer supplies ggtools' own runtime's list.
 """
 
+import math
+
 from ggtools.dflash.draftfile import DraftFile
 from ggtools.dflash.dspark_rules import lucebox_vocab
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, ok, unchecked
@@ -164,12 +166,19 @@ def _vocab(d: DraftFile, t) -> Finding:
 def rope_against_target(d: DraftFile, t: TargetInfo, runtimes) -> Finding | None:
     """A drafter is trained with its target's RoPE base; a different one is reported, never rewritten from this
     evidence alone (only --hf, the checkpoint, can say which is right)."""
-    mine, theirs = d.value("rope.freq_base"), t.file.get(f"{t.arch}.rope.freq_base")
+    mine, theirs = number(d.value("rope.freq_base")), number(t.file.get(f"{t.arch}.rope.freq_base"))
     if mine is None or theirs is None or abs(mine - theirs) <= 1e-6 * abs(theirs):
-        return None
+        return None         # a base of the wrong type or not finite: the model-file rules report it
     return Finding("rope_theta", WARNING, f"{d.key('rope.freq_base')} {mine:g} differs from the target's "
                    f"rope.freq_base {theirs:g}; only the checkpoint can say which is right (not rewritten)",
                    rope_effects(mine, runtimes), f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT")
+
+
+def number(v) -> float | None:
+    """A finite number the file states, else None (a string, an array, a NaN: the model-file rules report it)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
 
 
 def rope_effects(stored: float, runtimes) -> tuple:

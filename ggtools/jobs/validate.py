@@ -1,4 +1,5 @@
-"""validate: container rules for files and shard sets, optional deep row-data scan, sha256 manifests; for a DSpark
+"""validate: container rules for files and shard sets, the model-file rules on the hyperparameters (the ones the
+runtime's loaders apply, ggtools.hparam_rules), optional deep row-data scan, sha256 manifests; for a DSpark
 drafter, its runtime's rules on the heads, d2t and block size."""
 
 import json
@@ -15,6 +16,8 @@ from ggtools.gguf.check import Problem, check_file, check_set
 from ggtools.gguf.hashing import hash_file
 from ggtools.gguf.inputs import parse_json, read_text
 from ggtools.gguf.outputs import check_output, write_bytes
+from ggtools.gguf.scan import scan_tensor
+from ggtools.hparam_rules import model_violations
 from ggtools.jobs.errors import JobError
 
 
@@ -116,6 +119,7 @@ def _check_one(path, deep, want_hashes) -> FileReport:
     with f:
         report.size, report.n_tensors = f.file_size, len(f.tensors)
         report.problems = check_file(f)
+        report.problems += hparam_problems(f, {p.where for p in report.problems})
         intact = not any(p.severity == "error" for p in report.problems)
         if intact:
             report.problems += dspark_problems(f)
@@ -140,6 +144,12 @@ def dspark_problems(f: GGUFFile) -> list[Problem]:
     return out
 
 
+def hparam_problems(f: GGUFFile, reported=()) -> list[Problem]:
+    """The model-file rules the file's hyperparameters break (its metadata: shard 1 of a set), as the runtime
+    words them; reported: places the container rules already name (a key of the wrong type, say)."""
+    return [Problem(f.path, v.where, v.rule) for v in model_violations(f) if v.where not in reported]
+
+
 def deep_scan(f: GGUFFile) -> list[Problem]:
     """Row-data rules (ggml_validate_row_data): finite fp16 scales, finite floats, MXFP4 scale != 0xFF."""
     from ggtools.quants import check_row_data
@@ -153,23 +163,6 @@ def deep_scan(f: GGUFFile) -> list[Problem]:
                                f"{unit} {first}: NaN/inf data or fp16 scale, or MXFP4 exponent 0xFF "
                                "(ggml_validate_row_data rejects it)"))
     return out
-
-
-def scan_tensor(f: GGUFFile, t, check, chunk_bytes=16 << 20) -> tuple[int, int]:
-    """check(type, rows) over a tensor in row chunks read with pread (bounded memory); returns
-    (bad items, index of the first bad item) where an item is a block, or a value for float types."""
-    row_bytes = t.nbytes // t.n_rows
-    items_per_row = row_bytes // t.block[1]
-    step = max(1, chunk_bytes // row_bytes)
-    total, first, buf = 0, -1, None
-    for start in range(0, t.n_rows, step):
-        rows = f.read_rows(t, start, min(step, t.n_rows - start), buf)
-        buf = rows if buf is None else buf
-        n_bad, at = check(t.type_id, rows)
-        if n_bad and first < 0:
-            first = start * items_per_row + at
-        total += n_bad
-    return total, first
 
 
 def save_manifest(path, reports, inputs=(), force=False):

@@ -6,12 +6,16 @@ aliases) is the profile's fact (ggtools.dflash.profiles): llama.cpp (arch `dflas
 
 `taps` are in the runtime's convention (TargetModel.forward: the residual stream entering layer j), which is
 HF id + 1.
+
+Every key is checked by the model-file rules (ggtools.hparam_rules: the ones validate and doctor apply) before
+it is read here.
 """
 
 from dataclasses import dataclass, field
 
 from ggtools.dflash.profiles import PROFILES, profile_of
-from ggtools.runtime.errors import ModelError
+from ggtools.hparam_rules import drafter_violations
+from ggtools.runtime.errors import ModelError, refuse_violations
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None) -> DraftH
     if p is None:
         raise ModelError(f"architecture '{arch}' is not a DFlash drafter (expected one of "
                          f"{', '.join(a for p in PROFILES.values() for a in p.archs)})")
+    refuse_violations(gguf.path, drafter_violations(gguf, mask_id))
 
     def key(name, default=None, required=False):
         value = gguf.get(f"{arch}.{name}")

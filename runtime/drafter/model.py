@@ -20,6 +20,7 @@ import numpy as np
 from ggtools.runtime.drafter.chain import DraftChain, Selector, chain_v1
 from ggtools.runtime.drafter.hparams import DraftHParams, read_draft_hparams
 from ggtools.runtime.drafter.draft_kv import DraftKV, FullKV, RingKV
+from ggtools.runtime import nonfinite
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.kernels import ops as numba_ops
 
@@ -208,11 +209,15 @@ class Drafter:
 
     def draft(self, kv: DraftKV, anchor: int, n_block: int) -> DraftChain:
         """Drafts for positions kv.committed + 1 ... + n_block - 1 from the block [anchor, MASK, ...]."""
-        hidden = self.forward_block(kv, [anchor] + [self.hp.mask_id] * (n_block - 1))[1:]
-        return self.propose(hidden, anchor)
+        block = [anchor] + [self.hp.mask_id] * (n_block - 1)
+        return self.propose(self.forward_block(kv, block)[1:], anchor, block)
 
-    def propose(self, hidden, anchor: int) -> DraftChain:
+    def propose(self, hidden, anchor: int, block=None) -> DraftChain:
+        """The draft chain from the draft rows' hidden states; NonFiniteError when their logits are not finite
+        (block: the block's ids, to name an embedding row that made them)."""
         logits = self.logits(hidden)
+        if not np.isfinite(logits).all():
+            raise nonfinite.drafter_error(self, block if block is not None else [anchor])
         if self.selector:
             return self.selector.walk(logits, hidden, anchor)
         return chain_v1(logits)
