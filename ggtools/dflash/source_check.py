@@ -83,13 +83,17 @@ def rope_theta(c: dict) -> tuple[float | None, str]:
 def stored_values(d: DraftFile) -> dict:
     """role -> the number the file stores (None where it stores none, or a value of another type: a string, an
     array; the model-file rules report those, and --fix writes the checkpoint's value)."""
-    out = {role: _number(d.value(role)) for role in (*HPARAMS, *V2_KEYS, *DSPARK_ROLES, "rope.freq_base", "block_size",
+    out = {role: _number(d.value(role)) for role in (*HPARAMS, *V2_KEYS, "rope.freq_base", "block_size",
                                                      "n_target_ids", "attention.layer_norm_rms_epsilon")}
+    out |= {role: _number(d.value(role), flags=True) for role in DSPARK_ROLES}
     return out | {"mask": _number(d.mask[0]), "target_ids": d.hf_ids}
 
 
-def _number(v):
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+def _number(v, flags=False):
+    """v when it is a number (or, with flags, a bool: DSpark's switches), else None."""
+    if isinstance(v, bool):
+        return v if flags else None
+    return v if isinstance(v, (int, float)) else None
 
 
 def _same(a, b) -> bool:
