@@ -18,7 +18,7 @@ from tests import gguf_builder as B
 from ggtools.cli import main
 from ggtools.samples import write_moe_set
 
-F32, F16, Q8_0 = 0, 1, 8
+F32, F16, Q8_0, I64 = 0, 1, 8, 27
 DEMO = os.path.join(os.path.dirname(__file__), "..", "ggtools", "data", "demo")
 
 
@@ -167,6 +167,7 @@ def build_corpus(root) -> dict[str, str]:
         ("blk.0.attn_k_b.weight", [128, 4], Q8_0, q8_blocks(16, rng, bad_block=5))]))
     c["notok"] = write(j("notok.gguf"), _without_tokenizer(c["target"]))
     c["drafter"] = _drafter(c, j("drafter.gguf"))
+    _dspark_variants(c, j)
     _hf_variants(c, j)
     _manifests(c, j)
     os.makedirs(j("outdir"))
@@ -212,6 +213,52 @@ def _drafter(c, path) -> str:
     from ggtools.jobs.convert import convert_dflash
     convert_dflash(c["hf"], path, profile="llama.cpp", target=c["target"])
     return path
+
+
+def _with_dspark_heads(src, dst, kvs=(), tensors=(), drop=()) -> str:
+    """src's KVs and tensors (less `drop`), plus KVs [(key, vtype, value)] and tensors [(name, ne, type, bytes)]."""
+    from ggtools.gguf import GGUFFile, GGUFWriter
+    with GGUFFile(src) as f, GGUFWriter(dst) as w:
+        kept = [t for t in f.tensors if t.name not in drop]
+        for kv in f.kvs:
+            if kv.key not in drop:
+                w.add_kv_record(kv)
+        for key, vtype, value in kvs:
+            w.add_kv(key, vtype, value)
+        for t in kept:
+            w.add_tensor_info(t.name, t.ne, t.type_id, t.nbytes)
+        for name, ne, type_id, data in tensors:
+            w.add_tensor_info(name, ne, type_id, len(data))
+        for t in kept:
+            w.write(f.tensor_data(t))
+        for *_, data in tensors:
+            w.write(data)
+    return dst
+
+
+def _dspark_variants(c, j):
+    """The demo drafter with DSpark heads (Markov rank 8, random) in ways the runtime refuses: anchor-first with
+    no confidence head; a reduced vocabulary whose d2t leaves the vocabulary or repeats an id; no block size."""
+    from gguf import GGUFValueType as VT
+    rng = np.random.default_rng(1)
+    vocab, hidden, rank, n_draft = 2048, 128, 8, 64
+    f32 = lambda *shape: rng.standard_normal(shape).astype("<f4").tobytes()  # noqa: E731
+    markov = [("markov_w1.weight", [rank, vocab], F32, f32(vocab, rank))]
+    flags = [("dflash.sample_from_anchor", VT.BOOL, True), ("dflash.has_confidence_head", VT.BOOL, False)]
+    full = markov + [("markov_w2.weight", [rank, vocab], F32, f32(vocab, rank))]
+    c["dspark_noconf"] = _with_dspark_heads(c["drafter"], j("dspark_noconf.gguf"), flags, full)
+    c["dspark_no_block_size"] = _with_dspark_heads(c["drafter"], j("dspark_no_block_size.gguf"), flags, full,
+                                                   drop=("dflash.block_size",))
+
+    def reduced(name, ids):
+        tensors = markov + [("markov_w2.weight", [rank, n_draft], F32, f32(n_draft, rank)),
+                            ("output.weight", [hidden, n_draft], F32, f32(n_draft, hidden)),
+                            ("d2t", [n_draft], I64, np.asarray(ids, "<i8").tobytes())]
+        c[name] = _with_dspark_heads(c["drafter"], j(f"{name}.gguf"), flags, tensors)
+
+    ids = np.arange(0, 2 * n_draft, 2)
+    reduced("dspark_d2t_outside", np.r_[ids[:-1], vocab])
+    reduced("dspark_d2t_repeated", np.r_[ids[:-1], ids[0]])
 
 
 def _hf_variants(c, j):

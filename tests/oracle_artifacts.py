@@ -220,6 +220,14 @@ def dspark_drafters() -> DSparkDrafters:
 
 
 @pytest.fixture(scope="session")
+def dspark_demo() -> dict[str, Path]:
+    """llama.cpp's f16 conversions of the trained DSpark drafters of the demo target (ggtools/data/demo/dspark-*):
+    {"dspark-anchor", "dspark-speculators", and each "<name>-no-markov" (its Markov head zeroed)}: Path."""
+    d, m = oracle_unit("dspark-demo")
+    return {k: d / e["path"] for k, e in m["refs"].items()}
+
+
+@pytest.fixture(scope="session")
 def qwen35moe_set() -> Qwen35MoeSet:
     d, m = oracle_unit("qwen35moe")
     f = {k: d / e["path"] for k, e in m["files"].items()}

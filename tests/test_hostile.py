@@ -20,6 +20,7 @@ def corpus(tmp_path_factory):
 
 
 CONVERT = ["convert", "dflash", "{hf}", "--target-gguf", "{target}"]
+RUN_DRAFT = ["run", "--target", "{target}", "--prompt-ids", "1,2,3", "-n", "4", "--draft"]
 Q8 = ["--scheme", "q8_0"]
 
 # (id, args, exit code, outputs the run may create, fragment of the error line)
@@ -141,6 +142,22 @@ ROWS = [
     ("nonfinite/requant-nan-scale", ["requant-trunk", "{nan_q8}", "-o", "{root}/rq", "-q"], 2, [], "row 1"),
     ("nonfinite/requant-copied-nan-scale", ["requant-trunk", "{nan_q8_copy}", "-o", "{root}/rq", "-q"], 2, [],
      "refusing to copy them as verified"),
+    # 5b. DSpark drafters (reference §13): what llama.cpp refuses or would crash on, refused in its words
+    ("check/run-dspark-confidence-cut-without-head", [*RUN_DRAFT, "{dspark_noconf}", "--cut", "confidence",
+                                                      "--p-min", "0.5"], 2, [],
+     "DSpark draft has no confidence head: please set --spec-draft-p-min 0"),
+    ("check/run-confidence-cut-on-dflash", [*RUN_DRAFT, "{drafter}", "--cut", "confidence", "--p-min", "0.5"], 2, [],
+     "the confidence cut needs a DSpark drafter"),
+    ("check/run-dspark-n-max-over-block", [*RUN_DRAFT, "{dspark_noconf}", "--n-max", "9"], 2, [],
+     "drafts at most 8 tokens per step, the anchor's row included"),
+    ("check/run-dspark-without-block-size", [*RUN_DRAFT, "{dspark_no_block_size}"], 2, [], "dflash.block_size"),
+    ("check/run-dspark-d2t-outside-vocabulary", [*RUN_DRAFT, "{dspark_d2t_outside}"], 2, [],
+     "d2t holds target ids outside 0..2047"),
+    ("check/run-dspark-d2t-repeated-id", [*RUN_DRAFT, "{dspark_d2t_repeated}"], 2, [],
+     "d2t maps two draft rows to one target id"),
+    ("check/accept-dspark-confidence-cut-without-head", ["accept", "--target", "{target}", "--draft",
+                                                         "{dspark_noconf}", "--cut", "confidence", "--p-min", "0.5",
+                                                         "-q"], 2, [], "DSpark draft has no confidence head"),
     # 7. bounds
     ("bounds/run-beyond-context", ["run", "--target", "{target}", "--prompt-ids", "1,2,3", "-n", "100000"], 2, [],
      "context length"),
