@@ -256,6 +256,11 @@ def _dspark_variants(c, j):
                             ("d2t", [n_draft], I64, np.asarray(ids, "<i8").tobytes())]
         c[name] = _with_dspark_heads(c["drafter"], j(f"{name}.gguf"), flags, tensors)
 
+    from ggtools.jobs.convert import convert_dflash
+    lucebox = convert_dflash(c["hf"], j("drafter_lucebox.gguf"), profile="lucebox", target=c["target"]).path
+    c["dspark_lucebox"] = _with_dspark_heads(lucebox, j("dspark_lucebox.gguf"), tensors=[
+        ("dflash.dspark.markov.w1", [rank, vocab], F32, f32(vocab, rank)),
+        ("dflash.dspark.markov.w2", [rank, vocab], F32, f32(vocab, rank))])
     ids = np.arange(0, 2 * n_draft, 2)
     reduced("dspark_d2t_outside", np.r_[ids[:-1], vocab])
     reduced("dspark_d2t_repeated", np.r_[ids[:-1], ids[0]])

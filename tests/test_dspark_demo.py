@@ -58,6 +58,7 @@ def eog(target):
 
 
 @pytest.mark.oracle
+@pytest.mark.slow
 @pytest.mark.parametrize("cut", ["none", "confidence"])
 @pytest.mark.parametrize("name", ["dspark-anchor", "dspark-speculators"])
 def test_tau_equals_libllama(dspark_demo, target, prompts, eog, name, cut):

@@ -155,6 +155,8 @@ ROWS = [
      "d2t holds target ids outside 0..2047"),
     ("check/run-dspark-d2t-repeated-id", [*RUN_DRAFT, "{dspark_d2t_repeated}"], 2, [],
      "d2t maps two draft rows to one target id"),
+    ("check/run-dspark-lucebox-layout", [*RUN_DRAFT, "{dspark_lucebox}"], 2, [],
+     "DSpark heads in the lucebox layout"),
     ("check/accept-dspark-confidence-cut-without-head", ["accept", "--target", "{target}", "--draft",
                                                          "{dspark_noconf}", "--cut", "confidence", "--p-min", "0.5",
                                                          "-q"], 2, [], "DSpark draft has no confidence head"),

@@ -138,7 +138,16 @@ def _dflash2(gguf, key, tensor_names) -> DFlash2Params | None:
                          float(key("final_logit_softcapping", 0.0) or 0.0))
 
 
+# lucebox keeps DSpark's heads under this prefix (dflash.dspark.markov.w1, ...); this runtime runs DSpark as llama.cpp's
+# graph does, from llama.cpp-profile files
+LUCEBOX_DSPARK_PREFIX = "dflash.dspark."
+
+
 def _dspark(gguf, key, tensor_names, profile, arch) -> DSparkParams | None:
+    if any(n.startswith(LUCEBOX_DSPARK_PREFIX) for n in tensor_names):
+        raise ModelError(f"{gguf.path}: DSpark heads in the lucebox layout ({LUCEBOX_DSPARK_PREFIX}*): this runtime "
+                         "drafts with DSpark from llama.cpp-profile files (ggtools convert gguf-layout --to llama.cpp); "
+                         "run as a plain DFlash drafter it would draft without its Markov head")
     if "markov_w1.weight" not in tensor_names:
         return None
     if gguf.get(profile.key("block_size", arch)) is None:
