@@ -18,7 +18,7 @@ from tests import gguf_builder as B
 from ggtools.cli import main
 from ggtools.samples import write_moe_set
 
-F32, F16, Q8_0, I64 = 0, 1, 8, 27
+F32, F16, Q8_0, I32, I64 = 0, 1, 8, 26, 27
 DEMO = os.path.join(os.path.dirname(__file__), "..", "ggtools", "data", "demo")
 
 
@@ -250,10 +250,19 @@ def _dspark_variants(c, j):
     c["dspark_no_block_size"] = _with_dspark_heads(c["drafter"], j("dspark_no_block_size.gguf"), flags, full,
                                                    drop=("dflash.block_size",))
 
-    def reduced(name, ids):
+    c["dspark_flag_not_bool"] = _with_dspark_heads(c["drafter"], j("dspark_flag_not_bool.gguf"),
+                                                   [("dflash.sample_from_anchor", VT.UINT8, 1)], full)
+    c["dspark_conf_flag_no_tensor"] = _with_dspark_heads(
+        c["drafter"], j("dspark_conf_flag_no_tensor.gguf"),
+        [("dflash.sample_from_anchor", VT.BOOL, True), ("dflash.has_confidence_head", VT.BOOL, True)], full)
+    c["drafter_short_head"] = _with_dspark_heads(c["drafter"], j("drafter_short_head.gguf"), tensors=[
+        ("output.weight", [hidden, n_draft], F32, f32(n_draft, hidden))])
+
+    def reduced(name, ids, head=True, d2t_type=I64):
         tensors = markov + [("markov_w2.weight", [rank, n_draft], F32, f32(n_draft, rank)),
-                            ("output.weight", [hidden, n_draft], F32, f32(n_draft, hidden)),
-                            ("d2t", [n_draft], I64, np.asarray(ids, "<i8").tobytes())]
+                            ("d2t", [n_draft], d2t_type, np.asarray(ids, "<i8" if d2t_type == I64 else "<i4").tobytes())]
+        if head:
+            tensors.append(("output.weight", [hidden, n_draft], F32, f32(n_draft, hidden)))
         c[name] = _with_dspark_heads(c["drafter"], j(f"{name}.gguf"), flags, tensors)
 
     from ggtools.jobs.convert import convert_dflash
@@ -264,6 +273,8 @@ def _dspark_variants(c, j):
     ids = np.arange(0, 2 * n_draft, 2)
     reduced("dspark_d2t_outside", np.r_[ids[:-1], vocab])
     reduced("dspark_d2t_repeated", np.r_[ids[:-1], ids[0]])
+    reduced("dspark_d2t_without_head", ids, head=False)
+    reduced("dspark_d2t_i32", ids, d2t_type=I32)
 
 
 def _hf_variants(c, j):
