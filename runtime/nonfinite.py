@@ -26,7 +26,7 @@ def target_error(model, tokens, positions, start: int, stepwise: bool,
         model.kv.crop(start)
     except ValueError:           # a cache that cannot roll back: name any tensor of the model holding NaN/inf
         piece, names = "a layer", model.weights.ordered_names
-    return _error(model.path, model.weights, piece, names, outcome)
+    return tensors_error(model.path, model.weights, piece, names, outcome)
 
 
 def _first_nonfinite_piece(model, tokens, positions, stepwise) -> tuple[str, list[str]]:
@@ -57,10 +57,10 @@ def drafter_error(drafter, block_ids) -> NonFiniteError:
     if drafter.weights.nonfinite(names) is None and not finite(drafter.ops, drafter.embedding.rows(block_ids)):
         return NonFiniteError(f"{drafter.path}: the embedding rows of the block {list(map(int, block_ids))} "
                               f"({drafter.embedding.name}) hold NaN/inf: the draft logits are not finite")
-    return _error(drafter.path, drafter.weights, "the drafter", names, "the draft logits are not finite")
+    return tensors_error(drafter.path, drafter.weights, "the drafter", names, "the draft logits are not finite")
 
 
-def _error(path, weights, piece: str, names, outcome: str) -> NonFiniteError:
+def tensors_error(path, weights, piece: str, names, outcome: str) -> NonFiniteError:
     bad = weights.nonfinite(names)
     if bad is None:
         return NonFiniteError(f"{path}: {piece} gives NaN/inf although its tensors are finite (an overflow): "

@@ -72,6 +72,10 @@ class WeightFile:
         """Every tensor name, in file (and shard) order."""
         return list(self._where)
 
+    def shape(self, name: str) -> list[int]:
+        """The tensor's ne (ne[0] the row length)."""
+        return [int(n) for n in self._lookup(name)[1].ne]
+
     def _lookup(self, name):
         try:
             return self._where[name]
@@ -110,6 +114,14 @@ class WeightFile:
         if n is not None and t.n_elements != n:
             raise ModelError(f"{f.path}: tensor '{name}' has {t.n_elements} values, expected {n}")
         return quants.dequantize(t.type_id, f.tensor_data(t), t.row_length).reshape(-1)
+
+    def id_vector(self, name: str, n_dims: int = 1) -> np.ndarray:
+        """An I64 tensor of n_dims dimensions (token ids: DSpark's d2t) as int64."""
+        f, t = self._lookup(name)
+        if t.type_id != GGMLQuantizationType.I64 or len(t.ne) != n_dims:
+            raise ModelError(f"{f.path}: tensor '{name}' is {t.type_name} with ne {list(t.ne)}, expected a "
+                             f"{n_dims}-D I64 tensor")
+        return f.tensor_data(t).view(np.int64).copy()
 
     def optional_vector(self, name: str, n: int | None = None) -> np.ndarray | None:
         return self.vector(name, n) if self.has(name) else None

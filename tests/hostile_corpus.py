@@ -22,7 +22,7 @@ from tests.tiny_targets import write_gpt_oss, write_qwen35
 from ggtools.cli import main
 from ggtools.samples import write_moe_set
 
-F32, F16, Q8_0 = 0, 1, 8
+F32, F16, Q8_0, I32, I64 = 0, 1, 8, 26, 27
 DEMO = os.path.join(os.path.dirname(__file__), "..", "ggtools", "data", "demo")
 
 
@@ -174,6 +174,7 @@ def build_corpus(root) -> dict[str, str]:
     c["drafter"] = _drafter(c, j("drafter.gguf"))
     c["drafter_huge_block"] = _patched(c["drafter"], j("drafter_huge_block.gguf"), "dflash.block_size=u32:4294967295")
     _model_variants(c, j)
+    _dspark_variants(c, j)
     _hf_variants(c, j)
     _dspark(c, j)
     _prompt_files(c, j)
@@ -314,6 +315,68 @@ def poison(src, dst, tensor) -> str:
     at += 40 * len(nan)
     data[at:at + len(nan)] = nan
     return write(dst, bytes(data))
+
+
+def _with_dspark_heads(src, dst, kvs=(), tensors=(), drop=()) -> str:
+    """src's KVs and tensors (less `drop`), plus KVs [(key, vtype, value)] and tensors [(name, ne, type, bytes)]."""
+    from ggtools.gguf import GGUFFile, GGUFWriter
+    with GGUFFile(src) as f, GGUFWriter(dst) as w:
+        kept = [t for t in f.tensors if t.name not in drop]
+        for kv in f.kvs:
+            if kv.key not in drop:
+                w.add_kv_record(kv)
+        for key, vtype, value in kvs:
+            w.add_kv(key, vtype, value)
+        for t in kept:
+            w.add_tensor_info(t.name, t.ne, t.type_id, t.nbytes)
+        for name, ne, type_id, data in tensors:
+            w.add_tensor_info(name, ne, type_id, len(data))
+        for t in kept:
+            w.write(f.tensor_data(t))
+        for *_, data in tensors:
+            w.write(data)
+    return dst
+
+
+def _dspark_variants(c, j):
+    """The demo drafter with DSpark heads (Markov rank 8, random) in ways the runtime refuses: anchor-first with
+    no confidence head; a reduced vocabulary whose d2t leaves the vocabulary or repeats an id; no block size."""
+    from gguf import GGUFValueType as VT
+    rng = np.random.default_rng(1)
+    vocab, hidden, rank, n_draft = 2048, 128, 8, 64
+    f32 = lambda *shape: rng.standard_normal(shape).astype("<f4").tobytes()  # noqa: E731
+    markov = [("markov_w1.weight", [rank, vocab], F32, f32(vocab, rank))]
+    flags = [("dflash.sample_from_anchor", VT.BOOL, True), ("dflash.has_confidence_head", VT.BOOL, False)]
+    full = markov + [("markov_w2.weight", [rank, vocab], F32, f32(vocab, rank))]
+    c["dspark_noconf"] = _with_dspark_heads(c["drafter"], j("dspark_noconf.gguf"), flags, full)
+    c["dspark_no_block_size"] = _with_dspark_heads(c["drafter"], j("dspark_no_block_size.gguf"), flags, full,
+                                                   drop=("dflash.block_size",))
+
+    c["dspark_flag_not_bool"] = _with_dspark_heads(c["drafter"], j("dspark_flag_not_bool.gguf"),
+                                                   [("dflash.sample_from_anchor", VT.UINT8, 1)], full)
+    c["dspark_conf_flag_no_tensor"] = _with_dspark_heads(
+        c["drafter"], j("dspark_conf_flag_no_tensor.gguf"),
+        [("dflash.sample_from_anchor", VT.BOOL, True), ("dflash.has_confidence_head", VT.BOOL, True)], full)
+    c["drafter_short_head"] = _with_dspark_heads(c["drafter"], j("drafter_short_head.gguf"), tensors=[
+        ("output.weight", [hidden, n_draft], F32, f32(n_draft, hidden))])
+
+    def reduced(name, ids, head=True, d2t_type=I64):
+        tensors = markov + [("markov_w2.weight", [rank, n_draft], F32, f32(n_draft, rank)),
+                            ("d2t", [n_draft], d2t_type, np.asarray(ids, "<i8" if d2t_type == I64 else "<i4").tobytes())]
+        if head:
+            tensors.append(("output.weight", [hidden, n_draft], F32, f32(n_draft, hidden)))
+        c[name] = _with_dspark_heads(c["drafter"], j(f"{name}.gguf"), flags, tensors)
+
+    from ggtools.jobs.convert import convert_dflash
+    lucebox = convert_dflash(c["hf"], j("drafter_lucebox.gguf"), profile="lucebox", target=c["target"]).path
+    c["dspark_lucebox"] = _with_dspark_heads(lucebox, j("dspark_lucebox.gguf"), tensors=[
+        ("dflash.dspark.markov.w1", [rank, vocab], F32, f32(vocab, rank)),
+        ("dflash.dspark.markov.w2", [rank, vocab], F32, f32(vocab, rank))])
+    ids = np.arange(0, 2 * n_draft, 2)
+    reduced("dspark_d2t_outside", np.r_[ids[:-1], vocab])
+    reduced("dspark_d2t_repeated", np.r_[ids[:-1], ids[0]])
+    reduced("dspark_d2t_without_head", ids, head=False)
+    reduced("dspark_d2t_i32", ids, d2t_type=I32)
 
 
 def _hf_variants(c, j):

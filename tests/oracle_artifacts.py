@@ -161,6 +161,19 @@ class MoeTarget:
     manifest: dict = field(repr=False)
 
 
+@dataclass
+class DSparkDrafters:
+    """Tiny random DSpark drafters for the tiny qwen3 target (scripts/fixtures/dspark_drafters.py): HF dirs by
+    variant ("anchor-conf", "anchor-noconf", "bonus-reduced", "bonus-full") and llama.cpp's conversions, called
+    with (variant, outtype) (f32 / f16)."""
+    dirs: dict[str, Path]
+    paths: dict[str, Path]          # "anchor-conf/f32" -> path
+    manifest: dict = field(repr=False)
+
+    def __call__(self, variant: str, outtype: str = "f32") -> Path:
+        return self.paths[f"{variant}/{outtype}"]
+
+
 def _version_key(version) -> str:
     if isinstance(version, int):
         return f"v{version}"
@@ -215,6 +228,21 @@ def ref_drafter_gguf() -> DrafterRefs:
 def ref_drafter_quant() -> DrafterQuants:
     d, m = oracle_unit("drafter-quants")
     return DrafterQuants(paths={k: d / e["path"] for k, e in m["quants"].items()}, loads=m["loads"], manifest=m)
+
+
+@pytest.fixture(scope="session")
+def dspark_drafters() -> DSparkDrafters:
+    d, m = oracle_unit("dspark-drafters")
+    return DSparkDrafters(dirs={k: d / p for k, p in m["dirs"].items()},
+                          paths={k: d / e["path"] for k, e in m["refs"].items()}, manifest=m)
+
+
+@pytest.fixture(scope="session")
+def dspark_demo() -> dict[str, Path]:
+    """llama.cpp's f16 conversions of the trained DSpark drafters of the demo target (ggtools/data/demo/dspark-*):
+    {"dspark-anchor", "dspark-speculators", and each "<name>-no-markov" (its Markov head zeroed)}: Path."""
+    d, m = oracle_unit("dspark-demo")
+    return {k: d / e["path"] for k, e in m["refs"].items()}
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ def corpus(tmp_path_factory):
 
 
 CONVERT = ["convert", "dflash", "{hf}", "--target-gguf", "{target}"]
+RUN_DRAFT = ["run", "--target", "{target}", "--prompt-ids", "1,2,3", "-n", "4", "--draft"]
 Q8 = ["--scheme", "q8_0"]
 RUN = ["run", "--target", "{target}", "--prompt-ids", "1,2", "-n", "4"]
 ACCEPT = ["accept", "--target", "{target}", "--draft", "{drafter}", "-q", "-n", "4"]
@@ -186,6 +187,34 @@ ROWS = [
     ("input/run-truncated-target", ["run", "--target", "{target_half}", *FEW], 2, [], "end of the file"),
     ("input/run-truncated-drafter", ["run", "--target", "{target}", "--draft", "{drafter_half}", *FEW], 2, [],
      "end of the file"),
+    # 5b. DSpark drafters (reference §13): what llama.cpp refuses or would crash on, refused in its words
+    ("check/run-dspark-confidence-cut-without-head", [*RUN_DRAFT, "{dspark_noconf}", "--cut", "confidence",
+                                                      "--p-min", "0.5"], 2, [],
+     "DSpark draft has no confidence head: please set --spec-draft-p-min 0"),
+    ("check/run-confidence-cut-on-dflash", [*RUN_DRAFT, "{drafter}", "--cut", "confidence", "--p-min", "0.5"], 2, [],
+     "the confidence cut needs a DSpark drafter"),
+    ("check/run-dspark-n-max-over-block", [*RUN_DRAFT, "{dspark_noconf}", "--n-max", "9"], 2, [],
+     "drafts at most 8 tokens per step, the anchor's row included"),
+    ("check/run-dspark-without-block-size", [*RUN_DRAFT, "{dspark_no_block_size}"], 2, [], "dflash.block_size"),
+    ("check/run-dspark-d2t-outside-vocabulary", [*RUN_DRAFT, "{dspark_d2t_outside}"], 2, [],
+     "d2t holds target ids outside 0..2047"),
+    ("check/run-dspark-d2t-repeated-id", [*RUN_DRAFT, "{dspark_d2t_repeated}"], 2, [],
+     "d2t maps two draft rows to one target id"),
+    ("check/run-dspark-flag-not-bool", [*RUN_DRAFT, "{dspark_flag_not_bool}"], 2, [],
+     "'dflash.sample_from_anchor' is 1, expected a boolean"),
+    ("check/run-dspark-confidence-flag-without-tensor", [*RUN_DRAFT, "{dspark_conf_flag_no_tensor}", "--cut",
+                                                         "confidence", "--p-min", "0.5"], 2, [],
+     "says dflash.has_confidence_head but holds no conf_proj.weight"),
+    ("check/run-drafter-head-rows-without-d2t", [*RUN_DRAFT, "{drafter_short_head}"], 2, [],
+     "the output head has 64 rows for a 2048-token target vocabulary and there is no d2t table"),
+    ("check/run-dspark-d2t-without-head", [*RUN_DRAFT, "{dspark_d2t_without_head}"], 2, [],
+     "needs the drafter's own output.weight with 64 rows"),
+    ("check/run-dspark-d2t-not-i64", [*RUN_DRAFT, "{dspark_d2t_i32}"], 2, [], "expected a 1-D I64 tensor"),
+    ("check/run-dspark-lucebox-layout", [*RUN_DRAFT, "{dspark_lucebox}"], 2, [],
+     "DSpark heads in the lucebox layout"),
+    ("check/accept-dspark-confidence-cut-without-head", ["accept", "--target", "{target}", "--draft",
+                                                         "{dspark_noconf}", "--cut", "confidence", "--p-min", "0.5",
+                                                         "-q"], 2, [], "DSpark draft has no confidence head"),
     # 7. bounds: every request is refused up front when it cannot fit, naming the limit
     ("bounds/run-beyond-context", ["run", "--target", "{target}", "--prompt-ids", "1,2,3", "-n", "100000"], 2, [],
      "context length"),

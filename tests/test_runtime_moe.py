@@ -150,13 +150,13 @@ class KnowingDrafter:
     the draft for output position i is wrong."""
 
     def __init__(self, drafter, prompt_len, want, wrong=lambda i: i * 5 % 7 < 2):
-        self.taps, self.block_size = drafter.taps, drafter.block_size
+        self.taps, self.block_size, self.max_drafts = drafter.taps, drafter.block_size, drafter.max_drafts
         self.prompt_len, self.want, self.wrong = prompt_len, want, wrong
 
-    def draft(self, kv, anchor, n_block):
+    def draft(self, kv, anchor, n_drafts):
         start = kv.committed - self.prompt_len + 1
         tokens = [(t + 1) % 1000 if self.wrong(start + j) else t
-                  for j, t in enumerate(self.want[start:start + n_block - 1])]
+                  for j, t in enumerate(self.want[start:start + n_drafts])]
         return types.SimpleNamespace(tokens=tokens)
 
 

@@ -47,7 +47,7 @@ def _progress_bar(total, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut, p_min, n_min, min_acceptance,
             no_baseline, threads, n_ctx, backend, device, dtype, ignore_eos, as_json):
-    """Greedily continue a prompt with a target model, alone or drafted by a DFlash drafter; report speed,
+    """Greedily continue a prompt with a target model, alone or drafted by a DFlash or DSpark drafter; report speed,
     memory and (with --draft) acceptance. numba runs it on the CPU (the default); --backend torch on the CPU or
     a CUDA GPU (--device cuda).
 
@@ -63,6 +63,7 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
       ggtools run --target target.gguf --draft drafter.gguf --prompt-ids 1,2,3 --cut margin --p-min 0.35 \\
           --n-min 1 --min-acceptance 0.2
       ggtools run --target target.gguf --draft drafter.gguf --prompt 'def main():' --backend torch --device cuda
+      ggtools run --target target.gguf --draft dspark.gguf --prompt 'def main():' --cut confidence --p-min 0.5
     """
     if (prompt is None) == (prompt_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-ids")
@@ -120,7 +121,7 @@ def _show_target_only(result, as_json):
 def _show_speculative(r, failures):
     click.echo(r.texts[0] if r.texts else " ".join(map(str, r.outputs[0])))
     err = lambda line: click.echo(line, err=True)  # noqa: E731
-    err(f"drafter: {r.draft} ({r.profile} profile, DFlash{'2' if r.version == 2 else ' v1'}), draft KV {r.draft_kv}, "
+    err(f"drafter: {r.draft} ({r.profile} profile, {r.drafter_kind}), draft KV {r.draft_kv}, "
         f"n_max {r.settings['n_max']}, cut {r.settings['cut']} (p_min {r.settings['p_min']}, n_min {r.settings['n_min']}); "
         f"{runs_on(r)}")
     for name, value in r.stats.items():

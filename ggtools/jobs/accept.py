@@ -77,7 +77,7 @@ class AcceptReport:
     prompts: list[Prompt]
     n: int                      # new tokens per prompt at most (fewer when a stop token comes first)
     draft_kv: str               # "full" or "ring:<cap>"
-    settings: dict              # DraftSettings as given (n_max None: each drafter's block size - 1)
+    settings: dict              # DraftSettings as given (n_max None: each drafter's max_drafts)
     threads: int
     baseline: str               # the baseline drafter's name
     max_drop: float | None

@@ -174,7 +174,7 @@ class SpecRun:
     target: str
     draft: str
     profile: str
-    version: int                    # 1 = DFlash v1, 2 = DFlash2
+    version: int                    # 1 = DFlash v1 (and DSpark's backbone), 2 = DFlash2
     draft_kv: str                   # "full" or "ring:<cap>"
     settings: dict
     prompts: int
@@ -194,6 +194,8 @@ class SpecRun:
     backend: str = "numba"          # "numba" | "torch", its device and compute dtype
     device: str = "cpu"
     dtype: str = "f32"
+    family: str = "dflash"          # "dflash" | "dflash2" | "dspark"
+    drafter_kind: str = ""          # what drafts, in words (Drafter.kind)
 
     @property
     def acceptance_rate(self) -> float:
@@ -293,7 +295,7 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
             mismatches.append(i)
         on_prompt()
     generated = sum(len(o) for o in outputs)
-    n_max = drafter.block_size - 1 if settings.n_max is None else settings.n_max
+    n_max = drafter.max_drafts if settings.n_max is None else settings.n_max
     target_tps = reference.tokens_per_second if reference else 0.0
     spec_tps = generated / t_spec if t_spec else 0.0
     hp = drafter.hp
@@ -306,7 +308,8 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
         speculative_tokens_per_second=spec_tps, speedup=spec_tps / target_tps if target_tps else 0.0,
         draft_seconds_share=t_draft / t_spec if t_spec else 0.0, draft_kv_bytes=kv.nbytes,
         draft_kv_bytes_full=full.bytes_for(longest), threads=model.threads, mismatches=mismatches,
-        tau_per_prompt=[acceptance_stats([steps], n_max + 1)["tau_zlab"] for steps in runs], **backend_fields(model))
+        tau_per_prompt=[acceptance_stats([steps], n_max + 1)["tau_zlab"] for steps in runs], family=drafter.family,
+        drafter_kind=drafter.kind, **backend_fields(model))
 
 
 def _target_only(model, prompt, n, stop_ids, progress=None) -> tuple[list, float]:
