@@ -26,7 +26,8 @@ def test_demo_json(tmp_path):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     names = [v["name"] for v in out["variants"]]
-    assert names == ["f16, full KV", "f16", "q8_0", "q4-mix", "q2_k"]
+    assert names == ["f16, full KV", "f16", "q8_0", "q4-mix", "q2_k", "dspark f16"]
+    assert out["variants"][-1]["run"]["family"] == "dspark" and out["variants"][-1]["run"]["settings"]["n_max"] == 8
     for v in out["variants"]:
         assert v["checks"] == "validate --deep ok, pair-check ok"
         assert v["run"]["outputs_match_target"] and v["run"]["prompts"] == 2

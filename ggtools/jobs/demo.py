@@ -1,7 +1,8 @@
 """demo: the embedded demo pair end to end, with no downloads; then requant-trunk on a sample MoE shard set.
 
 The HF drafter shipped in ggtools/data/demo is copied to a work directory, converted (llama.cpp profile, the
-embedded target GGUF for tokenizer and checks), quantized (q8_0, q4-mix, q2_k), validated and pair-checked,
+embedded target GGUF for tokenizer and checks), quantized (q8_0, q4-mix, q2_k), validated and pair-checked (and
+so is the shipped DSpark drafter, converted to f16),
 then every variant decodes a few held-out prompts speculatively with the draft-KV ring (f16 also with a full
 draft KV), each against target-only decoding of the same prompts in the same run (jobs/accept.py's `measure`,
 as `ggtools accept`). The prompts are windows of standard-library modules the pair never trained on
@@ -40,6 +41,7 @@ from ggtools.runtime import DraftSettings, TargetModel, Tokenizer
 from ggtools.samples import write_moe_set
 
 SCHEMES = ("q8_0", "q4-mix", "q2_k")
+DSPARK = "dspark-anchor"        # a trained DSpark drafter for the same target (docs/dspark-runtime.md)
 PROMPT_TOKENS = 128
 ENTRIES = ("drafter", "moe", "moe-q4k")     # what the demo writes into its work directory
 
@@ -188,6 +190,10 @@ def build_drafters(work: Path, target: str, log=lambda line: None, force: bool =
             quantize(plan_quantize(str(f16), str(out), scheme), force=force, progress=False)
         paths.append((scheme, out))
         log(f"quantized {f16.name} -> {out.name} (--scheme {scheme})")
+    dspark = work / f"drafter-{DSPARK}-f16.gguf"
+    convert_dflash(demo_data() / DSPARK, dspark, profile="llama.cpp", target=target, outtype="f16", force=True)
+    log(f"converted {DSPARK} -> {dspark.name} (DSpark: anchor-first, Markov and confidence heads)")
+    paths.append(("dspark f16", dspark))
     variants = []
     for name, path in paths:
         checks = _checks(target, str(path))
