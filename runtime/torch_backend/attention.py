@@ -26,7 +26,10 @@ def causal_visibility(q_positions, n_ctx: int, window: int, device) -> torch.Ten
 
 class Attention(AttentionTensors):
     """The attention mixer: projections (+ biases), per-head q/k norms, RoPE, the cache write, attention over the
-    cache (sliding window, sinks), sigmoid output gate (qwen35), output projection (+ bias)."""
+    cache (sliding window, sinks), sigmoid output gate (qwen35), output projection (+ bias). Runs tree batches
+    (kv.tree: each row sees the cache before the tree and its own path)."""
+
+    tree_verify = True
 
     def __post_init__(self):
         self.qkv = DeviceGroup(self.wq, self.wk, self.wv)
@@ -49,7 +52,8 @@ class Attention(AttentionTensors):
         keys, values_t = kv.k[slot], kv.v[slot]
         keys[:, start:n_ctx] = k.transpose(0, 1).to(keys.dtype)
         values_t[:, :, start:n_ctx] = v.reshape(n_tokens, hp.n_head_kv, hp.head_dim).permute(1, 2, 0).to(keys.dtype)
-        visible = causal_visibility(positions, n_ctx, self.window, h.device)
+        visible = causal_visibility(positions, n_ctx, self.window, h.device) if kv.tree is None else \
+            torch.as_tensor(kv.tree.visible(self.window), device=h.device)
         f16_operands = keys.dtype == torch.float16 and h.dtype == torch.float32
         out = tensor_math.attend(q, keys[:, :n_ctx], values_t[:, :, :n_ctx].transpose(1, 2), visible,
                                  hp.attn_scale, self.sinks, f16_operands)

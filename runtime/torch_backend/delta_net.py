@@ -28,17 +28,28 @@ class GatedDeltaNet(DeltaNetTensors):
         self.conv, self.dt_bias, self.a, self.norm = (device_vector(x, device) for x in (
             self.conv, self.dt_bias, self.a, self.norm))
 
+    tree_verify = True
+
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> torch.Tensor:
         """The mixer interface: kv is a HybridCache and slot this layer's index among its recurrent states."""
-        return self.mix(h, kv.recurrent[slot])
+        return self.mix(h, kv.recurrent[slot], tree=kv.tree)
 
-    def mix(self, h: torch.Tensor, state, stepwise: bool = False) -> torch.Tensor:
-        """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens."""
+    def mix(self, h: torch.Tensor, state, stepwise: bool = False, tree=None) -> torch.Tensor:
+        """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens (a tree batch,
+        tree_batch.TreeBatch: each row from its parent row's state, the state itself left as it is)."""
         qkv, z, beta_in, alpha = (x.float() for x in self.inputs(h))
         g = F.softplus(alpha + self.dt_bias, threshold=20.0) * self.a
         beta = torch.sigmoid(beta_in)
         state.append(qkv, g, beta)
-        core = self.recur(state.conv, state.ssm, qkv, g, beta)
+        if tree is None:
+            core = self.recur(state.conv, state.ssm, qkv, g, beta)
+        else:
+            core = torch.empty((len(h), self.n_v_heads * self.head_dim), dtype=torch.float32, device=h.device)
+
+            def advance(conv, ssm, i):
+                core[i:i + 1] = self.recur(conv, ssm, qkv[i:i + 1], g[i:i + 1], beta[i:i + 1])
+
+            state.walk_tree(tree.parents, advance)
         heads = core.reshape(len(h), self.n_v_heads, self.head_dim)
         z = z.reshape(heads.shape)
         normed = tensor_math.rms_norm(heads, self.norm, self.eps) * F.silu(z)
