@@ -151,8 +151,8 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
                 tree = build_tree(*drafter.draft_top_k(kv, anchor, n_drafts, top_k), s.tree_budget)
                 drafts = tree.tokens
             out.draft_seconds += time.perf_counter() - td
-        logits, features = target.forward([anchor] + drafts, taps=drafter.taps, logits="all", stepwise=True,
-                                          tree=None if tree is None else tree.parents)
+        as_tree = {} if tree is None else {"tree": tree.parents}
+        logits, features = target.forward([anchor] + drafts, taps=drafter.taps, logits="all", stepwise=True, **as_tree)
         rows, bonus = accepted_rows(logits, drafts, tree)
         new = [drafts[r - 1] for r in rows[1:]] + [bonus]
         new = new[:n - len(out.tokens)]

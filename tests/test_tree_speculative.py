@@ -188,11 +188,11 @@ ARCHS = {
 @pytest.mark.oracle
 @pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a == "llama-smollm2" else a for a in ARCHS])
 def test_every_arch_tree_equals_greedy(request, arch):
-    """Prompts plus output pass the hybrids' recurrent rollback window (64) and gpt-oss's sliding window."""
+    """The prompt plus output pass the hybrids' recurrent rollback window (64) and gpt-oss's sliding window (16)."""
     model = TargetModel(ARCHS[arch](request.getfixturevalue), threads=2)
     try:
-        prompts = [[1] + np.random.default_rng(seed).integers(3, 1000, 20 + 25 * seed).tolist() for seed in range(2)]
-        n = 48
+        prompts = [[1] + np.random.default_rng(seed).integers(3, 1000, 44).tolist() for seed in range(1)]
+        n = 40
         accepted = {}
         for i, prompt in enumerate(prompts):
             model.kv.clear()
