@@ -7,6 +7,8 @@
 3. The demo pair (drafters converted and quantized on the fly) and the largest pair available, on the GPU in
    the compute dtype: speculative and target-only tok/s, the speedup, tau (z-lab's), outputs equal to greedy.
    The largest pair is --target/--draft when given, else the largest fixture pair in the cache.
+4. A draft tree (DDTree, --tree-budget, default 22) on the demo f16 pair and the largest pair: the same figures,
+   its AL (mean accepted length incl. the bonus) beside the chain's, outputs equal to greedy.
 
 Exits 1 with one line when no CUDA device is present, or when a check fails. `--device cpu --dtype f32` runs
 the same checks on the CPU (how this script itself is tested where no GPU is lent).
@@ -81,13 +83,16 @@ def fixture_pairs() -> list[tuple[str, str, str]]:
             for v in ("v1", "v2")]
 
 
-def measure(target, draft, prompts, n, device, dtype) -> dict:
-    from ggtools.jobs.run import run_speculative
+def measure(target, draft, prompts, n, device, dtype, tree_budget=None) -> dict:
+    from ggtools.jobs.run import DraftSettings, run_speculative
     t0 = time.perf_counter()
-    run = run_speculative(target, draft, prompts, n, ring_cap=4096, backend="torch", device=device, dtype=dtype)
-    return {"target": target, "draft": draft, "speculative_tok_s": run.speculative_tokens_per_second,
+    run = run_speculative(target, draft, prompts, n, ring_cap=4096, backend="torch", device=device, dtype=dtype,
+                          settings=DraftSettings(tree_budget=tree_budget))
+    return {"target": target, "draft": draft, "tree_budget": tree_budget,
+            "speculative_tok_s": run.speculative_tokens_per_second,
             "target_only_tok_s": run.target_only_tokens_per_second, "speedup": run.speedup,
-            "tau_zlab": run.stats["tau_zlab"], "acceptance": run.acceptance_rate,
+            "tau_zlab": run.stats["tau_zlab"], "al": run.stats["mean_accepted_length_incl_bonus"],
+            "verified_per_step": run.stats["verified_per_step"], "acceptance": run.acceptance_rate,
             "outputs_match_greedy": run.outputs_match_target, "seconds": time.perf_counter() - t0}
 
 
@@ -108,6 +113,7 @@ def main():
     ap.add_argument("--draft", help="Its DFlash drafter GGUF.")
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("-n", type=int, default=64)
+    ap.add_argument("--tree-budget", type=int, default=22)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     torch = check_cuda(args.device)
@@ -125,6 +131,9 @@ def main():
             ids = prompts if name.startswith("demo") else [[1] + rng.integers(3, 1000, 63).tolist()
                                                            for _ in range(args.prompts)]
             report["pairs"].append({"name": name} | measure(t, d, ids, args.n, args.device, args.dtype))
+            if name == "demo f16" or not name.startswith("demo"):
+                report["pairs"].append({"name": f"{name}, tree {args.tree_budget}"} | measure(
+                    t, d, ids, args.n, args.device, args.dtype, args.tree_budget))
     failed = report["dequantizers_not_bit_exact"] or report["demo_target_f32_rel_logit_diff"] > 1e-3 or \
         not all(p["outputs_match_greedy"] for p in report["pairs"])
     if args.json:
@@ -137,7 +146,8 @@ def main():
               f"{report['demo_target_f32_rel_logit_diff']:.2e} relative")
         for p in report["pairs"]:
             print(f"{p['name']}: speculative {p['speculative_tok_s']:.1f} tok/s, target-only "
-                  f"{p['target_only_tok_s']:.1f} tok/s, speedup {p['speedup']:.2f}x, tau {p['tau_zlab']:.3f}, outputs "
+                  f"{p['target_only_tok_s']:.1f} tok/s, speedup {p['speedup']:.2f}x, tau {p['tau_zlab']:.3f}, AL "
+                  f"{p['al']:.3f}, {p['verified_per_step']:.1f} rows/step, outputs "
                   f"{'equal' if p['outputs_match_greedy'] else 'DIFFER from'} greedy ({p['seconds']:.0f} s)")
     sys.exit(1 if failed else 0)
 
