@@ -118,8 +118,8 @@ def test_top_k_log_probs():
     logits[3, 100:] = -np.inf                        # a reduced vocabulary's row
     lp, ids = top_k_log_probs(logits, 6)
     wide = logits.astype(np.float64)
-    log_softmax = wide - (wide.max(1, keepdims=True) + np.log(np.exp(wide - wide.max(1, keepdims=True)).sum(1,
-                                                                                                          keepdims=True)))
+    top = wide.max(1, keepdims=True)
+    log_softmax = wide - (top + np.log(np.exp(wide - top).sum(1, keepdims=True)))
     for i in range(5):
         want = sorted(range(300), key=lambda j: (-logits[i, j], j))[:6]
         assert ids[i].tolist() == want

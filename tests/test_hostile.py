@@ -228,7 +228,8 @@ ROWS = [
      "expected node counts separated by commas"),
     ("check/accept-tree-budget-twice", [*ACCEPT, "--tree-budget", "4,22,4"], 2, [], "a budget given twice"),
     ("check/accept-tree-budget-zero", [*ACCEPT, "--tree-budget", "0,4"], 2, [], "at least one node"),
-    ("check/accept-tree-top-k-without-budget", [*ACCEPT, "--tree-top-k", "4"], 2, [], "--tree-top-k needs --tree-budget"),
+    ("check/accept-tree-top-k-without-budget", [*ACCEPT, "--tree-top-k", "4"], 2, [],
+     "--tree-top-k needs --tree-budget"),
     ("check/accept-tree-top-k-beyond-vocabulary", [*ACCEPT, "--tree-budget", "4", "--tree-top-k", "4096"], 2, [],
      "--tree-top-k 4096: must lie in 1..2048"),
     # 7. bounds: every request is refused up front when it cannot fit, naming the limit

@@ -186,7 +186,8 @@ ARCHS = {
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a == "llama-smollm2" else a for a in ARCHS])
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a == "llama-smollm2" else a
+                                  for a in ARCHS])
 def test_every_arch_tree_equals_greedy(request, arch):
     """The prompt plus output pass the hybrids' recurrent rollback window (64) and gpt-oss's sliding window (16)."""
     model = TargetModel(ARCHS[arch](request.getfixturevalue), threads=2)
@@ -205,7 +206,8 @@ def test_every_arch_tree_equals_greedy(request, arch):
             assert k1.steps == chain.steps
             accepted.setdefault("chain", []).extend(s.accepted for s in chain.steps)
             for budget in BUDGETS:
-                out = speculative_generate(model, knowing, NullKV(), prompt, n, settings=DraftSettings(tree_budget=budget))
+                out = speculative_generate(model, knowing, NullKV(), prompt, n,
+                                           settings=DraftSettings(tree_budget=budget))
                 assert out.tokens == want, (arch, budget)
                 accepted.setdefault(budget, []).extend(s.accepted for s in out.steps)
         mean = {key: np.mean(v) for key, v in accepted.items()}

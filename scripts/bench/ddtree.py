@@ -51,7 +51,8 @@ def main():
         return
     print(f"demo target, {len(prompts)} held-out prompts x {args.n} tokens, ring {args.ring_cap}, {args.threads} "
           f"thread(s); target-only {m.target_tokens_per_second:.0f} tok/s")
-    print(f"{'drafter':24} {'verify':9} {'K':>2} {'AL':>6} {'tau':>6} {'rows/step':>9} {'tok/s':>6} {'speedup':>7}  = greedy")
+    print(f"{'drafter':24} {'verify':9} {'K':>2} {'AL':>6} {'tau':>6} {'rows/step':>9} {'tok/s':>6} "
+          f"{'speedup':>7}  = greedy")
     for r in rows:
         print(f"{r['drafter']:24} {r['verify']:9} {r['top_k'] or '':>2} {r['al']:6.3f} {r['tau']:6.3f} "
               f"{r['verified_per_step']:9.2f} {r['tokens_per_second']:6.0f} {r['speedup']:6.2f}x  "
@@ -61,7 +62,8 @@ def main():
 def _row(name, verify, run, target_tps):
     s = run.stats
     return {"drafter": name, "verify": verify, "top_k": run.settings["tree_top_k"],
-            "al": s["mean_accepted_length_incl_bonus"], "tau": s["tau_zlab"], "verified_per_step": s["verified_per_step"],
+            "al": s["mean_accepted_length_incl_bonus"], "tau": s["tau_zlab"],
+            "verified_per_step": s["verified_per_step"],
             "acceptance_rate": s["acceptance_rate"], "tokens_per_second": run.speculative_tokens_per_second,
             "speedup": run.speculative_tokens_per_second / target_tps if target_tps else 0.0,
             "equals_greedy": run.outputs_match_target}
