@@ -1,0 +1,66 @@
+"""kimi-k3's FFNs on torch: the situ dense FFN (leading layers, shared experts) and the latent routed experts with
+sigmoid routing (numba's ffn/latent_moe.py gives llama.cpp's order):
+
+    situ(g, u) = beta tanh(g / beta) sigmoid(g) * linear_beta tanh(u / linear_beta)   (u as is if linear_beta <= 0)
+    probs      = sigmoid(router h);  experts = top-k of probs + exp_probs_b;  weights = probs there
+                 (/ max(sum, 2^-14) when normalized) (* scale)
+    out        = routed_up(rmsnorm(sum_j weights_j down_j(situ(gate_j(z), up_j(z))))) + shared(h),  z = routed_down(h)
+"""
+
+import torch
+
+from ggtools.runtime.target.kimi_k3_pieces import LatentMoETensors, SituFFNTensors
+from ggtools.runtime.torch_backend import tensor_math
+from ggtools.runtime.torch_backend.ffn import WEIGHTS_SUM_MIN, DenseFFN, RoutedExperts
+from ggtools.runtime.torch_backend.vectors import device_vector, optional_device_vector
+
+
+def situ(gate: torch.Tensor, up: torch.Tensor, beta: float, linear_beta: float) -> torch.Tensor:
+    g, u = gate.float(), up.float()
+    act = beta * torch.tanh(g / beta) * torch.sigmoid(g)
+    if linear_beta > 0:
+        u = linear_beta * torch.tanh(u / linear_beta)
+    return (act * u).to(gate.dtype)
+
+
+class SituFFN(SituFFNTensors, DenseFFN):
+    def __call__(self, h, stepwise: bool = False) -> torch.Tensor:
+        gate, up = self.gate_up(h)
+        return self.down(situ(gate, up, self.beta, self.linear_beta))
+
+
+class LatentMoE(LatentMoETensors, RoutedExperts):
+    def __post_init__(self):
+        super().__post_init__()
+        device = self.router.blocks.device
+        self.probs_bias = device_vector(self.probs_bias, device)
+        self.routed_norm = optional_device_vector(self.routed_norm, device)
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T, n_embd) -> experts (T, k) in descending order of selection, weights (T, k) float32."""
+        probs = torch.sigmoid(self.router(h).float())
+        _, experts = (probs + self.probs_bias).topk(self.n_expert_used, -1)
+        weights = probs.gather(-1, experts)
+        if self.weights_norm:
+            weights = weights / weights.sum(-1, keepdim=True).clamp(min=WEIGHTS_SUM_MIN)
+        if self.weights_scale not in (0.0, 1.0):
+            weights = weights * self.weights_scale
+        return experts, weights
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        act = situ(self.gate.product(x, e), self.up.product(x, e), self.beta, self.linear_beta)
+        return self.down.product(act, e).float()
+
+    def __call__(self, h, stepwise: bool = False) -> torch.Tensor:
+        routed_in = h if self.routed_down is None else self.routed_down(h)
+        experts, weights = self.route(h)
+        out = torch.zeros((h.shape[0], self.down.n_rows), dtype=torch.float32, device=h.device)
+        for e in torch.unique(experts).tolist():
+            tokens, slots = (experts == e).nonzero(as_tuple=True)
+            out.index_add_(0, tokens, self._expert(e, routed_in[tokens]) * weights[tokens, slots, None])
+        if self.routed_norm is not None:
+            out = tensor_math.rms_norm(out, self.routed_norm, self.eps)
+        out = out.to(h.dtype)
+        if self.routed_up is not None:
+            out = self.routed_up(out)
+        return out if self.shared is None else out + self.shared(h)
