@@ -21,7 +21,7 @@ pytestmark = pytest.mark.oracle
 
 N_GREEDY = 40
 MIN_MARGIN = 0.01       # logits of the tiny K3 span about +-15; float-level differences are ~1e-5
-PROMPT_SEEDS = [13, 21, 36, 53, 58]
+PROMPT_SEEDS = [37, 56, 53, 15, 52]   # llama.cpp greedy margins >= 0.0189 in every encoding
 ENCODINGS = ["f32", "f16", "q8_0", "plain-f32"]
 
 
@@ -195,8 +195,8 @@ def test_stepwise_batch_equals_one_token_steps(models, encoding):
 
 
 def test_unrouted_experts_are_never_read(files, tmp_path):
-    """The Q8_0 + MXFP4 file with every expert no token routes to overwritten with 0xFF (NaN scales): the same
-    logits bit for bit; a routed one overwritten breaks them."""
+    """The Q8_0 + MXFP4 file with every expert no token routes to overwritten with 0xFF (scales of 2^127): the
+    same logits bit for bit; a routed one overwritten changes them (situ saturates, so not to NaN)."""
     from ggtools.runtime.target.ffn.latent_moe import LatentMoE
 
     model = TargetModel(files["q8_0"], threads=2)
@@ -232,7 +232,7 @@ def test_unrouted_experts_are_never_read(files, tmp_path):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     poison(moe[0], sorted(seen[id(moe[0])])[:1])
     broken, _ = TargetModel(garbage, threads=2).forward(ids)
-    assert not np.isfinite(broken).all()
+    assert not np.array_equal(broken, want)
 
 
 def test_kv_b_instead_of_k_b_v_b_is_split_at_load(files, models, tmp_path):
