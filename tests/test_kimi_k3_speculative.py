@@ -1,0 +1,65 @@
+"""Speculative decoding with the tiny Kimi K3 target: DFlash v1 and DFlash2 drafters built for it with z-lab's
+classes and converted by llama.cpp's converter, tapping a KDA layer's input and an MLA layer's input (the layer
+inputs llama.cpp's kimi-k3 graph does not expose: there such a pair asserts), with a ring of 8 context slots and
+with the full draft KV, and a drafter that knows the answer but errs at scattered positions (accepted lengths
+from 0 up). Every verify batch is followed by a crop of the target cache, which rolls the KDA states back to the
+accepted prefix: the output must equal plain greedy decoding exactly. (A DSpark drafter is not here: the runtime's
+DSpark support is another branch's.)"""
+
+import numpy as np
+import pytest
+
+from ggtools.runtime import TargetModel, greedy
+from ggtools.runtime.drafter import Drafter
+from ggtools.runtime.speculative import speculative_generate
+from tests.test_runtime_moe import KnowingDrafter
+
+pytestmark = pytest.mark.oracle
+
+N = 48       # prompts + output exceed the recurrent rollback window (64): the checkpoint moves mid-run
+
+
+@pytest.fixture(scope="module", params=["f16", "q8_0"])
+def pair(request, kimi_k3_target, kimi_k3_drafters):
+    model = TargetModel(kimi_k3_target.gguf[request.param], threads=2)
+    drafters = {v: Drafter(path, model) for v, path in kimi_k3_drafters["refs"].items()}
+    prompts = [[1] + np.random.default_rng(seed).integers(3, 1000, 6 + 11 * seed).tolist() for seed in range(3)]
+    reference = []
+    for ids in prompts:
+        model.kv.clear()
+        reference.append(greedy(model, ids, N)[0])
+    yield model, drafters, prompts, reference
+    for d in drafters.values():
+        d.close()
+    model.close()
+
+
+def test_drafters_tap_the_targets_layers(pair, kimi_k3_drafters):
+    model, drafters, _, _ = pair
+    ids = kimi_k3_drafters["target_layer_ids"]
+    assert [model.hp.recurrent_layers[j] for j in ids] == [True, False]     # a KDA layer and an MLA layer
+    for drafter in drafters.values():
+        assert drafter.taps == [j + 1 for j in ids]
+
+
+@pytest.mark.parametrize("name, ring_cap", [("v1", 8), ("v2", 8), ("v2", None),
+                                            pytest.param("v1", None, marks=pytest.mark.slow)])
+def test_output_equals_greedy(pair, name, ring_cap):
+    model, drafters, prompts, reference = pair
+    kv = drafters[name].new_kv(ring_cap)
+    outs = [speculative_generate(model, drafters[name], kv, ids, N) for ids in prompts]
+    assert [o.tokens for o in outs] == reference
+    steps = [s for o in outs for s in o.steps]
+    assert all(sum(s.produced for s in o.steps) + 1 == len(o.tokens) for o in outs)
+    assert sum(s.drafted > s.accepted for s in steps) > len(steps) // 2     # rollbacks in most steps
+
+
+def test_partial_acceptance_rolls_the_kda_state_back_to_every_prefix(pair):
+    model, drafters, prompts, reference = pair
+    accepted = set()
+    for ids, want in zip(prompts, reference):
+        knowing = KnowingDrafter(drafters["v2"], len(ids), want, wrong=lambda i: i % 5 < 2)
+        out = speculative_generate(model, knowing, drafters["v2"].new_kv(8), ids, N)
+        assert out.tokens == want
+        accepted |= {s.accepted for s in out.steps}
+    assert 0 in accepted and max(accepted) >= 3, accepted
