@@ -36,10 +36,10 @@ def pair(request, kimi_k3_target, kimi_k3_drafters):
 
 def test_drafters_tap_the_targets_layers(pair, kimi_k3_drafters):
     model, drafters, _, _ = pair
-    ids = kimi_k3_drafters["target_layer_ids"]
-    assert [model.hp.recurrent_layers[j] for j in ids] == [True, False]     # a KDA layer and an MLA layer
+    taps = [j + 1 for j in kimi_k3_drafters["target_layer_ids"]]      # HF id j: the input of layer j + 1
+    assert [model.hp.recurrent_layers[j] for j in taps] == [True, False]    # a KDA layer's and an MLA layer's
     for drafter in drafters.values():
-        assert drafter.taps == [j + 1 for j in ids]
+        assert drafter.taps == taps
 
 
 @pytest.mark.parametrize("name, ring_cap", [("v1", 8), ("v2", 8), ("v2", None),
@@ -63,3 +63,48 @@ def test_partial_acceptance_rolls_the_kda_state_back_to_every_prefix(pair):
         assert out.tokens == want
         accepted |= {s.accepted for s in out.steps}
     assert 0 in accepted and max(accepted) >= 3, accepted
+
+
+def llama_layer_inputs(path, layer: int, tokens):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "tests/llama_layer_inputs.py", str(path), str(layer),
+                           ",".join(map(str, tokens))], capture_output=True, text=True, timeout=300)
+
+
+def test_llama_cpp_taps_nothing_for_kimi_k3(kimi_k3_target, qwen35_target):
+    """What llama.cpp (libllama 0.3.36) does when a drafter asks for a layer input: for qwen35, whose graph sets
+    t_layer_inp, the rows ggtools taps (layer 1's input, token for token); for kimi-k3, whose graph never sets it,
+    the GGML_ASSERT the field report quotes, aborting the process."""
+    pytest.importorskip("llama_cpp")
+    tokens = [1, 5, 9]
+    qwen = llama_layer_inputs(qwen35_target.gguf["f32"], 1, tokens)
+    assert qwen.returncode == 0, qwen.stderr[-2000:]
+    model = TargetModel(qwen35_target.gguf["f32"], threads=2)
+    _, features = model.forward(tokens, taps=[1], logits="none")
+    import json
+    assert np.array_equal(np.array(json.loads(qwen.stdout), np.float32), features[:, 0])
+    k3 = llama_layer_inputs(kimi_k3_target.gguf["f32"], 1, tokens)
+    assert k3.returncode != 0
+    assert 'GGML_ASSERT(t_layer_inp[il] != nullptr && "layer input tensor is null") failed' in k3.stderr
+
+
+def test_doctor_says_the_pair_runs_in_ggtools_and_asserts_in_llama_cpp(kimi_k3_target, kimi_k3_drafters):
+    from click.testing import CliRunner
+
+    from ggtools.cli import main as cli
+
+    result = CliRunner().invoke(cli, ["doctor", str(kimi_k3_drafters["refs"]["v2"]), "--target",
+                                      str(kimi_k3_target.gguf["q8_0"]), "--runtime", "llama.cpp", "--runtime",
+                                      "ggtools"])
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert any(ln.strip().startswith("ok   target_arch[ggtools]: ggtools taps layer inputs of 'kimi-k3'")
+               for ln in lines)
+    failed = [ln.strip() for ln in lines if ln.strip().startswith("FAIL")]
+    assert failed == ["FAIL target_arch[llama.cpp]: the target arch 'kimi-k3' does not expose layer inputs in "
+                      "llama.cpp"]
+    assert 'breaks llama.cpp: "GGML_ASSERT(t_layer_inp[il] != nullptr && "layer input tensor is null") failed"' \
+        in result.output
+    assert "fix: no fix in the file: run the pair in a runtime that taps this arch (ggtools)" in result.output
