@@ -203,8 +203,8 @@ def test_unrouted_experts_are_never_read(files, tmp_path):
     seen = {}
     route = LatentMoE.route
 
-    def recording(ffn, h, stepwise):
-        experts, weights = route(ffn, h, stepwise)
+    def recording(ffn, h, stepwise, logits=None):
+        experts, weights = route(ffn, h, stepwise, logits)
         seen.setdefault(id(ffn), set()).update(experts.reshape(-1).tolist())
         return experts, weights
 

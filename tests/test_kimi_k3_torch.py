@@ -32,10 +32,10 @@ def routing_margin(model: TargetModel, ids) -> float:
     """The smallest gap between the k-th and (k+1)-th selection score of numba's routing over the prompt."""
     margins, route = [], LatentMoE.route
 
-    def recording(ffn, h, stepwise):
+    def recording(ffn, h, stepwise, logits=None):
         scores = np.sort(1 / (1 + np.exp(-ffn.router(h, stepwise).astype(np.float64))) + ffn.probs_bias, 1)[:, ::-1]
         margins.append(float((scores[:, ffn.n_expert_used - 1] - scores[:, ffn.n_expert_used]).min()))
-        return route(ffn, h, stepwise)
+        return route(ffn, h, stepwise, logits)
 
     LatentMoE.route = recording
     try:
@@ -93,9 +93,17 @@ def test_kda_crop_on_torch(kimi_k3_target):
 
 @pytest.mark.parametrize("ring_cap", [8, None])
 def test_speculative_equals_greedy_on_torch(kimi_k3_target, kimi_k3_drafters, ring_cap):
-    model = TargetModel(kimi_k3_target.gguf["f16"], backend="torch", threads=1)
+    """torch's verify batch is not bit-identical to its one-token steps (batched products sum in another order).
+    With f16 weights and cache that is 1e-2 on this model (f16 roundings of the inputs flip), enough to swap an
+    expert where the sigmoid top-k is close (a jump of whole logits: measured on 4 of 7 prompts); with the f32
+    file and an f32 cache it is float rounding, so the output must equal greedy decoding along a path whose
+    top-1 / top-2 margin is clear (>= 1e-3, the first such seeded prompt)."""
+    model = TargetModel(kimi_k3_target.gguf["f32"], backend="torch", threads=1, kv_type="f32")
     drafter = Drafter(kimi_k3_drafters["refs"]["v2"], model)
-    ids = random_prompt(model, 5, 16)
+    for seed in range(5, 40):
+        ids = random_prompt(model, seed, 16)
+        want, margins = greedy_path(model, ids, 32)
+        if min(margins) >= 1e-3:
+            break
     model.kv.clear()
-    want = greedy(model, ids, 32)[0]
     assert speculative_generate(model, drafter, drafter.new_kv(ring_cap), ids, 32).tokens == want

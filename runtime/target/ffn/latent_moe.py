@@ -22,6 +22,7 @@ from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.dense import DenseFFN
 from ggtools.runtime.target.ffn.moe import WEIGHTS_SUM_MIN, RoutedExperts, combine_rows
 from ggtools.runtime.target.kimi_k3_pieces import LatentMoETensors, SituFFNTensors
+from ggtools.runtime.weights import MatrixGroup
 
 F32 = np.float32
 NO_BIAS = np.zeros((0, 0), np.float32)
@@ -72,17 +73,26 @@ class SituFFN(SituFFNTensors, DenseFFN):
 
 
 class LatentMoE(LatentMoETensors, RoutedExperts):
-    def route(self, h: np.ndarray, stepwise: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(T, n_embd) -> experts (T, k) int64 in descending order of selection, weights (T, k) float32."""
+    def __post_init__(self):
+        super().__post_init__()
+        # what reads the full-width input, one call (each matrix its own kernel's bits): router, routed_down, the
+        # shared experts' gate and up
+        shared = (self.shared.gate, self.shared.up) if self.shared is not None else ()
+        self.inputs = MatrixGroup(self.router, *([self.routed_down] if self.routed_down else []), *shared)
+
+    def route(self, h: np.ndarray, stepwise: bool, logits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(T, n_embd) (or the router's logits) -> experts (T, k) int64 in descending order of selection, weights
+        (T, k) float32."""
         experts = np.empty((len(h), self.n_expert_used), np.int64)
         weights = np.empty((len(h), self.n_expert_used), np.float32)
-        route_sigmoid_rows(self.router(h, stepwise), self.probs_bias, self.n_expert_used, self.weights_norm,
-                           self.weights_scale, experts, weights)
+        route_sigmoid_rows(self.router(h, stepwise) if logits is None else logits, self.probs_bias,
+                           self.n_expert_used, self.weights_norm, self.weights_scale, experts, weights)
         return experts, weights
 
     def __call__(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
-        routed_in = h if self.routed_down is None else self.routed_down(h, stepwise)
-        experts, weights = self.route(h, stepwise)
+        logits, *rest = self.inputs(h, stepwise)
+        routed_in = h if self.routed_down is None else rest.pop(0)
+        experts, weights = self.route(h, stepwise, logits)
         rows, sorted_experts, slot_pos, used, groups = self.slots(experts)
         gate, up = self.gate_up.run_experts(routed_in, rows, used, groups)
         (down,) = self.down_group.run_experts(situ(gate, up, self.beta, self.linear_beta), None, used, groups)
@@ -92,4 +102,6 @@ class LatentMoE(LatentMoETensors, RoutedExperts):
             out = ops.rms_norm(out, self.routed_norm, self.eps)
         if self.routed_up is not None:
             out = self.routed_up(out, stepwise)
-        return out if self.shared is None else out + self.shared(h, stepwise)
+        if self.shared is None:
+            return out
+        return out + self.shared.down(situ(rest[0], rest[1], self.shared.beta, self.shared.linear_beta), stepwise)
