@@ -17,7 +17,6 @@ from ggtools.gguf.check import require_valid
 from ggtools.jobs.errors import UsageError
 from ggtools.plan import Plan, ShardPlan, convert_action, copy_action
 from ggtools.quants import block_size, fallback_type, has_dequantizer, has_quantizer, parse_qtype
-from ggtools.quants.errors import QuantError
 from ggtools.tensor_rules import never_quantized
 
 FALLBACKS = ("copy", "llama")   # rows --to cannot hold: kept as they are (requant_trunk.c), or llama-quantize's type
@@ -79,19 +78,9 @@ def _decide(t, src_t, dst_t, patterns, fallback="copy"):
     if t.ne[0] % block_size(dst_t) == 0:
         return convert_action(t, dst_t, f"{src_t.name} trunk → {dst_t.name}")
     why = f"ne0={t.ne[0]} not divisible by {block_size(dst_t)} ({dst_t.name})"
-    try:
-        llama = fallback_type(dst_t, t.ne[0])
-    except QuantError:
-        llama = None
+    llama = fallback_type(dst_t, t.ne[0])      # defined, and writable, for every type ggtools writes
     if fallback == "copy":
-        alternative = f"; --fallback llama: {llama.name}" if llama is not None else ""
-        return copy_action(t, f"{why} → kept {t.type_name} (requant_trunk.c){alternative}")
-    if llama is None:
-        raise UsageError("--fallback", f"tensor '{t.name}': {why}, and llama-quantize defines no fallback for "
-                                       f"{dst_t.name}")
-    if not has_quantizer(llama):
-        raise UsageError("--fallback", f"tensor '{t.name}': llama-quantize's fallback {llama.name} is a type "
-                                       "ggtools cannot write")
+        return copy_action(t, f"{why} → kept {t.type_name} (requant_trunk.c); --fallback llama: {llama.name}")
     return convert_action(t, llama, f"{why} → {llama.name} (llama-quantize's fallback)")
 
 
