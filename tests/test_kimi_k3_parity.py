@@ -94,6 +94,29 @@ def test_libllama_loads_every_fixture(kimi_k3_target):
     assert loads["q8_0"]["desc"] == "kimi-k3 ?B MXFP4 MoE"
 
 
+def test_q8_0_fixture_has_the_field_reports_layout(kimi_k3_target):
+    """The converter's q8_0 output of the MXFP4 checkpoint: routed experts MXFP4 (repacked from compressed-tensors,
+    the same values as the bf16 checkpoint's: the F16 file's experts), the other matrices Q8_0 but the router,
+    everything 1-D (norms, KDA scalars, scores, the selection bias) and the convolution taps F32."""
+    from gguf import GGMLQuantizationType as T
+
+    from ggtools import quants
+    from ggtools.gguf import GGUFFile
+
+    with GGUFFile(kimi_k3_target.gguf["q8_0"]) as q8, GGUFFile(kimi_k3_target.gguf["f16"]) as f16:
+        halves = {t.name: t for t in f16.tensors}
+        for t in q8.tensors:
+            if "_exps" in t.name:
+                assert t.type_id == T.MXFP4, t.name
+                ref = halves[t.name]
+                values = quants.dequantize(T.MXFP4, q8.tensor_data(t), t.row_length)
+                assert np.array_equal(values, quants.dequantize(T.F16, f16.tensor_data(ref), ref.row_length)), t.name
+            elif len([n for n in t.ne if n > 1]) < 2 or "ssm_conv1d" in t.name or "ffn_gate_inp" in t.name:
+                assert t.type_id == T.F32, t.name
+            else:
+                assert t.type_id == T.Q8_0, t.name
+
+
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_prompt_logits_are_bit_identical(files, models, llama_cpp, encoding):
     oracle, model = K3Oracle(llama_cpp, files[encoding]), models(encoding)
