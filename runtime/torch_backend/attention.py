@@ -103,15 +103,15 @@ def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values_t: torch.Tensor, 
     probs = gm.to_f16(probs) if f16 else probs
     v = torch.nn.functional.pad(values_t.float(), (0, n_pad - n_ctx))[:, None, None]  # (n_kv, 1, 1, d, S_pad)
     p = probs[:, :, :, None]                                                          # (n_kv, group, T, 1, S_pad)
-    out = gm.dot_4x8(p, v) if one_row else gm.dot_lanes8(p, v)                        # (n_kv, group, T, d)
+    out = gm.dot_4x8(p, v, f16) if one_row else gm.dot_lanes8(p, v, f16)              # (n_kv, group, T, d)
     return out.permute(2, 0, 1, 3).reshape(n_tokens, n_head * d)
 
 
 def _score_dots(q: torch.Tensor, k: torch.Tensor, one_row: bool, f16: bool) -> torch.Tensor:
     """numba's attention `dots` of the query rows (w) with the key rows (x)."""
     if one_row and q.shape[-1] % 32:
-        return gm.dot_one_row(q, k, f16_tail=f16)
-    return gm.dot_4x8(q, k) if one_row else gm.dot_lanes8(q, k)
+        return gm.dot_one_row(q, k, f16_tail=f16, exact_products=f16)
+    return gm.dot_4x8(q, k, f16) if one_row else gm.dot_lanes8(q, k, f16)
 
 
 def draft_attention(q, k_store, v_store, rows, k_pos, q_pos, scale: float, window: int = 0,
@@ -157,8 +157,8 @@ def exact_draft_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     e = gm.v_expf(torch.nn.functional.pad(w, (0, n_pad - n_keys), value=float("-inf")) - m)
     total = gm.hsum8(e.reshape(e.shape[:-1] + (n_pad // 8, 8))).double().sum(-1).float()
     acc = torch.zeros((n_kv, group, n_tokens, d), dtype=torch.float32, device=q.device)
-    for i in range(n_keys):
+    for i in range(n_keys):     # numba skips keys with e = 0 (their values might not be finite)
         p = e[..., i, None]
-        acc = torch.where(p != 0, acc + p * values[:, None, None, i], acc)
+        acc += torch.where(p != 0, p * values[:, None, None, i], 0.0)
     out = acc * gm.div(torch.ones_like(total), total)[..., None]
     return out.permute(2, 0, 1, 3).reshape(n_tokens, n_head * d)

@@ -225,27 +225,34 @@ def reduce4x8(acc: torch.Tensor) -> torch.Tensor:
     return (t[..., 0] + t[..., 1]) + (t[..., 2] + t[..., 3])
 
 
-def chain(w: torch.Tensor, x: torch.Tensor, width: int) -> torch.Tensor:
+def chain(w: torch.Tensor, x: torch.Tensor, width: int, exact_products: bool = False) -> torch.Tensor:
     """`width` fma accumulators: lane l sums w[..., k] * x[..., k] for k = l mod width, in order of k, starting
-    from 0 (w, x broadcastable, their last length a multiple of width) -> (..., width) float32."""
-    n = w.shape[-1]
-    shape = torch.broadcast_shapes(w.shape[:-1], x.shape[:-1]) + (width,)
-    acc = torch.zeros(shape, dtype=F64, device=w.device)
-    w64, x64 = w.double(), x.double()
-    for s in range(0, n, width):
-        acc.addcmul_(w64[..., s:s + width], x64[..., s:s + width])
-        acc.copy_(acc.float())
-    return acc.float()
+    from 0 (w, x broadcastable, their last length a multiple of width) -> (..., width) float32. Each step is one
+    addcmul of float64 operands (exact products) into the float32 accumulators: torch computes it in float64
+    and rounds once to the float32 output. exact_products: every w * x is exact in float32 (f16 or bf16 values
+    on both sides: at most 22 significant bits), so the fma is an addition of the product and float32 will do."""
+    dtype = F32 if exact_products else F64
+    w64, x64 = (_steps(a.to(dtype), width) for a in (w, x))
+    acc = (w64[0] * x64[0] + 0.0).float()       # fma(w, x, 0): + 0 turns a -0 product into 0
+    for s in range(1, len(w64)):
+        torch.addcmul(acc, w64[s], x64[s], out=acc)
+    return acc
 
 
-def dot_one_row(w: torch.Tensor, x: torch.Tensor, f16_tail: bool) -> torch.Tensor:
+def _steps(a: torch.Tensor, width: int) -> torch.Tensor:
+    """(..., n) -> (n / width, ..., width), contiguous: one step's values in one block of memory."""
+    return a.reshape(a.shape[:-1] + (-1, width)).movedim(-2, 0).contiguous()
+
+
+def dot_one_row(w: torch.Tensor, x: torch.Tensor, f16_tail: bool, exact_products: bool = False) -> torch.Tensor:
     """ggml_vec_dot_f32 / f16 (numba's matmul.dot_one_row): four 8-lane accumulators over steps of 32, reduce4x8,
     then the leftover values: float fma for f32, a float64 sum of float32 products for f16."""
     n = w.shape[-1]
     n_main = n // 32 * 32
-    s = reduce4x8(chain(w[..., :n_main], x[..., :n_main], 32)) if n_main else None
-    if s is None:
-        s = torch.zeros(torch.broadcast_shapes(w.shape[:-1], x.shape[:-1]), dtype=F32, device=w.device)
+    if n_main:
+        s = reduce4x8(chain(w[..., :n_main], x[..., :n_main], 32, exact_products))
+    else:
+        s = (w[..., :1] * x[..., :1])[..., 0] * 0.0
     if n_main == n:
         return s
     if f16_tail:
@@ -255,15 +262,15 @@ def dot_one_row(w: torch.Tensor, x: torch.Tensor, f16_tail: bool) -> torch.Tenso
     return s
 
 
-def dot_4x8(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def dot_4x8(w: torch.Tensor, x: torch.Tensor, exact_products: bool = False) -> torch.Tensor:
     """ggml_vec_dot_f32 / f16's main part (the length a multiple of 32)."""
-    return reduce4x8(chain(w, x, 32))
+    return reduce4x8(chain(w, x, 32, exact_products))
 
 
-def dot_lanes8(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def dot_lanes8(w: torch.Tensor, x: torch.Tensor, exact_products: bool = False) -> torch.Tensor:
     """tinyBLAS's dot (8 fma lanes, hsum8) over the whole steps of 8 of the last axis."""
     n8 = w.shape[-1] // 8 * 8
-    return hsum8(chain(w[..., :n8], x[..., :n8], 8))
+    return hsum8(chain(w[..., :n8], x[..., :n8], 8, exact_products))
 
 
 # ---- norms, rope, softmax ----------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from ggtools.runtime.torch_backend.dequant import block_values, dequantize
 
 LANES_VALUES = 1 << 24      # input rows x weight rows x row length per chunk of an exact product
 FLOAT_TYPES = frozenset({T.F32, T.F16, T.BF16})
+HALF_TYPES = frozenset({T.F16, T.BF16})     # weights and their rounded inputs multiply exactly in float32
 
 
 class ExactProduct:
@@ -60,9 +61,10 @@ class ExactProduct:
         one_row_structure = self.qtype in FLOAT_TYPES and one_row
         width = 32 if one_row_structure else 8
         x = prepared[:, None]
+        exact = self.qtype in HALF_TYPES
         if self.n_cols % width:
-            return gm.dot_one_row(w, x, f16_tail=self.qtype != T.F32)
-        return gm.dot_4x8(w, x) if one_row_structure else gm.dot_lanes8(w, x)
+            return gm.dot_one_row(w, x, f16_tail=self.qtype != T.F32, exact_products=exact)
+        return gm.dot_4x8(w, x, exact) if one_row_structure else gm.dot_lanes8(w, x, exact)
 
     def _block32(self, prepared, rows: torch.Tensor) -> torch.Tensor:
         xq, xd, xs = prepared
@@ -90,9 +92,8 @@ def _fma_chain(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """acc = fma(values[b], scales[b], acc) over b from acc = 0, float32 (values float32, scales float64 holding
     float32 values: the product is exact in float64; torch computes addcmul in float64 and rounds it once to the
     float32 output)."""
-    acc = torch.zeros(torch.broadcast_shapes(values.shape[1:], scales.shape[1:]), dtype=torch.float32,
-                      device=values.device)
-    for b in range(len(values)):
+    acc = (values[0] * scales[0] + 0.0).float()
+    for b in range(1, len(values)):
         torch.addcmul(acc, values[b], scales[b], out=acc)
     return acc
 
