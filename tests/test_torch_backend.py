@@ -161,6 +161,16 @@ def test_run_on_torch_reports_its_backend():
     assert json.loads(numba.stdout)["backend"] == "numba"
 
 
+def test_bf16_reports_that_it_is_not_llama_cpp_arithmetic():
+    """bf16 / f16 multiply in that dtype and round nothing as llama.cpp does: the run report says so (f32's does
+    not need to)."""
+    for dtype, says in (("bf16", True), ("f32", False)):
+        r = CliRunner().invoke(main, ["run", "--target", TARGET, "--prompt", "def main():", "-n", "4", "--backend",
+                                      "torch", "--dtype", dtype, "--threads", "1"])
+        assert r.exit_code == 0, r.output
+        assert (f"({dtype}; {dtype} is not llama.cpp's arithmetic" in r.output) == says, r.output
+
+
 @pytest.mark.parametrize("args, words", [
     (["--backend", "torch", "--device", "cuda:7"], "--device cuda:7"),
     (["--device", "cuda"], "need --backend torch"),

@@ -24,6 +24,7 @@ more). So the torch backend in float32 performs numba's operations, in numba's o
   their rounding, 2^-53 relative, changes the float32 result only next to a float32 halfway point.
 """
 
+import functools
 import struct
 from decimal import Decimal
 
@@ -130,8 +131,12 @@ LN2 = float.fromhex("0x1.62e42fefa39efp-1")
 LOGF_OFF = 0x3F330000
 
 
-def _table(values, dtype, device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype, device=device)
+@functools.lru_cache(maxsize=None)
+def _tables(device) -> tuple[torch.Tensor, torch.Tensor]:
+    """expf's and logf's tables on a device, made once."""
+    logf_table = [[float.fromhex(a), float.fromhex(b)] for a, b in LOGF_TABLE]
+    return (torch.tensor(EXPF_TABLE, dtype=torch.int64, device=device),
+            torch.tensor(logf_table, dtype=F64, device=device))
 
 
 def expf(x: torch.Tensor) -> torch.Tensor:
@@ -144,7 +149,7 @@ def expf(x: torch.Tensor) -> torch.Tensor:
     ki = kd.view(torch.int64)
     kd = kd - EXPF_SHIFT
     r = z - kd
-    t = _table(EXPF_TABLE, torch.int64, x.device)[ki % EXPF_N] + (ki << 47)
+    t = _tables(x.device)[0][ki % EXPF_N] + (ki << 47)
     s = t.view(F64)
     c0, c1, c2 = EXPF_POLY
     zz = c0 * r + c1
@@ -163,7 +168,7 @@ def logf(x: torch.Tensor) -> torch.Tensor:
     i = (tmp >> 19) % 16
     k = tmp >> 23                       # tmp as a signed 32-bit value, shifted arithmetically
     iz = ix - (tmp & (0x1FF << 23))
-    table = _table([[float.fromhex(a), float.fromhex(b)] for a, b in LOGF_TABLE], F64, x.device)[i]
+    table = _tables(x.device)[1][i]
     z = _from_bits(iz).double()
     r = z * table[..., 0] - 1.0
     y0 = table[..., 1] + k.double() * LN2
