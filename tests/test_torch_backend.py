@@ -75,7 +75,8 @@ def test_matrix_product_equals_numba(qtype):
     numba_stack, device_stack = matrix_pair(qtype, 16, shapes_of(qtype)[0][1], n_expert=3)
     x = rng.standard_normal((4, device_stack.n_cols)).astype(np.float32)
     (want,) = MatrixGroup(numba_stack).run_experts(x, None, np.array([0, 2]), np.array([0, 3, 4]))
-    got = torch.cat([device_stack.product(torch.from_numpy(x[:3]), 0), device_stack.product(torch.from_numpy(x[3:]), 2)])
+    got = torch.cat([device_stack.product(torch.from_numpy(x[:3]), 0),
+                     device_stack.product(torch.from_numpy(x[3:]), 2)])
     assert np.array_equal(got.numpy(), want)
 
 

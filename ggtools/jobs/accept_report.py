@@ -47,9 +47,10 @@ def setting_line(report: AcceptReport) -> str:
 def _runs_on(report: AcceptReport) -> str:
     run = report.drafters[0].run
     threads = f"{report.threads} thread(s)"
+    if run.backend == "numba":
+        return threads
     note = numerics_note(run.backend, run.dtype)
-    return threads if run.backend == "numba" else f"torch on {run.device} ({run.dtype}{'; ' + note if note else ''}), " \
-        f"{threads}"
+    return f"torch on {run.device} ({run.dtype}{'; ' + note if note else ''}), {threads}"
 
 
 def _n_max(report: AcceptReport) -> str:
