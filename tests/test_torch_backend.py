@@ -199,7 +199,7 @@ def test_missing_torch_names_the_extra():
 
 def test_bf16_runs_the_gpu_code_path_on_the_cpu():
     """bf16 compute (the GPU default) on the CPU: the demo pair's speculative output equals its own greedy
-    decoding, and the drafter stays useful (tau above 1.5; f32's, llama.cpp's, is 2.8 on these prompts)."""
+    decoding, and the drafter stays useful (tau above 1.5)."""
     model = TargetModel(TARGET, backend="torch", dtype="bf16", threads=1)
     assert model.layers[0].ffn.gate.product(torch.ones((1, 128))).dtype == torch.bfloat16
     ids = [p for _, p in held_out_prompts(Tokenizer.from_gguf(model.weights.meta), 2)]
