@@ -71,6 +71,7 @@ def write_moe_set(prefix, *, layers=4, hidden=512, ffn=256, experts=8, vocab=204
                 w.add_kv("deepseek2.block_count", VT.UINT32, layers)
                 w.add_kv("deepseek2.embedding_length", VT.UINT32, hidden)
                 w.add_kv("deepseek2.expert_count", VT.UINT32, experts)
+                w.add_kv("deepseek2.expert_used_count", VT.UINT32, min(2, experts))    # llama.cpp asserts > 0
                 w.add_kv("tokenizer.ggml.model", VT.STRING, "gpt2")
             if shards > 1:
                 w.add_kv("split.no", VT.UINT16, i)

@@ -2,7 +2,8 @@
 
     prefill the target on the prompt with the drafter's feature taps; anchor = its argmax
     each step:  draft KV takes the newly committed positions' features (begin_step)
-                drafter drafts up to n_max tokens from [anchor, MASK ...]; an early cut may offer fewer
+                drafter drafts up to n_max tokens from [anchor, MASK ...] (n_max + 1 rows; n_max rows for an
+                anchor-first DSpark drafter, whose anchor row drafts too); an early cut may offer fewer
                 the target verifies [anchor, drafts] in one batch (stepwise: each row as a one-token step)
                 acc = leading drafts equal to the target's argmax one row earlier; bonus = argmax at row acc
                 commit anchor + acc drafts; crop the target cache; the bonus is the next anchor
@@ -22,10 +23,14 @@ from ggtools.runtime.drafter.draft_kv import DraftKV
 from ggtools.runtime.errors import SettingsError
 
 
+# llama.cpp's refusal of p_min > 0 for a DSpark drafter without a confidence head (common/speculative.cpp)
+NO_CONFIDENCE_HEAD = "DSpark draft has no confidence head: please set --spec-draft-p-min 0"
+
+
 @dataclass
 class DraftSettings:
-    n_max: int | None = None     # drafts per step (default: block size - 1)
-    cut: str = "none"            # "none" | "prob" | "margin"
+    n_max: int | None = None     # drafts per step (default: the most a block gives, Drafter.max_drafts)
+    cut: str = "none"            # "none" | "prob" | "margin" | "confidence"
     p_min: float = 0.0
     n_min: int = 0
 
@@ -33,9 +38,20 @@ class DraftSettings:
 def check_settings(drafter, settings: DraftSettings) -> None:
     """Refuse draft settings the drafter cannot draft with, in the words of the option that set them."""
     n_max = settings.n_max
-    if n_max is not None and not 0 <= n_max < drafter.block_size:
+    if n_max is not None and not 0 <= n_max <= drafter.max_drafts:
+        layout = ", the anchor's row included" if drafter.anchor_first else ""
         raise SettingsError(f"--n-max {n_max}: the drafter's block of {drafter.block_size} drafts at most "
-                            f"{drafter.block_size - 1} tokens per step")
+                            f"{drafter.max_drafts} tokens per step{layout}")
+    if settings.cut == "confidence" and settings.p_min > 0:
+        if drafter.markov is None:
+            raise SettingsError(f"--cut confidence: {drafter.path} is a {drafter.family} drafter; the confidence cut "
+                                "needs a DSpark drafter with a confidence head")
+        if not drafter.hp.dspark.confidence_head:
+            raise SettingsError(f"--cut confidence --p-min {settings.p_min:g}: {drafter.path}: {NO_CONFIDENCE_HEAD} "
+                                "(llama.cpp); use --p-min 0 or another cut")
+        if drafter.markov.conf is None:
+            raise SettingsError(f"--cut confidence: {drafter.path} says dflash.has_confidence_head but holds no "
+                                "conf_proj.weight")
 
 
 @dataclass
@@ -61,9 +77,9 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
     """Greedy continuation of prompt_ids by up to n tokens, drafted by `drafter` with the draft KV `kv`.
     progress(k): called with the number of new tokens as they are committed."""
     s = settings or DraftSettings()
-    n_max = drafter.block_size - 1 if s.n_max is None else s.n_max
-    if not 0 <= n_max <= drafter.block_size - 1:
-        raise ValueError(f"n_max must lie in 0..{drafter.block_size - 1} (the block size is {drafter.block_size})")
+    n_max = drafter.max_drafts if s.n_max is None else s.n_max
+    if not 0 <= n_max <= drafter.max_drafts:
+        raise ValueError(f"n_max must lie in 0..{drafter.max_drafts} (the block size is {drafter.block_size})")
     target.kv.clear()
     kv.reset()
     out = SpecOutput(tokens=[], stop="length")
@@ -79,12 +95,12 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
         progress(1)
     while len(out.tokens) < n and out.tokens[-1] not in stop_ids:
         anchor = out.tokens[-1]
-        n_block = min(n_max + 1, n - len(out.tokens) + 1)
+        n_drafts = min(n_max, n - len(out.tokens))
         drafts = []
-        if n_block > 1:
+        if n_drafts > 0:
             td = time.perf_counter()
             kv.begin_step(committed, pending.reshape(len(pending), -1))
-            chain = drafter.draft(kv, anchor, n_block)
+            chain = drafter.draft(kv, anchor, n_drafts)
             drafts = chain.tokens[:cut_length(chain, s.cut, s.p_min, s.n_min)]
             out.draft_seconds += time.perf_counter() - td
         logits, features = target.forward([anchor] + drafts, taps=drafter.taps, logits="all", stepwise=True)

@@ -9,7 +9,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ggtools import quants
+from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
+from ggtools.gguf.scan import scan_tensor
 from ggtools.runtime.kernels import matmul
 from ggtools.runtime.errors import ModelError
 
@@ -65,6 +67,15 @@ class WeightFile:
     def names(self) -> set[str]:
         return set(self._where)
 
+    @property
+    def ordered_names(self) -> list[str]:
+        """Every tensor name, in file (and shard) order."""
+        return list(self._where)
+
+    def shape(self, name: str) -> list[int]:
+        """The tensor's ne (ne[0] the row length)."""
+        return [int(n) for n in self._lookup(name)[1].ne]
+
     def _lookup(self, name):
         try:
             return self._where[name]
@@ -113,8 +124,31 @@ class WeightFile:
             raise ModelError(f"{f.path}: tensor '{name}' has {t.n_elements} values, expected {n}")
         return quants.dequantize(t.type_id, f.tensor_data(t), t.row_length).reshape(-1)
 
+    def id_vector(self, name: str, n_dims: int = 1) -> np.ndarray:
+        """An I64 tensor of n_dims dimensions (token ids: DSpark's d2t) as int64."""
+        f, t = self._lookup(name)
+        if t.type_id != GGMLQuantizationType.I64 or len(t.ne) != n_dims:
+            raise ModelError(f"{f.path}: tensor '{name}' is {t.type_name} with ne {list(t.ne)}, expected a "
+                             f"{n_dims}-D I64 tensor")
+        return f.tensor_data(t).view(np.int64).copy()
+
     def optional_vector(self, name: str, n: int | None = None) -> np.ndarray | None:
         return self.vector(name, n) if self.has(name) else None
+
+    def nonfinite(self, names) -> tuple[str, str] | None:
+        """The first of `names` (in that order; absent ones skipped) whose data holds NaN/inf values or scales
+        (ggml_validate_row_data's rules), as (name, where: 'value N' or 'block N'); None when all are finite."""
+        for name in names:
+            if name not in self._where:
+                continue
+            f, t = self._where[name]
+            try:
+                n_bad, first = scan_tensor(f, t, quants.check_row_data)
+            except GGToolsError:
+                continue                # a type ggml has no row rule for
+            if n_bad:
+                return name, f"{'value' if t.block[0] == 1 else 'block'} {first}"
+        return None
 
     def close(self):
         self.shards.close()

@@ -24,6 +24,10 @@ def kv_i32(key, v):
     return s(key) + struct.pack("<ii", INT32, v)
 
 
+def kv_f32(key, v):
+    return s(key) + struct.pack("<if", FLOAT32, v)
+
+
 def kv_str(key, v):
     return s(key) + struct.pack("<i", STRING) + s(v)
 
@@ -74,7 +78,10 @@ def sample_tensors():
 
 
 def sample_kvs(arch="llama"):
+    """The keys llama.cpp's loader requires of a llama model (the model-file rules check them), and a tokenizer."""
     return [kv_str("general.architecture", arch), kv_u32(f"{arch}.block_count", 1),
+            kv_u32(f"{arch}.context_length", 256), kv_u32(f"{arch}.embedding_length", 64),
+            kv_u32(f"{arch}.attention.head_count", 8), kv_f32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
             kv_str_array("tokenizer.ggml.tokens", ["<s>", "</s>", "a", "b"]),
             kv_f32_array("tokenizer.ggml.scores", [0.0, 0.0, -1.0, -2.0])]
 

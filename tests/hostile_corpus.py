@@ -7,18 +7,22 @@ except the outputs the run is meant to write.
 """
 
 import hashlib
+import json
 import os
 import shutil
 import struct
 
 import numpy as np
 from click.testing import CliRunner
+from gguf import GGUFValueType as VT
 
 from tests import gguf_builder as B
+from tests.test_convert_support import rewrite_gguf
+from tests.tiny_targets import write_gpt_oss, write_qwen35
 from ggtools.cli import main
 from ggtools.samples import write_moe_set
 
-F32, F16, Q8_0 = 0, 1, 8
+F32, F16, Q8_0, I32, I64 = 0, 1, 8, 26, 27
 DEMO = os.path.join(os.path.dirname(__file__), "..", "ggtools", "data", "demo")
 
 
@@ -48,9 +52,10 @@ def run_cli(args):
     return result
 
 
-def check_run(root, args, code, outputs=(), fragment=None) -> object:
+def check_run(root, args, code, outputs=(), fragment=None, reports=()) -> object:
     """Run `ggtools args` and assert the four properties; code: the exit code, or a tuple of allowed ones;
-    outputs: paths (files or directories) the run may create, removed after."""
+    outputs: paths (files or directories) the run may create, removed after; reports: exit codes after which
+    the command's stderr is a report (a failed gate of run or accept lists each failure), not one line."""
     before = snapshot(root)
     result = run_cli(args)
     after = snapshot(root)
@@ -59,7 +64,7 @@ def check_run(root, args, code, outputs=(), fragment=None) -> object:
         assert result.exit_code in (code if isinstance(code, tuple) else (code,)), what
         assert "Traceback" not in result.stdout + result.stderr, what
         assert "internal error" not in result.stderr, what
-        if result.exit_code:
+        if result.exit_code and result.exit_code not in reports:
             lines = result.stderr.splitlines()
             assert len(lines) == 1 and lines[0].startswith("error: "), what
             if fragment:
@@ -169,11 +174,20 @@ def build_corpus(root) -> dict[str, str]:
     for case, edits in KIMI_K3_CASES.items():
         c[f"k3_{case}"] = _kimi_k3(j(f"k3_{case}.gguf"), edits)
     c["drafter"] = _drafter(c, j("drafter.gguf"))
+    c["drafter_huge_block"] = _patched(c["drafter"], j("drafter_huge_block.gguf"), "dflash.block_size=u32:4294967295")
+    _model_variants(c, j)
+    _dspark_variants(c, j)
     _hf_variants(c, j)
+    _dspark(c, j)
+    _prompt_files(c, j)
     _manifests(c, j)
     os.makedirs(j("outdir"))
     c["outdir"] = j("outdir")
     c["afile"] = write(j("afile"), b"not a directory")
+    c["existing_svg"] = write(j("existing.svg"), b"<svg/>")
+    c["demo_earlier"] = j("demo_earlier")          # a demo work directory holding an earlier demo's files
+    os.makedirs(os.path.join(c["demo_earlier"], "moe"))
+    write(os.path.join(c["demo_earlier"], "moe", "kimi-like-00001-of-00003.gguf"), b"an earlier demo's shard")
     _aliases(c, j)
     return c
 
@@ -258,6 +272,157 @@ def _drafter(c, path) -> str:
     return path
 
 
+def _patched(src, dst, assignment) -> str:
+    from ggtools.jobs.patch import patch_set
+    patch_set(src, [assignment], out=dst)
+    return dst
+
+
+# prompts files for accept: (name, bytes); a prompt of 500k newlines and a 1 MB word (longer than any context of
+# the demo target: refused before tokenizing), a JSON escape of a lone surrogate, 200k-deep JSON, and valid JSONL
+# holding raw U+2028 and U+0085 inside its strings (str.splitlines() would cut those lines)
+PROMPT_FILES = {
+    "prompts_newlines": ("newlines.jsonl", b'{"prompt": "' + b"\\n" * 500_000 + b'"}\n'),
+    "prompts_word": ("word.txt", b"a" * (1 << 20) + b"\n"),
+    "prompts_surrogate": ("surrogate.jsonl", b'{"prompt": "x \\ud800 y"}\n'),
+    "prompts_surrogate_id": ("surrogate_id.jsonl", b'{"prompt": "x", "id": "\\udfff"}\n'),
+    "prompts_deep": ("deep.jsonl", b"[" * 200_000 + b"\n"),
+    "prompts_separators": ("separators.jsonl", '{"prompt": "def f():\u2028    return 1", "id": "ls"}\r\n'
+                                               '{"prompt": "a\u0085b\u2029c", "id": "nel"}\n'.encode()),
+}
+
+
+def _prompt_files(c, j):
+    os.makedirs(j("prompts"))
+    for key, (name, data) in PROMPT_FILES.items():
+        c[key] = write(j("prompts", name), data)
+
+
+U32, I32, F32_KV, STR = VT.UINT32, VT.INT32, VT.FLOAT32, VT.STRING
+NAN = float("nan")
+# name -> (base model, keys set (key, type, value, element type), keys dropped): models with broken hyperparameters
+# (issue 21 section 2), the first six the original reproductions (memory corruption before the model-file rules)
+HPARAM_VARIANTS = {
+    "t_rot999": ("target", [("qwen3.rope.dimension_count", U32, 999, None)]),
+    "t_rot128": ("target", [("qwen3.rope.dimension_count", U32, 128, None)]),      # head size 64
+    "q35_rot999": ("q35", [("qwen35.rope.dimension_count", U32, 999, None)]),
+    "q35_rot32": ("q35", [("qwen35.rope.dimension_count", U32, 32, None)]),         # head size 16
+    "oss_rot999": ("oss", [("gpt-oss.rope.dimension_count", U32, 999, None)]),
+    "oss_rot32": ("oss", [("gpt-oss.rope.dimension_count", U32, 32, None)]),
+    "d_rot999": ("drafter", [("dflash.rope.dimension_count", U32, 999, None)]),
+    "d_rot128": ("drafter", [("dflash.rope.dimension_count", U32, 128, None)]),   # head size 64
+    "t_eps_nan": ("target", [("qwen3.attention.layer_norm_rms_epsilon", F32_KV, NAN, None)]),
+    "t_eps_neg": ("target", [("qwen3.attention.layer_norm_rms_epsilon", F32_KV, -1e-6, None)]),
+    "t_base0": ("target", [("qwen3.rope.freq_base", F32_KV, 0.0, None)]),
+    "t_base_nan": ("target", [("qwen3.rope.freq_base", F32_KV, NAN, None)]),
+    "oss_yarn_nan": ("oss", [("gpt-oss.rope.scaling.factor", F32_KV, NAN, None)]),
+    "oss_yarn_attn_nan": ("oss", [("gpt-oss.rope.scaling.attn_factor", F32_KV, NAN, None)]),
+    "t_scale_nan": ("target", [("qwen3.attention.scale", F32_KV, NAN, None)]),
+    "t_layers0": ("target", [("qwen3.block_count", U32, 0, None)]),
+    "t_layers_neg": ("target", [("qwen3.block_count", I32, -1, None)]),
+    "t_layers_f32": ("target", [("qwen3.block_count", F32_KV, 4.0, None)]),
+    "q35_nextn": ("q35", [("qwen35.nextn_predict_layers", U32, 9, None)]),
+    "t_heads_str": ("target", [("qwen3.attention.head_count", STR, "4", None)]),
+    "t_heads0": ("target", [("qwen3.attention.head_count", U32, 0, None)]),
+    "t_kv_heads0": ("target", [("qwen3.attention.head_count_kv", U32, 0, None)]),
+    "q35_interval0": ("q35", [("qwen35.full_attention_interval", U32, 0, None)]),
+    "q35_groups0": ("q35", [("qwen35.ssm.group_count", U32, 0, None)]),
+    "d_ids_str": ("drafter", [("dflash.target_layers", VT.ARRAY, ["2", "3"], STR)]),
+    "d_mask_i32": ("drafter", [("tokenizer.ggml.mask_token_id", I32, -1, None)]),
+    "d_block0": ("drafter", [("dflash.block_size", U32, 0, None)]),
+    "d_base_nan": ("drafter", [("dflash.rope.freq_base", F32_KV, NAN, None)]),
+}
+
+
+def _model_variants(c, j):
+    """Models of every arch the runtime runs, and broken copies: hyperparameters (HPARAM_VARIANTS), NaN weights,
+    cut files."""
+    c["q35"] = write_qwen35(j("q35.gguf"))
+    c["oss"] = write_gpt_oss(j("oss.gguf"))
+    for name, (base, keys) in HPARAM_VARIANTS.items():
+        c[name] = str(rewrite_gguf(c[base], j(f"{name}.gguf"), set_keys=keys))
+    c["t_nan"] = poison(c["target"], j("t_nan.gguf"), "blk.1.ffn_up.weight")
+    c["d_nan"] = poison(c["drafter"], j("d_nan.gguf"), "blk.0.ffn_up.weight")
+    for name in ("target", "drafter"):
+        data = open(c[name], "rb").read()
+        c[f"{name}_half"] = write(j(f"{name}_half.gguf"), data[:len(data) // 2])
+
+
+def poison(src, dst, tensor) -> str:
+    """A copy of src whose tensor's value 40 is NaN (F32, F16 or BF16 data)."""
+    from ggtools.gguf import GGUFFile
+    data = bytearray(open(src, "rb").read())
+    with GGUFFile(src) as f:
+        t = f.tensor[tensor]
+        at, kind = t.data_start, t.type_name
+    nan = {"F32": np.float32(np.nan).tobytes(), "F16": np.float16(np.nan).tobytes(), "BF16": b"\xc0\x7f"}[kind]
+    at += 40 * len(nan)
+    data[at:at + len(nan)] = nan
+    return write(dst, bytes(data))
+
+
+def _with_dspark_heads(src, dst, kvs=(), tensors=(), drop=()) -> str:
+    """src's KVs and tensors (less `drop`), plus KVs [(key, vtype, value)] and tensors [(name, ne, type, bytes)]."""
+    from ggtools.gguf import GGUFFile, GGUFWriter
+    with GGUFFile(src) as f, GGUFWriter(dst) as w:
+        kept = [t for t in f.tensors if t.name not in drop]
+        for kv in f.kvs:
+            if kv.key not in drop:
+                w.add_kv_record(kv)
+        for key, vtype, value in kvs:
+            w.add_kv(key, vtype, value)
+        for t in kept:
+            w.add_tensor_info(t.name, t.ne, t.type_id, t.nbytes)
+        for name, ne, type_id, data in tensors:
+            w.add_tensor_info(name, ne, type_id, len(data))
+        for t in kept:
+            w.write(f.tensor_data(t))
+        for *_, data in tensors:
+            w.write(data)
+    return dst
+
+
+def _dspark_variants(c, j):
+    """The demo drafter with DSpark heads (Markov rank 8, random) in ways the runtime refuses: anchor-first with
+    no confidence head; a reduced vocabulary whose d2t leaves the vocabulary or repeats an id; no block size."""
+    from gguf import GGUFValueType as VT
+    rng = np.random.default_rng(1)
+    vocab, hidden, rank, n_draft = 2048, 128, 8, 64
+    f32 = lambda *shape: rng.standard_normal(shape).astype("<f4").tobytes()  # noqa: E731
+    markov = [("markov_w1.weight", [rank, vocab], F32, f32(vocab, rank))]
+    flags = [("dflash.sample_from_anchor", VT.BOOL, True), ("dflash.has_confidence_head", VT.BOOL, False)]
+    full = markov + [("markov_w2.weight", [rank, vocab], F32, f32(vocab, rank))]
+    c["dspark_noconf"] = _with_dspark_heads(c["drafter"], j("dspark_noconf.gguf"), flags, full)
+    c["dspark_no_block_size"] = _with_dspark_heads(c["drafter"], j("dspark_no_block_size.gguf"), flags, full,
+                                                   drop=("dflash.block_size",))
+
+    c["dspark_flag_not_bool"] = _with_dspark_heads(c["drafter"], j("dspark_flag_not_bool.gguf"),
+                                                   [("dflash.sample_from_anchor", VT.UINT8, 1)], full)
+    c["dspark_conf_flag_no_tensor"] = _with_dspark_heads(
+        c["drafter"], j("dspark_conf_flag_no_tensor.gguf"),
+        [("dflash.sample_from_anchor", VT.BOOL, True), ("dflash.has_confidence_head", VT.BOOL, True)], full)
+    c["drafter_short_head"] = _with_dspark_heads(c["drafter"], j("drafter_short_head.gguf"), tensors=[
+        ("output.weight", [hidden, n_draft], F32, f32(n_draft, hidden))])
+
+    def reduced(name, ids, head=True, d2t_type=I64):
+        tensors = markov + [("markov_w2.weight", [rank, n_draft], F32, f32(n_draft, rank)),
+                            ("d2t", [n_draft], d2t_type, np.asarray(ids, "<i8" if d2t_type == I64 else "<i4").tobytes())]
+        if head:
+            tensors.append(("output.weight", [hidden, n_draft], F32, f32(n_draft, hidden)))
+        c[name] = _with_dspark_heads(c["drafter"], j(f"{name}.gguf"), flags, tensors)
+
+    from ggtools.jobs.convert import convert_dflash
+    lucebox = convert_dflash(c["hf"], j("drafter_lucebox.gguf"), profile="lucebox", target=c["target"]).path
+    c["dspark_lucebox"] = _with_dspark_heads(lucebox, j("dspark_lucebox.gguf"), tensors=[
+        ("dflash.dspark.markov.w1", [rank, vocab], F32, f32(vocab, rank)),
+        ("dflash.dspark.markov.w2", [rank, vocab], F32, f32(vocab, rank))])
+    ids = np.arange(0, 2 * n_draft, 2)
+    reduced("dspark_d2t_outside", np.r_[ids[:-1], vocab])
+    reduced("dspark_d2t_repeated", np.r_[ids[:-1], ids[0]])
+    reduced("dspark_d2t_without_head", ids, head=False)
+    reduced("dspark_d2t_i32", ids, d2t_type=I32)
+
+
 def _hf_variants(c, j):
     c["hf_fifo"] = j("hf_fifo")
     os.makedirs(c["hf_fifo"])
@@ -265,6 +430,95 @@ def _hf_variants(c, j):
     os.mkfifo(os.path.join(c["hf_fifo"], "model.safetensors"))
     c["hf_badjson"] = shutil.copytree(os.path.join(DEMO, "drafter"), j("hf_badjson"))
     write(os.path.join(c["hf_badjson"], "config.json"), b"[" * 100000)
+
+
+# DSpark checkpoints on the demo drafter's backbone (hidden 128, vocabulary 2048 of the demo target): name ->
+# (architecture, config layout, confidence head, reduced vocabulary, markov_w2 scale, config edits, tensor edit)
+DSPARK_RANK = 32
+
+
+def _d2t(offsets_edit):
+    return lambda t: t | {"d2t": ("I64", offsets_edit(t["d2t"][1].copy()))}
+
+
+def _set(a, i, v):
+    a[i] = v
+    return a
+
+
+DSPARK_CASES = {
+    "base": ("Qwen3DSparkModel", "flat", True, False, False, {}, None),
+    "bonus": ("Qwen3DSparkModel", "flat", True, False, False, {"sample_from_anchor": False}, None),
+    "reduced-bonus": ("DSparkSpeculator", "speculators", True, True, False, {}, None),
+    "scaled-bonus": ("Qwen3DSparkModel", "flat", True, False, True, {"sample_from_anchor": False}, None),
+    "markov-type": ("Qwen3DSparkModel", "flat", True, False, False, {"markov_head_type": "gated"}, None),
+    "no-d2t": ("DSparkSpeculator", "speculators", True, True, False, {}, lambda t: {k: v for k, v in t.items()
+                                                                                   if k != "d2t"}),
+    "d2t-size": ("DSparkSpeculator", "speculators", True, True, False, {}, _d2t(lambda a: a[:-3])),
+    "d2t-duplicate": ("DSparkSpeculator", "speculators", True, True, False, {}, _d2t(lambda a: _set(a, 20, a[21] + 1))),
+    "d2t-range": ("DSparkSpeculator", "speculators", True, True, False, {}, _d2t(lambda a: _set(a, 0, -1))),
+    "d2t-bool": ("DSparkSpeculator", "speculators", True, True, False, {},
+                 lambda t: t | {"d2t": ("BOOL", np.ones(t["d2t"][1].size, bool))}),
+    "d2t-fraction": ("DSparkSpeculator", "speculators", True, True, False, {},
+                     lambda t: t | {"d2t": ("F32", t["d2t"][1].astype(np.float32) + 0.5)}),
+    "no-markov": ("Qwen3DSparkModel", "flat", False, False, False, {},
+                  lambda t: {k: v for k, v in t.items() if not k.startswith("markov_head.")}),
+    "w1-vocab": ("Qwen3DSparkModel", "flat", True, False, False, {},
+                 lambda t: t | {"markov_head.markov_w1.weight": ("BF16", np.zeros((1024, DSPARK_RANK), np.float32))}),
+    "w2-rank": ("Qwen3DSparkModel", "flat", True, False, False, {},
+                lambda t: t | {"markov_head.markov_w2.weight": ("BF16", np.zeros((2048, 16), np.float32))}),
+    "rank-config": ("Qwen3DSparkModel", "flat", True, False, False, {"markov_rank": 64}, None),
+    "conf-shape": ("Qwen3DSparkModel", "flat", True, False, False, {},
+                   lambda t: t | {"confidence_head.proj.weight": ("BF16", np.zeros((1, 128), np.float32))}),
+    "conf-bias-only": ("Qwen3DSparkModel", "flat", True, False, False, {},
+                       lambda t: {k: v for k, v in t.items() if k != "confidence_head.proj.weight"}),
+    "reduced-no-head": ("DSparkSpeculator", "speculators", True, True, False, {},
+                        lambda t: {k: v for k, v in t.items() if k != "lm_head.weight"}),
+    "draft-vocab-too-big": ("Qwen3DSparkModel", "flat", True, False, False, {"draft_vocab_size": 4096}, None),
+    "anchor-not-bool": ("Qwen3DSparkModel", "flat", True, False, False, {"sample_from_anchor": "yes"}, None),
+    "tlc-not-object": ("DSparkSpeculator", "speculators", True, False, False, {"transformer_layer_config": [1]},
+                       None),
+    "aux-zero": ("DSparkSpeculator", "speculators", True, False, False, {"aux_hidden_state_layer_ids": [0, 2]},
+                 None),
+    "int-weight": ("Qwen3DSparkModel", "flat", True, False, False, {},
+                   lambda t: t | {"norm.weight": ("I32", np.ones(128, np.int32))}),
+    "scale-size": ("Qwen3DSparkModel", "flat", True, False, True, {},
+                   lambda t: t | {"markov_head.markov_w2.scale": ("BF16", np.ones(2, np.float32))}),
+    "gemma4": ("Gemma4DSparkModel", "flat", True, False, False, {}, None),
+    "no-vocab": ("Qwen3DSparkModel", "flat", True, False, False, {"vocab_size": None}, None),
+    "draft-vocab-type": ("Qwen3DSparkModel", "flat", True, False, False, {"draft_vocab_size": "512"}, None),
+    "w1-1d": ("Qwen3DSparkModel", "flat", True, False, False, {},
+              lambda t: t | {"markov_head.markov_w1.weight": ("BF16", np.zeros(2048 * DSPARK_RANK, np.float32))}),
+    "vocab-4096": ("Qwen3DSparkModel", "flat", True, False, False, {"vocab_size": 4096},
+                   lambda t: t | {"markov_head.markov_w1.weight": ("BF16", np.zeros((4096, DSPARK_RANK), np.float32)),
+                                  "markov_head.markov_w2.weight": ("BF16", np.zeros((4096, DSPARK_RANK), np.float32))}),
+}
+
+
+def _dspark(c, j):
+    """DSpark checkpoints (DSPARK_CASES) on the demo drafter's backbone, and GGUFs converted from three of them."""
+    from scripts.fixtures import dspark_checkpoints as DS
+    from tests.test_convert_support import rewrite_gguf
+    from ggtools.jobs.convert import convert_dflash
+
+    demo = json.loads(open(os.path.join(DEMO, "drafter", "config.json")).read())
+    h = {k: v for k, v in demo.items() if k not in ("architectures", "auto_map", "dflash_config", "block_size")}
+    for name, (arch, layout, conf, reduced, scale, edits, tensor_edit) in DSPARK_CASES.items():
+        vd = 512 if reduced else None
+        hh = h | {k: v for k, v in edits.items() if k == "vocab_size"}
+        cfg = DS.dspark_config(arch, layout, hh, draft_vocab=vd, rank=DSPARK_RANK, target_layer_ids=[1, 2],
+                               mask_token_id=2047, block_size=8, num_target_layers=4)
+        cfg |= {k: v for k, v in edits.items() if k != "vocab_size"}
+        if edits.get("vocab_size", 0) is None:
+            del cfg["vocab_size"]
+        tensors = DS.dspark_tensors(h, confidence=conf, draft_vocab=vd, w2_scale=scale, rank=DSPARK_RANK)
+        c[f"ds_{name}"] = str(DS.write_dspark(j("dspark", name), cfg, tensor_edit(tensors) if tensor_edit else tensors))
+    for name, src in (("ds_gguf", "base"), ("ds_red_gguf", "reduced-bonus"), ("ds_bonus_gguf", "bonus")):
+        convert_dflash(c[f"ds_{src}"], j(f"{name}.gguf"), target=c["target"])
+        c[name] = j(f"{name}.gguf")
+    c["ds_nobias_gguf"] = str(rewrite_gguf(c["ds_bonus_gguf"], j("ds_nobias.gguf"), drop_tensors=["conf_proj.bias"]))
+    c["ds_nobs_gguf"] = str(rewrite_gguf(c["ds_gguf"], j("ds_nobs.gguf"), drop_keys=["dflash.block_size"]))
+    c["ds_now1_gguf"] = str(rewrite_gguf(c["ds_bonus_gguf"], j("ds_now1.gguf"), drop_tensors=["markov_w1.weight"]))
 
 
 HOSTILE_MANIFESTS = {"binary": bytes(range(256)) * 4, "list": b"[]", "files_number": b'{"files": 5}',

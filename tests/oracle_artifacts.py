@@ -134,6 +134,24 @@ def _hybrid_target(arch: str, hf_dir: Path, gguf: dict, split=()) -> HybridTarge
 
 
 @dataclass
+class DSparkCheckpointRefs:
+    """dspark_checkpoints.py: tiny DSpark HF dirs and llama.cpp's conversions. Call with (variant, outtype) for the
+    reference GGUF; `dirs[variant]` the HF dir (refused ones under "refused/<name>" unless a variant),
+    `refusals[name]` the converter's last line for each REFUSED name, `loads` libllama's load results."""
+    dirs: dict[str, Path]
+    paths: dict[str, Path]          # "deepspec/f16" -> path
+    refusals: dict[str, str]
+    loads: dict[str, dict]
+    manifest: dict = field(repr=False)
+
+    def __call__(self, variant: str, outtype: str = "f16") -> Path:
+        return self.paths[f"{variant}/{outtype}"]
+
+    def refused_dir(self, name: str) -> Path:
+        return self.dirs[name] if name in self.dirs else self.dirs[f"refused/{name}"]
+
+
+@dataclass
 class MoeTarget:
     """Tiny routed-expert target (moe_targets.py): HF dir and llama.cpp GGUFs "f32", "f16" and the quantized
     one ("Q8_0" for qwen3moe, "MXFP4_MOE" for gpt-oss)."""
@@ -151,6 +169,19 @@ class KimiK3Target:
     hf_dir_mxfp4: Path
     gguf: dict[str, Path]
     manifest: dict = field(repr=False)
+
+
+@dataclass
+class DSparkDrafters:
+    """Tiny random DSpark drafters for the tiny qwen3 target (scripts/fixtures/dspark_drafters.py): HF dirs by
+    variant ("anchor-conf", "anchor-noconf", "bonus-reduced", "bonus-full") and llama.cpp's conversions, called
+    with (variant, outtype) (f32 / f16)."""
+    dirs: dict[str, Path]
+    paths: dict[str, Path]          # "anchor-conf/f32" -> path
+    manifest: dict = field(repr=False)
+
+    def __call__(self, variant: str, outtype: str = "f32") -> Path:
+        return self.paths[f"{variant}/{outtype}"]
 
 
 def _version_key(version) -> str:
@@ -207,6 +238,21 @@ def ref_drafter_gguf() -> DrafterRefs:
 def ref_drafter_quant() -> DrafterQuants:
     d, m = oracle_unit("drafter-quants")
     return DrafterQuants(paths={k: d / e["path"] for k, e in m["quants"].items()}, loads=m["loads"], manifest=m)
+
+
+@pytest.fixture(scope="session")
+def dspark_drafters() -> DSparkDrafters:
+    d, m = oracle_unit("dspark-drafters")
+    return DSparkDrafters(dirs={k: d / p for k, p in m["dirs"].items()},
+                          paths={k: d / e["path"] for k, e in m["refs"].items()}, manifest=m)
+
+
+@pytest.fixture(scope="session")
+def dspark_demo() -> dict[str, Path]:
+    """llama.cpp's f16 conversions of the trained DSpark drafters of the demo target (ggtools/data/demo/dspark-*):
+    {"dspark-anchor", "dspark-speculators", and each "<name>-no-markov" (its Markov head zeroed)}: Path."""
+    d, m = oracle_unit("dspark-demo")
+    return {k: d / e["path"] for k, e in m["refs"].items()}
 
 
 @pytest.fixture(scope="session")
@@ -272,3 +318,19 @@ def kimi_k3_drafters() -> dict:
     d, m = oracle_unit("kimi-k3-drafters")
     return {"dirs": {v: d / p for v, p in m["dirs"].items()}, "refs": {v: d / e["path"] for v, e in m["refs"].items()},
             "target_layer_ids": m["target_layer_ids"]}
+
+
+@pytest.fixture(scope="session")
+def dspark_checkpoints() -> dict[str, Path]:
+    """{variant: HF dir} of the tiny DSpark checkpoints (scripts/fixtures/dspark_checkpoints.py; numpy only)."""
+    d, m = oracle_unit("dspark-checkpoints")
+    return {k: d / p for k, p in m["dirs"].items()}
+
+
+@pytest.fixture(scope="session")
+def dspark_checkpoint_refs(dspark_checkpoints) -> DSparkCheckpointRefs:
+    """llama.cpp's converter on the tiny DSpark checkpoints (f32 / f16 / bf16 / q8_0), what it says refusing the
+    broken ones, and libllama's load results."""
+    d, m = oracle_unit("dspark-checkpoint-refs")
+    return DSparkCheckpointRefs(dirs=dspark_checkpoints, paths={k: d / e["path"] for k, e in m["refs"].items()},
+                      refusals=m["refusals"], loads=m["loads"], manifest=m)

@@ -119,22 +119,52 @@ def make_checkpoint(directory, version=1, *, dtype="BF16", config=None, tensors=
     return d
 
 
+DSPARK_RANK, DSPARK_DRAFT_VOCAB, DSPARK_MASK = 32, 64, 100
+DSPARK_BACKBONE = dict(model_type="qwen3", hidden_size=H, num_hidden_layers=NL, num_attention_heads=NH,
+                       num_key_value_heads=NKV, head_dim=HD, intermediate_size=FF, vocab_size=VOCAB,
+                       max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0)
+
+
+def make_dspark_checkpoint(path, *, arch="Qwen3DSparkModel", layout="flat", conf=True, reduced=False, scale=False,
+                           extra=None, drop=()) -> Path:
+    """A DSpark drafter of this module's shapes (rank 32; reduced: 64 of the 128 tokens), written by the fixture
+    maker's numpy writer (scripts/fixtures/dspark_checkpoints.py)."""
+    from scripts.fixtures import dspark_checkpoints as DS
+
+    vd = DSPARK_DRAFT_VOCAB if reduced else None
+    cfg = DS.dspark_config(arch, layout, dict(DSPARK_BACKBONE), draft_vocab=vd, rank=DSPARK_RANK,
+                           mask_token_id=DSPARK_MASK, extra=extra)
+    tensors = DS.dspark_tensors(dict(DSPARK_BACKBONE), confidence=conf, draft_vocab=vd, w2_scale=scale,
+                                rank=DSPARK_RANK)
+    return DS.write_dspark(path, cfg, {k: v for k, v in tensors.items() if k not in drop})
+
+
 def make_target_gguf(path, *, arch="qwen3", n_layer=8, hidden=H, vocab=VOCAB, extra=()) -> Path:
-    """A target GGUF with only metadata: what the converter and pair-check read (no tensors)."""
+    """A target GGUF with only metadata (no tensors): what the converter and pair-check read, and the keys
+    llama.cpp's loader requires of the arch (the model-file rules doctor applies to a target); `extra` adds keys
+    or replaces these."""
+    kvs = {"general.architecture": (VT.STRING, arch, None), f"{arch}.block_count": (VT.UINT32, n_layer, None),
+           f"{arch}.context_length": (VT.UINT32, 4096, None), f"{arch}.embedding_length": (VT.UINT32, hidden, None),
+           f"{arch}.attention.head_count": (VT.UINT32, 4, None),
+           f"{arch}.attention.layer_norm_rms_epsilon": (VT.FLOAT32, 1e-6, None)}
+    if arch in ("qwen35", "qwen35moe"):
+        kvs[f"{arch}.rope.dimension_sections"] = (VT.ARRAY, [4, 4, 0, 0], VT.INT32)
+        kvs |= {f"{arch}.ssm.{k}": (VT.UINT32, v, None) for k, v in (
+            ("conv_kernel", 4), ("inner_size", 64), ("state_size", 16), ("time_step_rank", 4), ("group_count", 2))}
+    kvs |= {"tokenizer.ggml.model": (VT.STRING, "llama", None),
+            "tokenizer.ggml.tokens": (VT.ARRAY, [f"<t{i}>" for i in range(vocab)], VT.STRING),
+            "tokenizer.ggml.bos_token_id": (VT.UINT32, 1, None)}
+    kvs |= {key: (vtype, value, elem) for key, vtype, value, elem in extra}
     with GGUFWriter(path, force=True) as w:
-        w.add_kv("general.architecture", VT.STRING, arch)
-        w.add_kv(f"{arch}.block_count", VT.UINT32, n_layer)
-        w.add_kv(f"{arch}.embedding_length", VT.UINT32, hidden)
-        w.add_kv("tokenizer.ggml.model", VT.STRING, "llama")
-        w.add_kv("tokenizer.ggml.tokens", VT.ARRAY, [f"<t{i}>" for i in range(vocab)], VT.STRING)
-        w.add_kv("tokenizer.ggml.bos_token_id", VT.UINT32, 1)
-        for key, vtype, value, elem in extra:
+        for key, (vtype, value, elem) in kvs.items():
             w.add_kv(key, vtype, value, elem)
     return Path(path)
 
 
-def rewrite_gguf(src, dst, *, drop_tensors=(), drop_keys=(), set_keys=()) -> Path:
-    """A copy of a GGUF with tensors or keys removed and keys set (key, vtype, value, elem): broken drafters."""
+def rewrite_gguf(src, dst, *, drop_tensors=(), drop_keys=(), set_keys=(), retype=None) -> Path:
+    """A copy of a GGUF with tensors or keys removed and keys set (key, vtype, value, elem): broken drafters.
+    retype: {tensor: (ggml type, its data bytes)} stores a tensor in another type."""
+    retype = retype or {}
     with GGUFFile(src) as f, GGUFWriter(dst, force=True) as w:
         new = {k: (vt, v, e) for k, vt, v, e in set_keys}
         for kv in f.kvs:
@@ -148,9 +178,10 @@ def rewrite_gguf(src, dst, *, drop_tensors=(), drop_keys=(), set_keys=()) -> Pat
             w.add_kv(k, vt, v, e)
         keep = [t for t in f.tensors if t.name not in drop_tensors]
         for t in keep:
-            w.add_tensor_info(t.name, t.ne, t.type_id, t.nbytes)
+            type_id, data = retype.get(t.name, (t.type_id, None))
+            w.add_tensor_info(t.name, t.ne, type_id, len(data) if data is not None else t.nbytes)
         for t in keep:
-            w.write(f.tensor_data(t))
+            w.write(retype[t.name][1] if t.name in retype else f.tensor_data(t))
     return Path(dst)
 
 

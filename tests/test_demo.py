@@ -2,6 +2,7 @@
 requant-trunk part; held-out prompts from standard-library modules the demo pair never trained on."""
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -25,13 +26,32 @@ def test_demo_json(tmp_path):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     names = [v["name"] for v in out["variants"]]
-    assert names == ["f16, full KV", "f16", "q8_0", "q4-mix", "q2_k"]
+    assert names == ["f16, full KV", "f16", "q8_0", "q4-mix", "q2_k", "dspark f16"]
+    assert out["variants"][-1]["run"]["family"] == "dspark" and out["variants"][-1]["run"]["settings"]["n_max"] == 8
     for v in out["variants"]:
         assert v["checks"] == "validate --deep ok, pair-check ok"
         assert v["run"]["outputs_match_target"] and v["run"]["prompts"] == 2
     ring, full = out["variants"][1]["run"], out["variants"][0]["run"]
     assert ring["draft_kv"] == "ring:64" and full["draft_kv"] == "full"
     assert ring["draft_kv_bytes"] < full["draft_kv_bytes"]
+    requant = out["requant"]                    # --json runs (and reports) the second part too
+    assert requant["exit_code"] == 0 and requant["shards"] == 3
+    assert requant["output"] == str(tmp_path / "moe-q4k" / "kimi-like-00001-of-00003.gguf")
+    assert 0 < requant["bytes_out"] < requant["bytes_in"]
+    shards = [sorted(f for f in os.listdir(tmp_path / d) if f.endswith(".gguf")) for d in ("moe", "moe-q4k")]
+    assert shards[0] == shards[1] and len(shards[0]) == 3
+
+
+def test_demo_refuses_a_work_dir_of_an_earlier_demo_without_force(tmp_path):
+    (tmp_path / "drafter").mkdir()
+    (tmp_path / "drafter" / "drafter-f16.gguf").write_bytes(b"earlier")
+    r = CliRunner().invoke(main, ["demo", "--work-dir", str(tmp_path), "--prompts", "1", "-n", "4", "--skip-requant"])
+    assert r.exit_code == 2 and "holds drafter/" in r.stderr and "--force" in r.stderr
+    assert (tmp_path / "drafter" / "drafter-f16.gguf").read_bytes() == b"earlier"
+    r = CliRunner().invoke(main, ["demo", "--work-dir", str(tmp_path), "--prompts", "1", "-n", "4", "--rounds", "1",
+                                  "--skip-requant", "--force"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "drafter" / "drafter-f16.gguf").read_bytes()[:4] == b"GGUF"
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from ggtools.gguf import GGUFFile
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.doctor import doctor, doctor_fix, move_layout, pair_check
 from scripts.fixtures import runtime_sources
-from tests.test_convert_support import H, make_checkpoint, make_target_gguf, rewrite_gguf
+from tests.test_convert_support import H, VOCAB, make_checkpoint, make_dspark_checkpoint, make_target_gguf, rewrite_gguf
 
 LB = "qwen35-dflash-draft"
 RUNTIME_DIR = Path(__file__).resolve().parents[1] / "runtime"
@@ -34,7 +34,12 @@ def work(tmp_path_factory):
     w = {"dir": d, "target": make_target_gguf(d / "target.gguf"),
          "qwen35": make_target_gguf(d / "qwen35.gguf", arch="qwen35"),
          "c1": make_checkpoint(d / "c1", 1), "c2": make_checkpoint(d / "c2", 2)}
-    for name, ckpt, profile in (("v1", "c1", "llama.cpp"), ("v2", "c2", "llama.cpp"), ("lb", "c1", "lucebox")):
+    w |= {"cds": make_dspark_checkpoint(d / "cds"), "cdsred": make_dspark_checkpoint(
+        d / "cdsred", arch="DSparkSpeculator", layout="speculators", reduced=True),
+        "cdsbonus": make_dspark_checkpoint(d / "cdsbonus", extra={"sample_from_anchor": False})}
+    for name, ckpt, profile in (("v1", "c1", "llama.cpp"), ("v2", "c2", "llama.cpp"), ("lb", "c1", "lucebox"),
+                                ("ds", "cds", "llama.cpp"), ("dsred", "cdsred", "llama.cpp"),
+                                ("dslb", "cdsbonus", "lucebox")):
         w[name] = d / f"{name}.gguf"
         convert_dflash(w[ckpt], w[name], profile=profile, target=w["target"] if profile == "llama.cpp" else None)
     return w
@@ -122,8 +127,25 @@ def _cases():
                             "clamping to 7"),
         "n_max/ggtools": (lambda w: doctor(w["v1"], n_max=12, runtimes=["ggtools"]), "n_max", "ggtools",
                           "--n-max 12: the drafter's block of 8 drafts at most 7 tokens per step"),
-        "loader/ggtools": (lambda w: doctor(broken(w, "v1", "noids-gg", drop_keys=[f"{A}.target_layers"]),
-                                            runtimes=["ggtools"]), "loader", "ggtools", None),
+        "loader/ggtools": (lambda w: doctor(broken(w, "v1", "kv-gg", set_keys=[
+            (f"{A}.attention.value_length", VT.UINT32, 64, None)]), runtimes=["ggtools"]), "loader", "ggtools", None),
+        # the model-file rules (ggtools.hparam_rules), quoting llama.cpp's loader where it refuses the file
+        "hparams/type": (lambda w: doctor(broken(w, "v1", "bs-f32", set_keys=[
+            (f"{A}.block_size", VT.FLOAT32, 8.0, None)])), "block_size", "llama.cpp",
+            f"key {A}.block_size has wrong type f32 but expected type u32"),
+        "hparams/block_count": (lambda w: doctor(broken(w, "v1", "nl0", set_keys=[
+            (f"{A}.block_count", VT.UINT32, 0, None)])), "hparams", "llama.cpp",
+            "GGML_ASSERT(hparams.n_layer_all > 0 && hparams.n_layer_all <= LLAMA_MAX_LAYERS) failed"),
+        "hparams/n_rot": (lambda w: doctor(broken(w, "v1", "nrot", set_keys=[
+            (f"{A}.rope.dimension_count", VT.UINT32, 999, None)])), "hparams", "llama.cpp",
+            "GGML_ASSERT(n_dims <= ne0) failed"),
+        "mask_token_id/type": (lambda w: doctor(broken(w, "v1", "mask-i32", set_keys=[
+            ("tokenizer.ggml.mask_token_id", VT.INT32, -1, None)])), "mask_token_id", "llama.cpp",
+            "key tokenizer.ggml.mask_token_id has wrong type i32 but expected type u32"),
+        "target_layers/strings": (lambda w: doctor(broken(w, "v1", "ids-str", set_keys=[
+            (f"{A}.target_layers", VT.ARRAY, ["2", "6"], VT.STRING)])), "target_layers", "llama.cpp",
+            f"{A}.target_layers has wrong array element type str"),
+
         "hidden": (lambda w: pair_check(make_target_gguf(w["dir"] / "wide.gguf", hidden=2 * H), w["v1"]), "hidden",
                    "llama.cpp", "encode: embd row width 256 does not match the encoder input 128"),
         "fc/llama.cpp": (lambda w: pair_check(w["target"], broken(w, "v1", "fc3", set_keys=[
@@ -165,6 +187,41 @@ def _cases():
             ("tokenizer.ggml.mask_token_id", VT.UINT32, 7, None)]), hf=w["c1"]), "mask_token_id", "llama.cpp",
             "common_speculative_impl_draft_dflash: - block_size=8, mask_token_id=7, n_extract=2, "
             "sample_from_anchor=true"),
+        # DSpark (docs/dspark.md)
+        "dspark/block_size": (lambda w: doctor(broken(w, "ds", "ds-nobs", drop_keys=[f"{A}.block_size"])),
+                              "block_size", "llama.cpp", 'GGML_ASSERT(it != model.gguf_kv.end() && "DSpark draft '
+                              'requires \'dflash.block_size\' in GGUF metadata") failed'),
+        "dspark/confidence_head": (lambda w: doctor(broken(w, "ds", "ds-conf", set_keys=[
+            (f"{A}.has_confidence_head", VT.BOOL, False, None)])), "confidence_head", "llama.cpp",
+            "DSpark draft has no confidence head: please set --spec-draft-p-min 0"),
+        "dspark/markov_w2": (lambda w: doctor(broken(w, "ds", "ds-now2", drop_tensors=["markov_w2.weight"])),
+                             "dspark", "llama.cpp", "missing tensor 'markov_w2.weight'"),
+        "dspark/heads-without-w1": (lambda w: doctor(broken(w, "ds", "ds-now1", drop_tensors=["markov_w1.weight"])),
+                                    "dspark", "llama.cpp", "done_getting_tensors: wrong number of tensors; expected "
+                                                           "28, got 25"),
+        "dspark/d2t-type": (lambda w: doctor(broken(w, "dsred", "ds-d2t32", retype={"d2t": (26, bytes(4 * 64))})),
+                            "d2t", "llama.cpp", "GGML_ASSERT(model.d2t->type == GGML_TYPE_I64) failed"),
+        "dspark/d2t-head": (lambda w: doctor(broken(w, "dsred", "ds-nohead", drop_tensors=["output.weight"])), "d2t",
+                            "llama.cpp", "GGML_ASSERT(model.d2t->ne[0] == n_draft_vocab) failed"),
+        "dspark/n_max": (lambda w: doctor(w["ds"], n_max=9), "n_max", "llama.cpp",
+                         "common_speculative_impl_draft_dflash: requested draft size (n_max=9, n_min=0) exceeds the "
+                         "trained block size 7 -- clamping to 7"),
+        "dspark/target-kimi-k3": (lambda w: pair_check(make_target_gguf(w["dir"] / "k3.gguf", arch="kimi-k3"), w["ds"]),
+                                  "target_arch[llama.cpp]", "llama.cpp",
+                                  'GGML_ASSERT(t_layer_inp[il] != nullptr && "layer input tensor is null") failed'),
+        "dspark/lucebox-markov": (lambda w: doctor(broken(w, "dslb", "dslb-now2", drop_tensors=[
+            "dflash.dspark.markov.w2"])), "dspark", "lucebox", "draft GGUF: incomplete DSpark Markov tensors"),
+        "dspark/lucebox-confidence": (lambda w: doctor(broken(w, "dslb", "dslb-nob", drop_tensors=[
+            "dflash.dspark.confidence.bias"])), "dspark", "lucebox",
+            "draft GGUF: incomplete DSpark confidence tensors"),
+        "dspark/lucebox-shape": (lambda w: doctor(broken(w, "dslb", "dslb-rank", set_keys=[
+            (f"{LB}.dflash.dspark.markov_rank", VT.UINT32, 16, None)])), "dspark", "lucebox",
+            "draft GGUF: Domino tensor dspark.markov.w1 shape mismatch: got [32,128], expected [16,128]"),
+        "dspark/lucebox-vocab": (lambda w: pair_check(make_target_gguf(w["dir"] / "q35v.gguf", arch="qwen35",
+                                                                       vocab=2 * VOCAB), w["dslb"]),
+                                 "dspark_vocab", "lucebox",
+                                 "dspark_markov_correct_greedy_chain: vocab mismatch "
+                                 f"target={2 * VOCAB} dspark={VOCAB}"),
     }
 
 

@@ -1,22 +1,32 @@
 """Bounded, seeded mutation fuzzing of GGUF and safetensors headers through inspect, validate, quantize, patch
-and convert. Every run must keep the hostile corpus's four properties (hostile_corpus.py): an exit code of
-0, 1 or 2; on failure one line on stderr and no traceback; inputs unchanged; no new file but the output.
+and convert, and of model hyperparameters (values and types) through validate, doctor and run. Every run must keep
+the hostile corpus's four properties (hostile_corpus.py): an exit code of 0, 1 or 2; on failure one line on stderr
+and no traceback; inputs unchanged; no new file but the output.
 
-The mutator is hand-rolled and structure-aware: it walks the header itself (independently of ggtools'
+The header mutator is hand-rolled and structure-aware: it walks the header itself (independently of ggtools'
 reader) to find every count, length, type, dimension and offset, then sets one of them to a boundary or
-random value, or flips bytes, or cuts the file. The seed is fixed: a failure names its case and replays.
+random value, or flips bytes, or cuts the file. The hyperparameter mutator sets one key the runtime reads (or one
+it does not have) to a boundary value of some GGUF type, or drops it, on a tiny model of every arch the runtime
+runs and a drafter; a file the model-file rules refuse must be refused by run (in their words) and failed by
+doctor. The seed is fixed: a failure names its case and replays.
 """
 
 import json
 import os
 import shutil
+import signal
 import struct
 
 import numpy as np
 import pytest
 
+from gguf import GGUFValueType as VT
+
 from tests import gguf_builder as B
-from tests.hostile_corpus import DEMO, check_run
+from tests.hostile_corpus import DEMO, check_run, snapshot
+from tests.stalled_cli import stop_while_stalled
+from tests.test_convert_support import rewrite_gguf
+from tests.tiny_targets import write_gpt_oss, write_qwen35
 
 SEED = 12
 GGUF_CASES = 400
@@ -132,7 +142,7 @@ def test_gguf_header_mutations(tmp_path):
 
 def _check(root, args, outputs, case):
     try:
-        return check_run(str(root), args, (0, 1, 2), outputs)
+        return check_run(str(root), args, (0, 1, 2), outputs, reports=(1,) if args[0] in ("run", "accept") else ())
     except AssertionError as e:
         raise AssertionError(f"case {case}: {e}") from None
 
@@ -191,3 +201,255 @@ def test_safetensors_header_mutations(tmp_path):
 def test_mutator_reaches_every_field_kind(seed):
     fields, _ = gguf_fields(base_gguf())
     assert {k for k, _, _ in fields} == {"version", "count", "length", "type", "n_dims", "dim", "offset"}
+
+
+# ---- the command level: option values, prompts files, stop signals -----------------------------------------------
+
+COMMAND_CASES = 60
+PROMPT_FILE_CASES = 40
+SIGNAL_CASES = 8
+INTS = ["0", "-1", "1", "2", "7", "100000", str(2 ** 31), str(2 ** 32 - 1), str(2 ** 63), "1e9", "nan", "", "9" * 400,
+        "\udcff"]
+FLOATS = ["nan", "-nan", "inf", "-inf", "1e308", "1e-400", "-0.0", "0.5", "1", "2", "", "\udcff"]
+TEXTS = ["\udcff", "x\udc80y", "\ud800", "a\u2028b", "\u0085", "a" * 100_000, ""]      # argv holds no NUL
+IDS = ["1,2", "-1", "5000", "2048", "99999999999999999999", "1,,2", "\udcff", "1 2 3", ""]
+DRAFTING = {"--ring-cap": INTS, "--n-max": INTS, "--p-min": FLOATS, "--n-min": INTS, "--threads": INTS, "-n": INTS}
+OPTIONS = {
+    "run": DRAFTING | {"--min-acceptance": FLOATS, "--prompt": TEXTS, "--prompt-ids": IDS},
+    "accept": DRAFTING | {"--max-drop": FLOATS, "--min-tau": FLOATS, "--baseline": TEXTS},
+}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from ggtools.jobs.convert import convert_dflash
+    d = tmp_path_factory.mktemp("pair")
+    target = shutil.copy(os.path.join(DEMO, "target.gguf"), d / "target.gguf")
+    convert_dflash(os.path.join(DEMO, "drafter"), d / "drafter.gguf", profile="llama.cpp", target=target)
+    (d / "two.jsonl").write_text('{"prompt": "def main():"}\n{"prompt_ids": [1, 2, 3]}\n')
+    return d
+
+
+def command_cases(d):
+    """Each case: a run or accept invocation with one to three options set to hostile or boundary values."""
+    rng = np.random.default_rng(SEED + 2)
+    bases = {"run": ["run", "--target", str(d / "target.gguf"), "--draft", str(d / "drafter.gguf"), "--prompt-ids",
+                     "1,2", "-n", "4", "--cut", "prob"],
+             "accept": ["accept", "--target", str(d / "target.gguf"), "--draft", str(d / "drafter.gguf"), "--prompts",
+                        str(d / "two.jsonl"), "-n", "2", "-q"]}
+    for i in range(COMMAND_CASES):
+        name = ("run", "accept")[i % 2]
+        args = list(bases[name])
+        for _ in range(int(rng.integers(1, 4))):
+            option = pick(rng, sorted(OPTIONS[name]))
+            value = pick(rng, OPTIONS[name][option])
+            for given in (("--prompt", "--prompt-ids") if option in ("--prompt", "--prompt-ids") else (option,)):
+                if given in args:
+                    at = args.index(given)
+                    del args[at:at + 2]
+            args += [option, value]
+        yield f"{i}: {' '.join(a[:20] for a in args[1:])}", args
+
+
+def test_command_line_mutations(pair):
+    """Hostile option values (NaN gates, huge counts and sizes, text that is not UTF-8) for run and accept:
+    refused with one line, or run within the bounds."""
+    codes = {0: 0, 1: 0, 2: 0}
+    for case, args in command_cases(pair):
+        codes[_check(pair, args, [], case).exit_code] += 1
+    assert codes[2] > COMMAND_CASES // 3 and codes[0] + codes[1] > 0
+
+
+PROMPT_INSERTS = ["\u2028", "\u2029", "\u0085", "\r", "\x00", "\\ud800", "\\udfff\\ud800", "\ufeff", "\\u0000",
+                  "[" * 50_000, '"', "\\", "\n", "{}", "1e999", "-5", "\udcff"]
+
+
+def mutate_prompts(rng) -> tuple[str, bytes]:
+    lines = ['{"prompt": "def main():", "id": "a"}', '{"prompt_ids": [1, 2, 3], "id": 2}', '{"prompt": "x y"}']
+    op = int(rng.integers(0, 4))
+    if op == 0:
+        line = int(rng.integers(0, len(lines)))
+        at = int(rng.integers(0, len(lines[line]) + 1))
+        insert = pick(rng, PROMPT_INSERTS)
+        lines[line] = lines[line][:at] + insert + lines[line][at:]
+        what = f"insert {insert[:8]!r} at {line}:{at}"
+    elif op == 1:
+        key, value = pick(rng, [("prompt_ids", "[2048]"), ("prompt_ids", "[-1]"), ("prompt_ids", "[1.5]"),
+                                ("prompt_ids", f"[{2 ** 64}]"), ("prompt_ids", "[true]"), ("prompt_ids", "[]"),
+                                ("prompt", '"' + "\\n" * 600 + '"'), ("prompt", '"' + "z" * 5000 + '"'),
+                                ("prompt", "null"), ("id", "[1]"), ("id", '"a"'), ("id", "1e3")])
+        lines[1] = f'{{"{key}": {value}}}'
+        what = f"{key} := {value[:20]}"
+    elif op == 2:
+        depth = pick(rng, [1, 100, 10_000, 200_000])
+        lines[2] = "[" * depth + "]" * depth
+        what = f"nesting {depth}"
+    else:
+        lines = lines[:int(rng.integers(0, len(lines) + 1))]
+        what = f"{len(lines)} lines"
+    data = "\n".join(lines).encode("utf-8", "surrogateescape")
+    return what, data
+
+
+def test_prompt_file_mutations(pair, tmp_path):
+    """Mutated JSONL prompts files through accept: every line separator, escape, nesting depth and id type."""
+    rng = np.random.default_rng(SEED + 3)
+    codes = {0: 0, 1: 0, 2: 0}
+    for i in range(PROMPT_FILE_CASES):
+        what, data = mutate_prompts(rng)
+        d = tmp_path / f"case{i}"
+        d.mkdir()
+        (d / "p.jsonl").write_bytes(data)
+        args = ["accept", "--target", str(pair / "target.gguf"), "--draft", str(pair / "drafter.gguf"), "--prompts",
+                str(d / "p.jsonl"), "-n", "2", "-q"]
+        codes[_check(d, args, [], f"{i}: {what}").exit_code] += 1
+        shutil.rmtree(d)
+    assert codes[2] > 0 and codes[0] > 0
+
+
+STOP_POINTS = {     # command -> functions its run passes through (one is stalled and the signal sent there)
+    "accept": (["accept", "--target", "{target}", "--draft", "{hf}", "-n", "2", "-q", "--report", "{out}/r.md"],
+               ["ggtools.jobs.accept:convert_dflash", "ggtools.jobs.accept:TargetModel", "ggtools.jobs.accept:measure",
+                "ggtools.jobs.accept:load_prompts", "ggtools.jobs.accept_report:write_bytes",
+                "ggtools.gguf.outputs:AtomicOutput.commit", "ggtools.jobs.accept:temporary_directory"]),
+    "gguf-layout": (["convert", "gguf-layout", "{drafter}", "--to", "lucebox", "-o", "{out}/l.gguf"],
+                    ["ggtools.gguf.outputs:AtomicOutput.commit", "ggtools.gguf.outputs:AtomicOutput.open",
+                     "ggtools.gguf.outputs:remove_stale_temps", "ggtools.engine.rewrite:GGUFWriter"]),
+}
+
+
+@pytest.mark.slow
+def test_stop_signals_at_fuzzed_points(pair, tmp_path):
+    """SIGTERM, SIGHUP or ^C at a seeded point of accept (HF drafter converted into $TMPDIR, a report) or convert
+    gguf-layout: exit 128 + n, one line, no temporary directory or file, no output, inputs unchanged."""
+    rng = np.random.default_rng(SEED + 4)
+    hf = shutil.copytree(os.path.join(DEMO, "drafter"), pair / "hf", dirs_exist_ok=True)
+    files = {"target": str(pair / "target.gguf"), "drafter": str(pair / "drafter.gguf"), "hf": str(hf)}
+    for i in range(SIGNAL_CASES):
+        name = sorted(STOP_POINTS)[i % len(STOP_POINTS)]
+        args, points = STOP_POINTS[name]
+        point = pick(rng, points)
+        sig = pick(rng, [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+        case = tmp_path / f"case{i}"
+        out = case / "out"
+        out.mkdir(parents=True)
+        before = snapshot(pair)
+        p, stderr, tmp, _ = stop_while_stalled([a.format(out=out, **files) for a in args], point, sig, case)
+        what = f"case {i}: {name} stopped by {sig.name} in {point}: exit {p.returncode}, {stderr!r}"
+        assert p.returncode == 128 + sig, what
+        assert stderr.splitlines() == ["error: interrupted" + ("" if sig == signal.SIGINT else f" by {sig.name}")], what
+        assert os.listdir(tmp) == [], what
+        assert os.listdir(out) == [], what
+        assert snapshot(pair) == before, what
+
+
+# ---- hyperparameters ---------------------------------------------------------------------------------------------
+
+HPARAM_CASES = 160
+NAN, INF = float("nan"), float("inf")
+# GGUF type -> (element type for arrays, boundary values)
+HOSTILE_VALUES = [
+    (VT.UINT32, None, [0, 1, 2, 3, 7, 64, 513, 2 ** 31, 2 ** 32 - 1]),
+    (VT.INT32, None, [-1, 0, 2, -2 ** 31]),
+    (VT.UINT64, None, [4, 2 ** 63]),
+    (VT.FLOAT32, None, [NAN, INF, -INF, 0.0, -1.0, 1e-30, 1e30, 0.5, 4.0]),
+    (VT.FLOAT64, None, [NAN, 1.0]),
+    (VT.STRING, None, ["", "4", "yarn", "none"]),
+    (VT.BOOL, None, [True]),
+    (VT.ARRAY, VT.INT32, [[], [0], [-1, 2], [1, 1, 1, 1], [2 ** 31 - 1] * 4, [0, 0, 0, 0], [2, 1, 1, 0]]),
+    (VT.ARRAY, VT.UINT32, [[4, 4, 4, 4], [0, 0, 0, 0, 0]]),
+    (VT.ARRAY, VT.FLOAT32, [[NAN, 1.0, 1.0, 1.0]]),
+    (VT.ARRAY, VT.STRING, [["2", "3"]]),
+    (VT.ARRAY, VT.BOOL, [[True, False, True, True], [False]]),
+]
+# keys a model may lack that the runtime reads (after "<arch>.")
+ABSENT_KEYS = ["nextn_predict_layers", "attention.scale", "rope.scaling.type", "rope.scaling.factor",
+               "rope.freq_base_swa", "expert_count", "expert_used_count", "attention.sliding_window",
+               "attention.sliding_window_pattern", "rope.dimension_sections", "attention.recurrent_layers",
+               "full_attention_interval", "rope.dimension_count", "attention.causal", "embedding_scale"]
+
+
+@pytest.fixture(scope="module")
+def hparam_models(tmp_path_factory):
+    from ggtools.jobs.convert import convert_dflash
+    d = tmp_path_factory.mktemp("models")
+    target = shutil.copy(os.path.join(DEMO, "target.gguf"), d / "target.gguf")
+    drafter, lucebox = d / "drafter.gguf", d / "lucebox.gguf"
+    convert_dflash(os.path.join(DEMO, "drafter"), drafter, profile="llama.cpp", target=target)
+    convert_dflash(os.path.join(DEMO, "drafter"), lucebox, profile="lucebox")
+    return {"target": str(target), "q35": write_qwen35(d / "q35.gguf"), "oss": write_gpt_oss(d / "oss.gguf"),
+            "drafter": str(drafter), "lucebox": str(lucebox)}
+
+
+def hparam_keys(path) -> tuple[str, dict]:
+    """The model's arch and its hyperparameter keys -> (type, element type)."""
+    from ggtools.gguf import GGUFFile
+    with GGUFFile(path) as f:
+        arch = f.architecture
+        return arch, {kv.key: (kv.vtype, kv.elem_type) for kv in f.kvs
+                      if kv.key.startswith(arch + ".") or kv.key == "tokenizer.ggml.mask_token_id"}
+
+
+def mutate_hparams(path, rng) -> tuple[str, list, list]:
+    """(what, keys set, keys dropped): one key of the model (or one it lacks) set to a boundary value of its own
+    type (half the time) or of another, or dropped."""
+    arch, keys = hparam_keys(path)
+    key = pick(rng, sorted(keys)) if rng.random() < 0.8 else f"{arch}.{pick(rng, ABSENT_KEYS)}"
+    if key in keys and rng.random() < 0.12:
+        return f"drop {key}", [], [key]
+    own = [entry for entry in HOSTILE_VALUES if key in keys and entry[:2] == keys[key]]
+    vtype, elem, values = own[0] if own and rng.random() < 0.5 else pick(rng, HOSTILE_VALUES)
+    value = pick(rng, values)
+    what = f"{key} := {vtype.name}{f'[{elem.name}]' if elem else ''} {value!r}"
+    return what, [(key, vtype, value, elem)], []
+
+
+def hparam_cases():
+    rng = np.random.default_rng(SEED + 2)
+    names = ["target", "q35", "oss", "drafter", "lucebox"]
+    for i in range(HPARAM_CASES):
+        yield i, names[i % len(names)], rng
+
+
+def test_hyperparameter_mutations(tmp_path, hparam_models):
+    """HPARAM_CASES models with one hyperparameter mutated, each through validate, doctor and run (2 tokens): the
+    four properties, and one verdict: a file the model-file rules refuse is failed by validate and doctor and
+    refused by run in the rules' words; one they pass never crashes run."""
+    from ggtools.gguf import GGUFFile
+    from ggtools.hparam_rules import model_violations
+    refused = ran = 0
+    for i, name, rng in hparam_cases():
+        what, set_keys, drop_keys = mutate_hparams(hparam_models[name], rng)
+        case = f"{i}-{name}: {what}"
+        d = tmp_path / str(i)
+        d.mkdir()
+        path = str(rewrite_gguf(hparam_models[name], d / "m.gguf", set_keys=set_keys, drop_keys=drop_keys))
+        with GGUFFile(path) as f:
+            violations = model_violations(f)
+        drafter = name in ("drafter", "lucebox")
+        few = ["--prompt-ids", "1,2,3", "-n", "2"]
+        run = ["run", "--target", hparam_models["target"], "--draft", path, *few] if drafter else \
+            ["run", "--target", path, *few]
+        doctor = ["doctor", path] + (["--hf", os.path.join(DEMO, "drafter")] if i % 2 else []) if drafter else \
+            ["doctor", hparam_models["drafter"], "--target", path]
+        v = _check(d, ["validate", path], [], case)
+        r = _check(d, run, [], case)
+        doc = _check(d, doctor, [], case)
+        if violations:
+            refused += 1
+            assert v.exit_code == 1 and doc.exit_code == 1, case
+            assert r.exit_code == 2 and str(violations[0]) in r.stderr, f"case {case}: {r.stderr}"
+        elif r.exit_code == 0:
+            ran += 1
+        shutil.rmtree(d)
+    assert refused > HPARAM_CASES // 4 and ran > HPARAM_CASES // 8, (refused, ran)
+
+
+def test_hyperparameter_mutator_reaches_every_model_and_type():
+    rng = np.random.default_rng(SEED + 2)
+    kinds = {(vtype, elem) for vtype, elem, _ in HOSTILE_VALUES}
+    seen = set()
+    for _ in range(400):
+        vtype, elem, _ = pick(rng, HOSTILE_VALUES)
+        seen.add((vtype, elem))
+    assert seen == kinds

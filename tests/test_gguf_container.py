@@ -53,7 +53,7 @@ def test_parse_matches_gguf_py(smollm2_path, smollm2_reader):
 
 def _written_sample(path, alignment=None):
     with GGUFWriter(path) as w:
-        w.add_kv("general.architecture", VT.STRING, "llama")
+        w.add_kv("general.architecture", VT.STRING, "container-test")    # no model: no hyperparameter rules
         if alignment:
             w.add_kv("general.alignment", VT.UINT32, alignment)
         w.add_kv("x.u8", VT.UINT8, 200)

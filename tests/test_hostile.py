@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests.hostile_corpus import HOSTILE_MANIFESTS, build_corpus, check_run
+from tests.hostile_corpus import HOSTILE_MANIFESTS, HPARAM_VARIANTS, build_corpus, check_run
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,31 @@ def corpus(tmp_path_factory):
 
 
 CONVERT = ["convert", "dflash", "{hf}", "--target-gguf", "{target}"]
+RUN_DRAFT = ["run", "--target", "{target}", "--prompt-ids", "1,2,3", "-n", "4", "--draft"]
 Q8 = ["--scheme", "q8_0"]
+RUN = ["run", "--target", "{target}", "--prompt-ids", "1,2", "-n", "4"]
+ACCEPT = ["accept", "--target", "{target}", "--draft", "{drafter}", "-q", "-n", "4"]
+FEW = ["--prompt-ids", "1,2,3", "-n", "2"]
+
+
+def _hparam_rows():
+    """Every broken-hyperparameter model (hostile_corpus.HPARAM_VARIANTS) through run, validate and doctor: one line
+    naming the key, the same rule everywhere (run exit 2, validate and doctor exit 1)."""
+    rows = []
+    for name, (base, keys) in HPARAM_VARIANTS.items():
+        key = "{%s}" % name
+        where = f"key '{keys[0][0]}'"
+        if base == "drafter":
+            run = ["run", "--target", "{target}", "--draft", key, *FEW]
+            doctor = ["doctor", key]
+        else:
+            run = ["run", "--target", key, *FEW]
+            doctor = ["doctor", "{drafter}", "--target", key] if base == "target" else None
+        rows += [(f"hparams/run-{name}", run, 2, [], where), (f"hparams/validate-{name}", ["validate", key], 1, [], where)]
+        if doctor:
+            rows.append((f"hparams/doctor-{name}", doctor, 1, [], where))
+    return rows
+
 
 # (id, args, exit code, outputs the run may create, fragment of the error line)
 ROWS = [
@@ -89,7 +113,7 @@ ROWS = [
     ("input/run-prompt-id-overflow", ["run", "--target", "{target}", "--prompt-ids", "99999999999999999999999"], 2,
      [], "outside 0..2147483647"),
     ("input/run-prompt-id-outside-vocab", ["run", "--target", "{target}", "--prompt-ids", "5000"], 2, [],
-     "out of range"),
+     "target.gguf: prompt token id 5000 is outside the vocabulary of 2048 tokens"),
     *[(f"input/run-kimi-k3-{case}", ["run", "--target", "{k3_%s}" % case, "--prompt-ids", "1"], 2, [], fragment)
       for case, fragment in [("kv_heads", "'kimi-k3.attention.head_count_kv' holds [0, 2]"),
                              ("kv_heads_count", "'kimi-k3.attention.head_count_kv' has 3 entries for 2 layers"),
@@ -125,6 +149,9 @@ ROWS = [
     ("message/validate-missing", ["validate", "{missing}"], 2, [], "not found"),
     ("message/inspect-missing", ["inspect", "{missing}"], 2, [], "not found"),
     ("message/validate-99999-shards", ["validate", "{big}"], 1, [], None),
+    ("message/validate-existing-manifest", ["validate", "--write-manifest", "{afile}", "{good}"], 2, [],
+     "output exists; pass --force to overwrite it"),
+    ("message/run-empty-prompt-ids", [*RUN[:3], "--prompt-ids", ""], 2, [], "--prompt-ids"),
     ("message/quantize-existing-output", ["quantize", "{good}", "-o", "{afile}", *Q8], 2, [],
      "output exists; pass --force to overwrite it"),
     ("message/requant-existing-output", ["requant-trunk", "{set}", "-o", "{outdir_link}", "-q"], 2, [],
@@ -150,15 +177,142 @@ ROWS = [
     ("nonfinite/requant-nan-scale", ["requant-trunk", "{nan_q8}", "-o", "{root}/rq", "-q"], 2, [], "row 1"),
     ("nonfinite/requant-copied-nan-scale", ["requant-trunk", "{nan_q8_copy}", "-o", "{root}/rq", "-q"], 2, [],
      "refusing to copy them as verified"),
-    # 7. bounds
+    ("nonfinite/run-nan-target", ["run", "--target", "{t_nan}", *FEW], 2, [], "tensor 'blk.1.ffn_up.weight'"),
+    ("nonfinite/run-draft-nan-target", ["run", "--target", "{t_nan}", "--draft", "{drafter}", *FEW], 2, [],
+     "tensor 'blk.1.ffn_up.weight'"),
+    ("nonfinite/run-draft-nan-drafter", ["run", "--target", "{target}", "--draft", "{d_nan}", *FEW], 2, [],
+     "tensor 'blk.0.ffn_up.weight'"),
+    ("nonfinite/accept-nan-target", ["accept", "--target", "{t_nan}", "--draft", "{drafter}", "-n", "4", "-q"], 2, [],
+     "tensor 'blk.1.ffn_up.weight'"),
+    ("nonfinite/accept-nan-drafter", ["accept", "--target", "{target}", "--draft", "{d_nan}", "-n", "4", "-q"], 2, [],
+     "tensor 'blk.0.ffn_up.weight'"),
+    ("nonfinite/validate-deep-nan-target", ["validate", "--deep", "{t_nan}"], 1, [], "tensor 'blk.1.ffn_up.weight'"),
+    ("nonfinite/validate-deep-nan-drafter", ["validate", "--deep", "{d_nan}"], 1, [], "tensor 'blk.0.ffn_up.weight'"),
+    # 10. model-file rules: a hyperparameter the runtime reads is checked where the runtime reads it, by validate
+    # and by doctor, in the same words; doctor never says OK to a file run refuses
+    *_hparam_rows(),
+    ("doctor/truncated-drafter", ["doctor", "{drafter_half}"], 1, [], "the file is truncated"),
+    ("doctor/truncated-target", ["doctor", "{drafter}", "--target", "{target_half}"], 1, [], "the file is truncated"),
+    ("input/run-truncated-target", ["run", "--target", "{target_half}", *FEW], 2, [], "end of the file"),
+    ("input/run-truncated-drafter", ["run", "--target", "{target}", "--draft", "{drafter_half}", *FEW], 2, [],
+     "end of the file"),
+    # 5b. DSpark drafters (reference §13): what llama.cpp refuses or would crash on, refused in its words
+    ("check/run-dspark-confidence-cut-without-head", [*RUN_DRAFT, "{dspark_noconf}", "--cut", "confidence",
+                                                      "--p-min", "0.5"], 2, [],
+     "DSpark draft has no confidence head: please set --spec-draft-p-min 0"),
+    ("check/run-confidence-cut-on-dflash", [*RUN_DRAFT, "{drafter}", "--cut", "confidence", "--p-min", "0.5"], 2, [],
+     "the confidence cut needs a DSpark drafter"),
+    ("check/run-dspark-n-max-over-block", [*RUN_DRAFT, "{dspark_noconf}", "--n-max", "9"], 2, [],
+     "drafts at most 8 tokens per step, the anchor's row included"),
+    ("check/run-dspark-without-block-size", [*RUN_DRAFT, "{dspark_no_block_size}"], 2, [], "dflash.block_size"),
+    ("check/run-dspark-d2t-outside-vocabulary", [*RUN_DRAFT, "{dspark_d2t_outside}"], 2, [],
+     "d2t holds target ids outside 0..2047"),
+    ("check/run-dspark-d2t-repeated-id", [*RUN_DRAFT, "{dspark_d2t_repeated}"], 2, [],
+     "d2t maps two draft rows to one target id"),
+    ("check/run-dspark-flag-not-bool", [*RUN_DRAFT, "{dspark_flag_not_bool}"], 2, [],
+     "'dflash.sample_from_anchor' is 1, expected a boolean"),
+    ("check/run-dspark-confidence-flag-without-tensor", [*RUN_DRAFT, "{dspark_conf_flag_no_tensor}", "--cut",
+                                                         "confidence", "--p-min", "0.5"], 2, [],
+     "says dflash.has_confidence_head but holds no conf_proj.weight"),
+    ("check/run-drafter-head-rows-without-d2t", [*RUN_DRAFT, "{drafter_short_head}"], 2, [],
+     "the output head has 64 rows for a 2048-token target vocabulary and there is no d2t table"),
+    ("check/run-dspark-d2t-without-head", [*RUN_DRAFT, "{dspark_d2t_without_head}"], 2, [],
+     "needs the drafter's own output.weight with 64 rows"),
+    ("check/run-dspark-d2t-not-i64", [*RUN_DRAFT, "{dspark_d2t_i32}"], 2, [], "expected a 1-D I64 tensor"),
+    ("check/run-dspark-lucebox-layout", [*RUN_DRAFT, "{dspark_lucebox}"], 2, [],
+     "DSpark heads in the lucebox layout"),
+    ("check/accept-dspark-confidence-cut-without-head", ["accept", "--target", "{target}", "--draft",
+                                                         "{dspark_noconf}", "--cut", "confidence", "--p-min", "0.5",
+                                                         "-q"], 2, [], "DSpark draft has no confidence head"),
+    # 7. bounds: every request is refused up front when it cannot fit, naming the limit
     ("bounds/run-beyond-context", ["run", "--target", "{target}", "--prompt-ids", "1,2,3", "-n", "100000"], 2, [],
      "context length"),
+    *[(f"bounds/{cmd[0]}-n-beyond-context", [*cmd, "-n", "100000"], 2, [], "context length 512")
+      for cmd in (ACCEPT, ["demo", "--skip-requant"])],
+    ("bounds/accept-prompt-of-newlines", [*ACCEPT, "--prompts", "{prompts_newlines}"], 2, [],
+     "newlines.jsonl:1: the prompt (500000 bytes) takes at least"),
+    ("bounds/accept-prompt-of-a-1mb-word", [*ACCEPT, "--prompts", "{prompts_word}"], 2, [],
+     "word.txt:1: the prompt (1048576 bytes) takes at least"),
+    *[(f"bounds/{cmd[0]}-threads", [*cmd, "--threads", "100000"], 2, [], "--threads: 100000 is more than")
+      for cmd in (RUN, ACCEPT, ["demo", "--skip-requant"])],
+    *[(f"bounds/{cmd[0]}-ring-cap-beyond-memory", [*cmd, "--ring-cap", "1000000000"], 2, [],
+       "a ring of --ring-cap 1000000000 slots")
+      for cmd in (["run", "--target", "{target}", "--draft", "{drafter}", "--prompt-ids", "1,2"], ACCEPT,
+                  ["demo", "--skip-requant"])],
+    *[(f"bounds/{cmd[0]}-block-size-beyond-memory", cmd, 2, [], "4294967295")
+      for cmd in (["run", "--target", "{target}", "--draft", "{drafter_huge_block}", "--prompt-ids", "1,2"],
+                  ["accept", "--target", "{target}", "--draft", "{drafter_huge_block}", "-q", "-n", "4"])],
+    # 10. a gate that cannot fail is refused: NaN compares false with everything
+    ("gate/run-min-acceptance-nan", [*RUN, "--draft", "{drafter}", "--min-acceptance", "nan"], 2, [], "finite"),
+    ("gate/run-p-min-nan", [*RUN, "--draft", "{drafter}", "--cut", "prob", "--p-min", "nan"], 2, [], "finite"),
+    ("gate/accept-max-drop-nan", [*ACCEPT, "--max-drop", "nan"], 2, [], "finite"),
+    ("gate/accept-min-tau-inf", [*ACCEPT, "--min-tau", "inf"], 2, [], "finite"),
+    ("gate/accept-p-min-nan", [*ACCEPT, "--p-min", "nan"], 2, [], "finite"),
+    # 11. outputs: never one output over another, never an existing file without --force
+    ("output/accept-report-and-plot-same-file", [*ACCEPT, "--report", "{root}/x.svg", "--plot", "{root}/x.svg"], 2,
+     [], "--report and --plot name the same file"),
+    ("output/accept-existing-report", [*ACCEPT, "--report", "{afile}"], 2, [],
+     "output exists; pass --force to overwrite it (--report)"),
+    ("output/accept-existing-plot", [*ACCEPT, "--plot", "{existing_svg}"], 2, [], "pass --force"),
+    ("output/demo-work-dir-of-an-earlier-demo", ["demo", "--work-dir", "{demo_earlier}"], 2, [],
+     "holds moe/ (an earlier demo's files): pass --force"),
+    # 12. text: command-line text must be UTF-8 (paths may be any bytes), prompts files Unicode, lines end at \n
+    ("text/run-prompt-not-utf8", [*RUN[:3], "--prompt", "x\udcff"], 2, [], "not UTF-8 text: byte 0xff"),
+    ("text/convert-name-not-utf8", [*CONVERT, "-o", "{root}/d.gguf", "--name", "\udcfe"], 2, [], "not UTF-8 text"),
+    ("text/patch-value-not-utf8", ["patch", "set", "{good}", "x.y=str:\udcff", "-o", "{root}/p.gguf"], 2, [],
+     "not UTF-8 text"),
+    ("text/patch-key-not-utf8", ["patch", "rm", "{good}", "x.\udcff", "-o", "{root}/p.gguf"], 2, [],
+     "not UTF-8 text"),
+    ("text/quantize-scheme-not-utf8", ["quantize", "{good}", "-o", "{root}/q.gguf", "--scheme", "q8\udcff"], 2, [],
+     "not UTF-8 text"),
+    ("text/inspect-path-not-utf8", ["inspect", "{root}/\udcff.gguf"], 2, [], "not found"),
+    ("text/accept-prompt-lone-surrogate", [*ACCEPT, "--prompts", "{prompts_surrogate}"], 2, [],
+     "surrogate.jsonl:1: \"prompt\" holds a lone surrogate U+D800"),
+    ("text/accept-id-lone-surrogate", [*ACCEPT, "--prompts", "{prompts_surrogate_id}"], 2, [],
+     "\"id\" holds a lone surrogate U+DFFF"),
+    ("text/accept-prompts-deep-json", [*ACCEPT, "--prompts", "{prompts_deep}"], 2, [], "nested too deeply"),
+    ("text/accept-prompts-line-separators", [*ACCEPT, "--prompts", "{prompts_separators}"], 0, [], None),
+    # 13. messages name the file, the option and the value
+    ("message/accept-target-is-a-directory", ["accept", "--target", "{outdir}", "--draft", "{drafter}"], 2, [],
+     "is a directory, not a regular file (--target)"),
     # 8. one exit-code policy: plan-time refusals, nothing left behind
     ("policy/quantize-override-unwritable-type", ["quantize", "{good}", "-o", "{root}/q.gguf", *Q8,
                                                   "--tensor-type", "x=mxfp4"], 2, [], "cannot write MXFP4"),
     ("policy/requant-to-unwritable-type", ["requant-trunk", "{set}", "-o", "{root}/rq", "--to", "mxfp4"], 2, [],
      "cannot write MXFP4"),
     ("policy/unknown-command", ["frobnicate"], 2, [], "No such command"),
+    # 10. DSpark: every refusal of convert (llama.cpp's converter's and ggtools' own), of a layout move, and the checks
+    *[(f"dspark/convert-{case}", ["convert", "dflash", "{ds_%s}" % case, "--target-gguf", "{target}", "-o",
+                                  "{root}/d.gguf"], 2, [], fragment) for case, fragment in (
+        ("markov-type", "unsupported markov_head_type 'gated' (only 'vanilla' is supported)"),
+        ("no-d2t", "draft_vocab_size 512 < vocab_size 2048 but no d2t table found"),
+        ("d2t-size", "d2t size 509 does not match draft_vocab_size 512"),
+        ("d2t-duplicate", "d2t contains duplicate target ids"),
+        ("d2t-range", "d2t target ids out of range for target vocab size 2048"),
+        ("d2t-bool", "dtype BOOL"), ("d2t-fraction", "not whole numbers"),
+        ("no-markov", "without its Markov head"), ("w1-vocab", "vocab_size 2048 x markov rank"),
+        ("w2-rank", "the rank of markov_head.markov_w1.weight"), ("rank-config", "says markov_rank 64"),
+        ("conf-shape", "hidden_size 128 + markov rank 32"), ("conf-bias-only", "without confidence_head.proj.weight"),
+        ("reduced-no-head", "no lm_head.weight [512, 128]"), ("draft-vocab-too-big", "exceeds vocab_size 2048"),
+        ("anchor-not-bool", "is not true or false"), ("tlc-not-object", "transformer_layer_config"),
+        ("aux-zero", "each is at least 1"), ("int-weight", "a weight must be one of"),
+        ("scale-size", "the scale of markov_w2 is one value"), ("gemma4", "Gemma 4 backbone"),
+        ("no-vocab", "vocab_size: missing (a DSpark drafter's Markov head"), ("draft-vocab-type", "'512' is not a "),
+        ("w1-1d", "the Markov embedding is [vocab_size, rank]"),
+        ("vocab-4096", "differs from the target's vocabulary"))],
+    *[(f"dspark/convert-lucebox-{case}", ["convert", "dflash", "{ds_%s}" % case, "--profile", "lucebox", "-o",
+                                          "{root}/d.gguf"], 2, [], fragment) for case, fragment in (
+        ("base", "bonus-anchor blocks only"), ("reduced-bonus", "draft vocabulary is smaller"),
+        ("scaled-bonus", "markov_w2 has a scale"))],
+    *[(f"dspark/gguf-layout-{case}", ["convert", "gguf-layout", "{%s}" % src, "--to", "lucebox", "-o",
+                                      "{root}/l.gguf"], 2, [], fragment) for case, src, fragment in (
+        ("anchor-first", "ds_gguf", "bonus-anchor blocks only"), ("d2t", "ds_red_gguf", "draft vocabulary is smaller"),
+        ("no-bias", "ds_nobias_gguf", "confidence head has no bias"),
+        ("heads-without-markov-w1", "ds_now1_gguf", "nothing says the Markov rank"))],
+    ("dspark/doctor-to-lucebox", ["doctor", "{ds_gguf}", "--fix", "--to", "lucebox", "-o", "{root}/l.gguf"], 2, [],
+     "bonus-anchor blocks only"),
+    ("dspark/validate-no-block-size", ["validate", "{ds_nobs_gguf}"], 1, [], None),
+    ("dspark/doctor-no-block-size", ["doctor", "{ds_nobs_gguf}"], 1, [], None),
 ]
 
 
@@ -197,6 +351,24 @@ def test_every_command_has_rows():
     from ggtools.cli import COMMANDS
     covered = {r[1][0] for r in ROWS}
     assert set(COMMANDS) - covered == set(), set(COMMANDS) - covered
+
+
+def test_nan_rope_base_is_named_as_such(corpus):
+    """A NaN RoPE base is not "a separate RoPE base for sliding-window layers" (NaN != NaN): the finite rule speaks."""
+    result = check_run(corpus["root"], _fill(["run", "--target", "{t_base_nan}", *FEW], corpus), 2)
+    assert "must be a finite number" in result.stderr and "sliding-window" not in result.stderr
+
+
+def test_the_reproductions_name_the_rope_rule(corpus):
+    """The original reproductions (rope.dimension_count 999, or twice the head size) on every arch: one clean line
+    with the rule (these crashed the process with SIGSEGV or "double free or corruption" before it)."""
+    for name in ("t_rot999", "t_rot128", "q35_rot999", "q35_rot32", "oss_rot999", "oss_rot32"):
+        result = check_run(corpus["root"], _fill(["run", "--target", "{%s}" % name, *FEW], corpus), 2)
+        assert "the head size is" in result.stderr, name
+    for name in ("d_rot999", "d_rot128"):
+        result = check_run(corpus["root"], _fill(["run", "--target", "{target}", "--draft", "{%s}" % name, *FEW],
+                                                 corpus), 2)
+        assert "the head size is 64" in result.stderr, name
 
 
 def test_corpus_makes_no_files_outside_its_directory(corpus):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ggtools.runtime import TargetModel, greedy
+from tests.float_reference import assert_within_reference_rounding, hf_hidden_states
 from tests.llama_runner import LlamaCpp, assert_prompt_logits_identical, avx2_llama_cpp
 
 pytestmark = pytest.mark.oracle
@@ -100,20 +101,17 @@ def test_greedy_tokens_are_identical(targets, models, llama_cpp, arch, encoding)
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
 def test_feature_taps_equal_transformers_hidden_states(targets, models, arch):
     """hidden_states[j] is the residual entering layer j (the last one the final normed state), linear and
-    full attention layers alike; f32 GGUF with an f32 cache: float rounding (measured 7e-6 relative)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(targets[arch].hf_dir, dtype=torch.float32).eval()
+    full attention layers alike; f32 GGUF with an f32 cache: float32 rounding only, no further from transformers'
+    float64 run than its own float32 run allows (float_reference.py)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
     ids = [1] + np.random.default_rng(1).integers(3, 1024, 30).tolist()
-    with torch.no_grad():
-        hidden = [h[0].numpy() for h in hf(torch.tensor([ids]), output_hidden_states=True).hidden_states]
+    hidden = hf_hidden_states(targets[arch].hf_dir, ids)
     model = models(arch, "f32", kv_type="f32")
     taps = list(range(model.hp.n_layer + 1))
     _, features = model.forward(ids, taps=taps, logits="none")
     for j in taps:
-        err = np.abs(features[:, j] - hidden[j]).max() / np.abs(hidden[j]).max()
-        print(f"{arch} tap {j}: max relative difference {err:.1e}")
-        assert err <= 2e-5, j
+        assert_within_reference_rounding(features[:, j], hidden["f32"][j], hidden["f64"][j], f"{arch} tap {j}")
 
 
 @pytest.mark.parametrize("arch, encoding", ENCODINGS)
@@ -154,8 +152,10 @@ def test_split_target_runs_from_its_first_shard(targets, models):
 @pytest.mark.parametrize("edit, message", [
     ("qwen35.ssm.inner_size=u32:100", "'qwen35.ssm.inner_size' is not time_step_rank x state_size"),
     ("qwen35.attention.recurrent_layers=bool[]:1,1,1,1,1,1", "tensor 'blk.1.attn_qkv.weight' is missing"),
-    ("qwen35.attention.recurrent_layers=bool[]:1,0", "'qwen35.attention.recurrent_layers' has 2 entries for 6 layers"),
-    ("qwen35.ssm.group_count=u32:3", "4 value heads is not a multiple of 3 key heads"),
+    ("qwen35.attention.recurrent_layers=bool[]:1,0", "key 'qwen35.attention.recurrent_layers': has 2 entries for 6 "
+                                                     "layers"),
+    ("qwen35.ssm.group_count=u32:3", "key 'qwen35.ssm.time_step_rank': 4 value heads are not a multiple of "
+                                     "ssm.group_count 3 key heads"),
 ])
 def test_inconsistent_hybrid_keys_are_one_line_errors(targets, tmp_path, edit, message):
     """A qwen35 GGUF whose Gated DeltaNet keys disagree with its tensors: `ggtools run` names the file and the

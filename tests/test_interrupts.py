@@ -1,20 +1,26 @@
 """Interrupts and parallel runs: requant-trunk -j 2 and several `--shard K` runs at once, stopped by SIGINT (^C
-to the whole process group) or SIGKILL, always finish with --resume: outputs byte-identical to an
-uninterrupted run, a manifest listing every shard, no temporary file left.
+to the whole process group), SIGTERM, SIGHUP or SIGKILL, always finish with --resume: outputs byte-identical to
+an uninterrupted run, a manifest listing every shard, no temporary file left. accept, demo, convert gguf-layout
+and doctor --fix stopped by SIGTERM, SIGHUP or SIGINT exit 128 + n with one line and leave nothing behind.
 """
 
+import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from ggtools.jobs.requant import plan_requant_trunk
 from ggtools.samples import write_moe_set
 from ggtools.engine import run_plan
+from tests.hostile_corpus import snapshot
+from tests.stalled_cli import stop_while_stalled
 
 SHARDS = 6
 GGTOOLS = [sys.executable, "-m", "ggtools"]
@@ -146,3 +152,92 @@ def test_interrupted_shard_runs_then_resume(moe, tmp_path, sig):
         assert p.returncode in (0, 130, -signal.SIGINT, -signal.SIGKILL), stderr
         assert "Traceback" not in stderr
     resume_and_compare(moe, out)
+
+
+# ---- SIGTERM and SIGHUP end a command as ^C does ----------------------------------------------------------------
+
+DEMO = Path(__file__).resolve().parents[1] / "ggtools" / "data" / "demo"
+COMMIT = "ggtools.gguf.outputs:AtomicOutput.commit"
+STOPPED = {  # command -> (args, the function it is stalled in when the signal comes: what exists then)
+    "accept": (["accept", "--target", "{target}", "--draft", "{hf}", "-n", "4", "-q"],   # the converted HF drafter
+               "ggtools.jobs.accept:measure"),
+    "demo": (["demo", "--skip-requant", "--prompts", "1", "-n", "4", "--rounds", "1"],   # 5 drafter GGUFs
+             "ggtools.jobs.demo:measure"),
+    "gguf-layout": (["convert", "gguf-layout", "{drafter}", "--to", "lucebox", "-o", "{out}/l.gguf"], COMMIT),
+    "doctor-fix": (["doctor", "{drafter}", "--fix", "-o", "{out}/f.gguf"], COMMIT),      # the .partial-PID file
+}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from ggtools.jobs.convert import convert_dflash
+    d = tmp_path_factory.mktemp("pair")
+    files = {"target": shutil.copy(DEMO / "target.gguf", d / "target.gguf"),
+             "hf": shutil.copytree(DEMO / "drafter", d / "hf")}
+    files["drafter"] = str(d / "drafter.gguf")
+    convert_dflash(files["hf"], files["drafter"], profile="llama.cpp", target=files["target"])
+    return d, {k: str(v) for k, v in files.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+@pytest.mark.parametrize("name", STOPPED)
+def test_stop_signal_leaves_nothing_behind(pair, tmp_path, name, sig):
+    """SIGTERM (kill, a CI timeout), SIGHUP (a closed terminal) and ^C: exit 128 + n, one line, no temporary
+    directory, no partial or final output, inputs unchanged."""
+    root, files = pair
+    out = tmp_path / "out"
+    out.mkdir()
+    args, stalled = STOPPED[name]
+    before = snapshot(root)
+    p, stderr, tmp, seen = stop_while_stalled([a.format(out=out, **files) for a in args], stalled, sig, tmp_path,
+                                              look=out)
+    assert seen, "nothing temporary existed when the signal came: stall a later function"
+    assert p.returncode == 128 + sig, stderr
+    expected = "error: interrupted" + ("" if sig == signal.SIGINT else f" by {sig.name}")
+    assert stderr.splitlines() == [expected], stderr
+    assert os.listdir(tmp) == [] and os.listdir(out) == []
+    assert snapshot(root) == before
+
+
+def test_sigterm_during_an_output_write_removes_the_partial_file(pair, tmp_path):
+    """The fast suite's case of the above: convert gguf-layout stopped with its .partial-PID file open."""
+    _, files = pair
+    out = tmp_path / "out"
+    out.mkdir()
+    p, stderr, _, seen = stop_while_stalled(["convert", "gguf-layout", files["drafter"], "--to", "lucebox", "-o",
+                                             str(out / "l.gguf")], COMMIT, signal.SIGTERM, tmp_path, look=out)
+    assert [f for f in seen if f.startswith(".l.gguf.partial-")] == seen != []
+    assert (p.returncode, stderr.splitlines()) == (143, ["error: interrupted by SIGTERM"])
+    assert os.listdir(out) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_signal_during_parallel_run_then_resume(moe, tmp_path, sig):
+    """As ^C: workers remove their temporary files, the finished shards are recorded, --resume finishes."""
+    out = tmp_path / "out"
+    [(p, _, stderr)] = stop_after_first_shard([start(["requant-trunk", moe[0][0], "-o", str(out), "-j", "2",
+                                                      "-q"])], out, sig)
+    assert p.returncode == 128 + sig, stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted") and "--resume" in lines[0], stderr
+    assert not [f for f in os.listdir(out) if "partial" in f]
+    resume_and_compare(moe, out)
+
+
+def test_an_interruption_swallowed_in_a_c_callback_comes_again(capfd):
+    """Python drops an exception raised in a callback from C (llvmlite's, while numba compiles) and prints it as
+    'Exception ignored': the signal is raised again once the main thread is back in Python code, silently."""
+    from ggtools.cli.signals import Stopped, stop_signals_interrupt
+
+    callback = ctypes.CFUNCTYPE(None)(lambda: (signal.raise_signal(signal.SIGTERM), time.sleep(0.01)))
+    with stop_signals_interrupt() as state:
+        with pytest.raises(Stopped):
+            callback()
+            assert state.swallowed
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+    assert state.signum == signal.SIGTERM
+    assert "Exception ignored" not in capfd.readouterr().err

@@ -1,6 +1,7 @@
 """Non-finite values are never hidden: quantize and requant-trunk refuse NaN/inf source values and NaN/inf
 scales (naming the tensor and the first bad row) unless --allow-nonfinite, then warn with counts; convert
-warns about NaN/inf in source tensors. The bad rows are put there by the tests, which is the truth checked."""
+warns about NaN/inf in source tensors; the runtime stops a forward whose logits are not finite, naming the piece
+and the tensor that made them. The bad values are put there by the tests, which is the truth checked."""
 
 import json
 import os
@@ -51,3 +52,126 @@ def test_convert_warns_about_nan_in_the_checkpoint(tmp_path):
     r = check_run(str(tmp_path), ["convert", "dflash", hf, "--target-gguf", target, "-o", tmp_path / "d.gguf", "-q"], 0,
                   [tmp_path / "d.gguf"])
     assert "NaN/inf values in source tensors" in r.stderr and "hidden_norm.weight (1 value)" in r.stderr
+
+
+# ---- the runtime: non-finite logits stop a run, naming the piece and the tensor that made them -------------------
+
+def _fill(src, dst, tensor, value) -> str:
+    """A copy of an F32 model with every value of one tensor set to `value` (finite, but overflowing)."""
+    from ggtools.gguf import GGUFFile
+    data = bytearray(open(src, "rb").read())
+    with GGUFFile(src) as f:
+        t = f.tensor[tensor]
+        assert t.type_name == "F32"
+        start, n = t.data_start, t.nbytes
+    data[start:start + n] = np.full(n // 4, value, "<f4").tobytes()
+    with open(dst, "wb") as fh:
+        fh.write(bytes(data))
+    return str(dst)
+
+
+@pytest.mark.parametrize("tensor, piece", [("blk.1.ffn_up.weight", "layer 1's feed-forward network"),
+                                           ("blk.2.attn_k.weight", "layer 2's token mixer"),
+                                           ("blk.3.attn_norm.weight", "layer 3's token mixer"),
+                                           ("output_norm.weight", "the output norm and head"),
+                                           ("token_embd.weight", "the token embedding")])
+def test_target_nan_names_the_piece_and_the_tensor(tmp_path, tensor, piece):
+    """The poisoned value is put there by the test; the error must name that tensor and the piece using it."""
+    from ggtools.runtime import TargetModel
+    from ggtools.runtime.errors import NonFiniteError
+    from tests.hostile_corpus import poison
+    model = TargetModel(poison(os.path.join(DEMO, "target.gguf"), tmp_path / "m.gguf", tensor), threads=1)
+    try:
+        with pytest.raises(NonFiniteError) as e:
+            model.forward([0, 1, 2])
+    finally:
+        model.close()
+    assert f"tensor '{tensor}' holds NaN/inf" in str(e.value) and piece in str(e.value), str(e.value)
+
+
+def test_nan_in_the_tied_head_is_caught(tmp_path):
+    """A NaN in token_embd row 0, which the prompt never embeds: the tied head still computes logit 0 from it."""
+    from ggtools.runtime import TargetModel
+    from ggtools.runtime.errors import NonFiniteError
+    from tests.hostile_corpus import poison
+    path = poison(os.path.join(DEMO, "target.gguf"), tmp_path / "m.gguf", "token_embd.weight")   # row 0, value 40
+    model = TargetModel(path, threads=1)
+    try:
+        logits, _ = model.forward([5, 6, 7], logits="last")
+    except NonFiniteError as e:
+        assert "tensor 'token_embd.weight'" in str(e) and "output norm and head" in str(e)
+    else:
+        pytest.fail(f"non-finite logits were returned: {logits[0, :3]}")
+    finally:
+        model.close()
+
+
+def test_hybrid_target_nan_is_traced_after_rolling_back_the_recurrent_state(tmp_path):
+    from ggtools.runtime import TargetModel
+    from ggtools.runtime.errors import NonFiniteError
+    from tests.hostile_corpus import poison
+    from tests.tiny_targets import write_qwen35
+    path = poison(write_qwen35(tmp_path / "q35.gguf"), tmp_path / "m.gguf", "blk.1.ssm_out.weight")
+    model = TargetModel(path, threads=1)
+    try:
+        with pytest.raises(NonFiniteError) as e:
+            model.forward([1, 2, 3, 4])
+    finally:
+        model.close()
+    assert "tensor 'blk.1.ssm_out.weight'" in str(e.value) and "layer 1's token mixer" in str(e.value)
+
+
+def test_an_overflow_is_named_with_finite_tensors(tmp_path):
+    """Finite weights whose products overflow float32: no tensor holds NaN/inf, the piece that overflowed is named."""
+    from ggtools.runtime import TargetModel
+    from ggtools.runtime.errors import NonFiniteError
+    from tests.tiny_targets import write_gpt_oss
+    path = _fill(write_gpt_oss(tmp_path / "oss.gguf"), tmp_path / "m.gguf", "blk.0.attn_output.weight", 3e38)
+    model = TargetModel(path, threads=1)
+    try:
+        with pytest.raises(NonFiniteError) as e:
+            model.forward([1, 2, 3])
+    finally:
+        model.close()
+    assert "layer 0's token mixer gives NaN/inf although its tensors are finite (an overflow)" in str(e.value)
+
+
+def test_torch_backend_checks_what_comes_back(tmp_path):
+    pytest.importorskip("torch")
+    from ggtools.runtime import TargetModel
+    from ggtools.runtime.errors import NonFiniteError
+    from tests.hostile_corpus import poison
+    path = poison(os.path.join(DEMO, "target.gguf"), tmp_path / "m.gguf", "blk.1.ffn_up.weight")
+    model = TargetModel(path, threads=1, backend="torch", device="cpu")
+    try:
+        with pytest.raises(NonFiniteError) as e:
+            model.forward([1, 2, 3])
+    finally:
+        model.close()
+    assert "tensor 'blk.1.ffn_up.weight'" in str(e.value) and "layer 1's feed-forward network" in str(e.value)
+
+
+def test_drafter_nan_is_named_and_accept_fails_it(tmp_path):
+    """A NaN drafter never reports acceptance 0.0: drafting stops with the tensor's name (run --draft, accept)."""
+    from tests.hostile_corpus import poison
+    drafter = tmp_path / "d.gguf"
+    target = shutil.copy(os.path.join(DEMO, "target.gguf"), tmp_path / "target.gguf")
+    from ggtools.jobs.convert import convert_dflash
+    convert_dflash(os.path.join(DEMO, "drafter"), drafter, profile="llama.cpp", target=target)
+    bad = poison(drafter, tmp_path / "nan.gguf", "blk.1.attn_q.weight")
+    r = check_run(str(tmp_path), ["accept", "--target", target, "--draft", drafter, "--draft", bad, "-n", "6", "-q"], 2)
+    assert "nan.gguf: tensor 'blk.1.attn_q.weight' holds NaN/inf" in r.stderr
+    assert "the draft logits are not finite" in r.stderr
+
+
+def test_a_forward_without_logits_checks_the_final_states(tmp_path):
+    from ggtools.runtime import TargetModel
+    from ggtools.runtime.errors import NonFiniteError
+    from tests.hostile_corpus import poison
+    model = TargetModel(poison(os.path.join(DEMO, "target.gguf"), tmp_path / "m.gguf", "blk.0.attn_v.weight"),
+                        threads=1)
+    try:
+        with pytest.raises(NonFiniteError, match="tensor 'blk.0.attn_v.weight'.*final hidden states are not finite"):
+            model.forward([1, 2, 3], taps=[1], logits="none")
+    finally:
+        model.close()

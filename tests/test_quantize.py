@@ -111,3 +111,39 @@ def test_refused_plans_leave_no_file_open(tmp_path):
         with pytest.raises(GGToolsError):
             plan_requant_trunk(str(bad), str(tmp_path / "out"))
     assert len(os.listdir("/proc/self/fd")) == open_before
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("variant", ["deepspec", "speculators"])
+@pytest.mark.parametrize("scheme,ftype", [("q8_0", 7), ("q4-mix", 2), ("q2_k", 10)])
+def test_dspark_schemes_equal_llama_quantize(dspark_checkpoint_refs, tmp_path, variant, scheme, ftype):
+    """DSpark drafters (llama.cpp's own f16 conversions, with the confidence head; speculators: reduced vocabulary
+    with d2t): the same bytes as llama_model_quantize given the same types, which leaves d2t I64 and the confidence
+    weight {H + R, 1}, its bias and every 1-D tensor unquantized; the output loads in libllama."""
+    src = dspark_checkpoint_refs(variant, "f16")
+    ours = tmp_path / "ours.gguf"
+    r = cli("quantize", src, "-o", ours, "--scheme", scheme, "-q")
+    assert r.exit_code == 0, r.output
+    got = tensors_by_name(ours)
+    assert got["conf_proj.weight"][0] == T.F16 and got["conf_proj.bias"][0] == T.F32
+    assert got["markov_w1.weight"][0] == got["markov_w2.weight"][0] == T.Q8_0
+    if variant == "speculators":
+        assert got["d2t"][0] == T.I64 and got["d2t"][1] == tensors_by_name(src)["d2t"][1]
+    ref = tmp_path / "ref.gguf"
+    llama_quantize(src, ref, ftype, {n: t for n, (t, _) in got.items()})
+    assert got == tensors_by_name(ref)
+    from tests.oracle_artifacts import llama_loads
+    assert llama_loads(ours)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("variant", ["deepspec", "speculators"])
+def test_dspark_q8_0_is_llama_quantizes_own_choice(dspark_checkpoint_refs, tmp_path, variant):
+    """--scheme q8_0 against llama_model_quantize Q8_0 left to its own type choices (no overrides, not pure)."""
+    pytest.importorskip("llama_cpp")
+    from scripts.fixtures import llama_oracle
+    src = dspark_checkpoint_refs(variant, "f16")
+    ours, ref = tmp_path / "ours.gguf", tmp_path / "ref.gguf"
+    assert cli("quantize", src, "-o", ours, "--scheme", "q8_0", "-q").exit_code == 0
+    llama_oracle.quantize(src, ref, 7)
+    assert tensors_by_name(ours) == tensors_by_name(ref)

@@ -101,10 +101,10 @@ class Recording:
 
     def __init__(self, drafter):
         self.drafter, self.hidden, self.chains = drafter, [], []
-        self.taps, self.block_size = drafter.taps, drafter.block_size
+        self.taps, self.block_size, self.max_drafts = drafter.taps, drafter.block_size, drafter.max_drafts
 
-    def draft(self, kv, anchor, n_block):
-        hidden = self.drafter.forward_block(kv, [anchor] + [self.drafter.hp.mask_id] * (n_block - 1))
+    def draft(self, kv, anchor, n_drafts):
+        hidden = self.drafter.forward_block(kv, [anchor] + [self.drafter.hp.mask_id] * n_drafts)
         self.hidden.append(hidden)
         self.chains.append(self.drafter.propose(hidden[1:], anchor))
         return self.chains[-1]

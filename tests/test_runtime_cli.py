@@ -1,6 +1,8 @@
 """`ggtools run`: output, --json fields, usage errors."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -29,6 +31,16 @@ def test_prompt_ids_json(tiny_model):
     assert data["prompt_ids"] == [5, 17, 42] and len(data["generated_ids"]) == 6
     assert data["text"] is None and data["stop"] == "length" and data["threads"] == 1
     assert data["peak_rss_bytes"] > 0 and data["generate_tokens_per_second"] > 0
+
+
+def test_peak_rss_is_never_below_rss(tiny_model):
+    """A fresh process (in pytest's the peak is pytest's): both values come from one reading, so the peak, a
+    maximum over the run, is at least the current value (statm and getrusage disagreed by ~300 KB)."""
+    run = subprocess.run([sys.executable, "-m", "ggtools", "run", "--target", str(tiny_model), "--prompt-ids", "5",
+                          "-n", "2", "--threads", "1", "--json"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert data["peak_rss_bytes"] >= data["rss_bytes"] > 0
 
 
 def test_plain_output_lists_ids_without_a_vocabulary(tiny_model):

@@ -1,18 +1,22 @@
 """The `ggtools` command line: thin click commands that parse, call one library function, render, exit.
 
-Exit codes: 0 ok, 1 a check on valid input failed, 2 bad usage or invalid or unreadable input, 130
-interrupted. Every failure prints one line on stderr (no traceback unless --debug); with --json also
-{"error": ..., "exit_code": ...} on stdout. See docs/safety.md.
+Exit codes: 0 ok, 1 a check on valid input failed, 2 bad usage or invalid or unreadable input, 128 + the
+signal's number when ^C, SIGTERM or SIGHUP stopped it (130, 143, 129; cli/signals.py). Every failure prints one
+line on stderr (no traceback unless --debug); with --json also {"error": ..., "exit_code": ...} on stdout.
+Text given on the command line must be Unicode (a path may be any bytes). See docs/safety.md.
 """
 
 import importlib
-import json
 import sys
 
 import click
 
 from ggtools import __version__
+from ggtools.cli import signals
+from ggtools.cli.params import require_unicode_text
+from ggtools.cli.render import json_text, printable
 from ggtools.errors import GGToolsError
+from ggtools.gguf.outputs import remove_pending
 
 # command name -> module under ggtools.cli defining `command`; imported only when that command runs (or for
 # --help), so `ggtools inspect` does not load numba and the runtime
@@ -35,30 +39,42 @@ class Group(click.Group):
     def get_command(self, ctx, name):
         if name not in COMMANDS:
             return None
-        return importlib.import_module(f"ggtools.cli.{COMMANDS[name]}").command
+        return require_unicode_text(importlib.import_module(f"ggtools.cli.{COMMANDS[name]}").command)
 
     def parse_args(self, ctx, args):
         ctx.meta["ggtools.json"] = "--json" in args
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
-        """Run the command; turn every failure into one line (and a JSON object with --json)."""
-        try:
-            return super().invoke(ctx)
-        except PASS_THROUGH:
-            raise
-        except Exception as e:
-            if ctx.obj and ctx.obj.get("debug"):
+        """Run the command; turn every failure into one line (and a JSON object with --json), and a stop signal
+        into the same clean interruption as ^C."""
+        with signals.stop_signals_interrupt() as stop:
+            try:
+                result = super().invoke(ctx)
+            except PASS_THROUGH:
                 raise
-            fail(ctx, *describe_failure(e))
-        except KeyboardInterrupt:
-            if ctx.obj and ctx.obj.get("debug"):
-                raise
-            fail(ctx, "interrupted", INTERRUPTED)
+            except (Exception, KeyboardInterrupt) as e:
+                stop.closing = True
+                remove_pending()
+                if ctx.obj and ctx.obj.get("debug"):
+                    raise
+                message, code = describe_failure(e)
+                if stop.signum is not None:         # whatever the interruption became on its way up
+                    code = signals.exit_code(stop.signum)
+                    if not isinstance(e, GGToolsError):     # a KeyboardInterrupt, or what it broke on its way
+                        message = signals.interrupted(stop.signum)
+                fail(ctx, message, code)
+            if stop.signum is not None:         # a signal whose exception was swallowed (signals.py) came late
+                stop.closing = True
+                remove_pending()
+                fail(ctx, signals.interrupted(stop.signum), signals.exit_code(stop.signum))
+            return result
 
 
-def describe_failure(e: Exception) -> tuple[str, int]:
+def describe_failure(e: BaseException) -> tuple[str, int]:
     """(one-line message, exit code) for an exception that ends a command."""
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted", INTERRUPTED
     if isinstance(e, GGToolsError):
         return str(e), e.exit_code
     if isinstance(e, click.UsageError):
@@ -72,9 +88,9 @@ def describe_failure(e: Exception) -> tuple[str, int]:
 
 
 def fail(ctx, message: str, code: int):
-    message = " ".join(message.split("\n"))
+    message = " ".join(printable(message).splitlines())
     if ctx.meta.get("ggtools.json"):
-        click.echo(json.dumps({"error": message, "exit_code": code}, ensure_ascii=False))
+        click.echo(json_text({"error": message, "exit_code": code}))
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
 

@@ -4,7 +4,9 @@ import click
 
 from ggtools.cli.backend_options import backend_options
 from ggtools.cli.draft_options import draft_options, draft_setup
+from ggtools.cli.params import FiniteFloatRange
 from ggtools.cli.render import emit_json, table
+from ggtools.gguf.outputs import same_file
 from ggtools.jobs.accept import DEFAULT_MAX_DROP, accept, input_files
 from ggtools.jobs.accept_plot import check_plot_path, write_plot
 from ggtools.jobs.accept_report import (ALIGN, HEADERS, check_destination, definition_lines, failure_lines,
@@ -12,28 +14,30 @@ from ggtools.jobs.accept_report import (ALIGN, HEADERS, check_destination, defin
 
 
 @click.command("accept")
-@click.option("--target", required=True, metavar="GGUF", help="Target GGUF (first shard of a split model).")
-@click.option("--draft", "drafts", multiple=True, required=True, metavar="GGUF|DIR",
+@click.option("--target", required=True, type=click.Path(), metavar="GGUF",
+              help="Target GGUF (first shard of a split model).")
+@click.option("--draft", "drafts", multiple=True, required=True, type=click.Path(), metavar="GGUF|DIR",
               help="Drafter GGUF, or an HF DFlash checkpoint directory (converted on the fly, llama.cpp profile, "
                    "into a temporary file). Repeat for each variant.")
-@click.option("--prompts", metavar="FILE", help="Prompts: JSONL ({\"prompt\": ...} or {\"prompt_ids\": [...]}, optional \"id\") or "
+@click.option("--prompts", type=click.Path(), metavar="FILE", help="Prompts: JSONL ({\"prompt\": ...} or {\"prompt_ids\": [...]}, optional \"id\") or "
               "plain text, one prompt per blank-line-separated paragraph (default: the built-in set of 12).")
 @click.option("-n", "--n-predict", "n", default=64, show_default=True, type=click.IntRange(min=2),
-              help="New tokens per prompt.")
-@click.option("--baseline", metavar="DRAFT", help="The drafter the others are compared with (default: the first --draft).")
-@click.option("--max-drop", default=DEFAULT_MAX_DROP, show_default=True, type=click.FloatRange(0, 1, max_open=True),
+              help="New tokens per prompt (each prompt plus -n must fit the target's context length).")
+@click.option("--baseline", type=click.Path(), metavar="DRAFT", help="The drafter the others are compared with (default: the first --draft).")
+@click.option("--max-drop", default=DEFAULT_MAX_DROP, show_default=True, type=FiniteFloatRange(0, 1, max_open=True),
               help="Fail a drafter whose tau falls more than this (relative) below the baseline's.")
-@click.option("--min-tau", type=click.FloatRange(min=0), help="Fail a drafter whose tau is below this.")
+@click.option("--min-tau", type=FiniteFloatRange(min=0), help="Fail a drafter whose tau is below this.")
 @draft_options
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores; at most 4 per core).")
 @backend_options
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at an end-of-generation token.")
 @click.option("--json", "as_json", is_flag=True, help="Every field as JSON on stdout (docs/accept.md).")
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the report as Markdown (CI job summary).")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also write a figure (.png or .svg; needs ggtools[plot]).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --report or --plot file.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, full_kv, n_max, cut, p_min, n_min,
-            threads, backend, device, dtype, ignore_eos, as_json, report, plot, quiet):
+            threads, backend, device, dtype, ignore_eos, as_json, report, plot, force, quiet):
     """Acceptance gate: decode a prompt set with each drafter against the target and judge every drafter
     against a baseline. Every output is checked against target-only greedy decoding, which runs once per
     prompt for all drafters.
@@ -54,16 +58,18 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
     ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
     inputs = input_files(target, drafts, prompts)
     if report:
-        check_destination(report, "--report", inputs)
+        check_destination(report, "--report", inputs, force=force)
+    if report and plot and same_file(report, plot):
+        raise click.UsageError(f"--report and --plot name the same file {plot}: give each its own")
     if plot:
-        check_plot_path(plot, inputs)
+        check_plot_path(plot, inputs, force=force)
     result = accept(target, list(drafts), prompts=prompts, n=n, baseline=baseline, max_drop=max_drop, min_tau=min_tau,
                     ring_cap=ring_cap, settings=settings, threads=threads,
                     stop_at_eog=not ignore_eos, progress=not quiet, backend=backend, device=device, dtype=dtype)
     if report:
-        write_markdown(result, report, inputs)
+        write_markdown(result, report, inputs, force=force)
     if plot:
-        write_plot(result, plot, inputs)
+        write_plot(result, plot, inputs, force=force)
     if as_json:
         if result.exit_code:
             click.echo(f"error: {result.error}", err=True)

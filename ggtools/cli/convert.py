@@ -38,11 +38,14 @@ def command():
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def dflash(hf_dir, out, profile, target, outtype, mask_token_id, guess_target_layers, allow_overflow, name,
            dry_run, force, as_json, quiet):
-    """Convert a Hugging Face DFlash v1 (DFlashDraftModel) or DFlash2 (DFlash2DraftModel) drafter to GGUF.
+    """Convert a Hugging Face DFlash v1 (DFlashDraftModel), DFlash2 (DFlash2DraftModel) or DSpark drafter
+    (Qwen3DSparkModel, DSparkDraftModel, DSparkSpeculator, Lfm2DSparkDraftModel, LingDSparkModel) to GGUF.
 
     The llama.cpp profile writes what llama.cpp's own converter writes (arch dflash, target layer ids + 1,
-    tokenizer.ggml.mask_token_id, the target's tokenizer). The lucebox profile writes what lucebox's converter
-    writes (arch qwen35-dflash-draft, dflash.fc / dflash.hidden_norm, raw ids, BF16 stored as F16); DFlash v1 only.
+    tokenizer.ggml.mask_token_id, the target's tokenizer; DSpark: markov_w1/w2, conf_proj, d2t as I64 ids).
+    The lucebox profile writes what lucebox's converter writes (arch qwen35-dflash-draft, dflash.fc /
+    dflash.hidden_norm, raw ids, BF16 stored as F16; DSpark: dflash.dspark.*); DFlash v1 and bonus-anchor
+    DSpark over the full vocabulary only. DSpark configs in DeepSpec's flat layout or the speculators layout.
     Single or sharded safetensors, names with or without 'model.'. Memory stays at about one row chunk.
 
     \b
@@ -51,6 +54,7 @@ def dflash(hf_dir, out, profile, target, outtype, mask_token_id, guess_target_la
       ggtools convert dflash Qwen3-8B-DFlash-b16/ -o dflash-q8.gguf --target-gguf Qwen3-8B-Q8_0.gguf --outtype q8_0
       ggtools convert dflash Qwen3.5-27B-DFlash/ -o draft.gguf --profile lucebox --target-gguf Qwen3.5-27B.gguf
       ggtools convert dflash old-drafter/ -o d.gguf --target-gguf t.gguf --mask-token-id 151669 --dry-run
+      ggtools convert dflash dspark_qwen3_8b_block7/ -o dspark.gguf --target-gguf Qwen3-8B-Q8_0.gguf
     """
     plan = convert_dflash(hf_dir, out, profile=profile, target=target, outtype=outtype, mask_token_id=mask_token_id,
                           guess_target_layers=guess_target_layers, name=name, dry_run=True)
@@ -61,11 +65,13 @@ def dflash(hf_dir, out, profile, target, outtype, mask_token_id, guess_target_la
     with tqdm(total=plan.bytes_out, unit="B", unit_scale=True, desc="convert", disable=not show_progress) as bar:
         result = write(plan, force=force, allow_overflow=allow_overflow, on_bytes=bar.update)
     if as_json:
-        emit_json({"written": result.path, "tensors": result.n_tensors, "bytes": result.bytes_out,
-                   "overflow": result.overflow, "nonfinite": result.nonfinite, "warnings": result.warnings})
+        emit_json({"written": result.path, "found": result.found, "tensors": result.n_tensors,
+                   "bytes": result.bytes_out, "overflow": result.overflow, "nonfinite": result.nonfinite,
+                   "warnings": result.warnings})
         return
     _warn(result.warnings)
-    click.echo(f"wrote {result.path}: {result.n_tensors} tensors, {human_bytes(result.bytes_out)} ({profile} profile)")
+    click.echo(f"wrote {result.path}: {result.found}; {result.n_tensors} tensors, {human_bytes(result.bytes_out)} "
+               f"({profile} profile)")
 
 
 def _show(plan, as_json, quiet):
@@ -73,8 +79,7 @@ def _show(plan, as_json, quiet):
         emit_json(plan.as_dict())
         return
     cfg = plan.cfg
-    click.echo(f"{plan.hf_dir}: DFlash{'2' if cfg.version == 2 else ' v1'}, profile {plan.profile}, "
-               f"outtype {plan.outtype}")
+    click.echo(f"{plan.hf_dir}: {plan.found}; profile {plan.profile}, outtype {plan.outtype}")
     click.echo(f"  target layer ids {cfg.target_layer_ids} ({cfg.ids_from}); mask token id {cfg.mask_token_id} "
                f"({cfg.mask_from}); block size {cfg.block_size} ({cfg.block_size_from})")
     click.echo(f"  {len(plan.kvs.keys())} metadata keys")

@@ -1,27 +1,34 @@
+import contextlib
 import os
 import sys
-import tempfile
 
 import click
 
 from ggtools.cli.backend_options import backend_options
 from ggtools.cli.plan_view import show_plan
 from ggtools.cli.render import emit_json, human_bytes, table
-from ggtools.jobs.demo import requant_demo, run_demo
+from ggtools.gguf.outputs import temporary_directory
+from ggtools.jobs.demo import check_request, check_work_dir, requant_demo, run_demo
 
 
 @click.command("demo")
-@click.option("--work-dir", type=click.Path(file_okay=False), help="Keep the demo files here (default: a temp dir).")
+@click.option("--work-dir", type=click.Path(file_okay=False),
+              help="Keep the demo files here, in drafter/, moe/ and moe-q4k/ (default: a temporary directory, "
+                   "removed at the end).")
+@click.option("--force", is_flag=True, help="Replace the files of an earlier demo in --work-dir.")
 @click.option("--prompts", default=6, show_default=True, type=click.IntRange(1, 36), help="Held-out prompts to decode.")
-@click.option("-n", "--n-predict", "n", default=64, show_default=True, type=click.IntRange(1), help="Tokens per prompt.")
+@click.option("-n", "--n-predict", "n", default=64, show_default=True, type=click.IntRange(1),
+              help="Tokens per prompt (the 128-token prompts plus -n must fit the demo target's context of 512).")
 @click.option("--ring-cap", default=64, show_default=True, type=click.IntRange(1), help="Draft KV ring slots.")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
-              help="CPU threads (the demo models are tiny: one thread is the fastest target-only baseline).")
+              help="CPU threads (the demo models are tiny: one thread is the fastest target-only baseline; at most 4 "
+                   "per core).")
 @backend_options
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1), help="Runs per variant (best kept).")
 @click.option("--skip-requant", is_flag=True, help="Leave out the second part (requant-trunk on a sample MoE set).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable report of the drafter part.")
-def command(work_dir, prompts, n, ring_cap, threads, backend, device, dtype, rounds, skip_requant, as_json):
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report of both parts (\"requant\": null "
+                                                     "with --skip-requant).")
+def command(work_dir, force, prompts, n, ring_cap, threads, backend, device, dtype, rounds, skip_requant, as_json):
     """Run the main jobs end to end on the embedded demo pair, with no downloads.
 
     \b
@@ -33,23 +40,27 @@ def command(work_dir, prompts, n, ring_cap, threads, backend, device, dtype, rou
     Exit 1 if a check fails or a speculative output differs from target-only greedy decoding.
     """
     say = (lambda line: None) if as_json else click.echo
-    with tempfile.TemporaryDirectory(prefix="ggtools-demo-") as tmp:
-        root = work_dir or tmp
+    check_request(n, threads, ring_cap, device if backend == "torch" else None)
+    if work_dir:
+        check_work_dir(work_dir, force)
+    with contextlib.nullcontext(work_dir) if work_dir else temporary_directory("ggtools-demo-") as root:
         say("1. DFlash drafter: convert, quantize, check, decode speculatively")
         report = run_demo(os.path.join(root, "drafter"), prompts=prompts, n=n, ring_cap=ring_cap, threads=threads,
                           rounds=rounds, log=lambda line: say("   " + line), backend=backend, device=device,
-                          dtype=dtype)
+                          dtype=dtype, force=force)
+        if not as_json:
+            _show_table(report)
+        requant = None if skip_requant else requant_demo(
+            root, log=say, show_plan=(lambda plan: None) if as_json else lambda plan: show_plan(plan, tensors=False),
+            force=force)
         if as_json:
             emit_json({"work_dir": report.work_dir, "prompts": report.prompts, "rounds": report.rounds,
                        "target_only_tokens_per_second": report.target_tokens_per_second,
                        "variants": [{"name": v.name, "path": v.path, "bytes": v.bytes, "checks": v.checks,
-                                     "speedup": v.speedup, "run": v.run.to_dict()} for v in report.variants]})
-        else:
-            _show_table(report)
-            if not skip_requant:
-                failed = requant_demo(root, log=click.echo, show_plan=lambda plan: show_plan(plan, tensors=False))
-                if failed:
-                    sys.exit(failed)
+                                     "speedup": v.speedup, "run": v.run.to_dict()} for v in report.variants],
+                       "requant": requant.to_dict() if requant else None})
+        if requant and requant.exit_code:
+            sys.exit(requant.exit_code)
     if not report.all_match:
         click.echo("FAIL: a speculative output differs from target-only greedy decoding", err=True)
         sys.exit(1)

@@ -18,7 +18,9 @@ MARK = {"ok": "ok  ", "warning": "WARN", "error": "FAIL", "unchecked": "FAIL"}
               help="The Hugging Face checkpoint the drafter came from: check every value and tensor against it; "
                    "--fix takes the values from it.")
 @click.option("--runtime", "runtimes", multiple=True, type=click.Choice(RUNTIMES),
-              help="Check for this runtime (repeatable; default: the one whose layout the file is in, and ggtools).")
+              help="Check for this runtime (repeatable). Default: the runtime whose layout the file is in: llama.cpp "
+                   "for arch dflash, lucebox for qwen35-dflash-draft / dflash-draft / gemma4-dflash-draft, both for "
+                   "any other arch; ggtools (the runtime of ggtools run and accept) only when named.")
 @click.option("--n-max", type=click.IntRange(0), help="The draft size you run with (llama.cpp default 3).")
 @click.option("--fix", is_flag=True, help="Write a repaired copy to -o (fixes only what the evidence supports).")
 @click.option("--to", type=click.Choice(PROFILE_NAMES), help="With --fix: also move it to this layout.")
@@ -29,7 +31,11 @@ MARK = {"ok": "ok  ", "warning": "WARN", "error": "FAIL", "unchecked": "FAIL"}
 def command(draft, target, hf, runtimes, n_max, fix, to, out, dry_run, force, as_json):
     """Find every known fault of a DFlash drafter GGUF: for each, its severity, the runtimes it breaks, what each
     shows (quoted as it prints it) and the command that fixes it. The file alone; with --hf every value and tensor
-    against the checkpoint; with --target the pair (the same checks as pair-check).
+    against the checkpoint; with --target the target too and the pair (the same checks as pair-check).
+
+    Whatever the runtimes checked (llama.cpp, lucebox, ggtools: see --runtime), the model-file rules apply to the
+    drafter and the target: the container rules of ggtools validate (a cut file fails) and the hyperparameter rules
+    ggtools run applies (types, ranges, NaN), so doctor never passes a file ggtools run refuses for them.
 
     Exit 0: no failed check; 1: a check failed or could not be made; 2: unreadable input.
 

@@ -3,6 +3,8 @@ cut."""
 
 import click
 
+from ggtools.cli.params import FiniteFloatRange
+
 from ggtools.jobs.accept import DEFAULT_RING_CAP
 from ggtools.jobs.run import DraftSettings
 
@@ -10,11 +12,15 @@ DRAFT_OPTIONS = [
     click.option("--ring-cap", type=click.IntRange(min=1),
                  help=f"Draft KV: a ring of N context slots (default {DEFAULT_RING_CAP}, lucebox's draft context)."),
     click.option("--full-kv", is_flag=True, help="Draft KV: keep every committed position."),
-    click.option("--n-max", type=click.IntRange(min=0), help="Drafts per step (default: block size - 1)."),
-    click.option("--cut", type=click.Choice(["none", "prob", "margin"]), default="none", show_default=True,
-                 help="Early cut: prob = stop at p(top1) < P (llama.cpp); margin = stop at top1 - top2 < 3*P "
-                      "(DFlash2: lattice scores)."),
-    click.option("--p-min", type=click.FloatRange(min=0), default=0.0, show_default=True,
+    click.option("--n-max", type=click.IntRange(min=0),
+                 help="Drafts per step (default: the most a block gives, as llama.cpp clamps it: block size - 1; "
+                      "block size for an anchor-first DSpark drafter)."),
+    click.option("--cut", type=click.Choice(["none", "prob", "margin", "confidence"]), default="none",
+                 show_default=True,
+                 help="Early cut: prob = stop at p(top1) < P (llama.cpp's DFlash rule); margin = stop at top1 - top2 "
+                      "< 3*P (DFlash2: lattice scores); confidence = stop at a DSpark confidence < P (llama.cpp's "
+                      "--spec-draft-p-min with a DSpark drafter)."),
+    click.option("--p-min", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
                  help="Threshold P of the cut."),
     click.option("--n-min", type=click.IntRange(min=0), default=0, show_default=True,
                  help="Fewer surviving drafts than this: offer none (llama.cpp)."),

@@ -28,6 +28,8 @@ def command(path, as_json, tensors, kv, full_arrays):
     for f in info["files"]:
         click.echo(f"{f['path']}: GGUF v{f['version']}, {human_bytes(f['size'])}, {f['kv_count']} KVs, "
                    f"{f['tensor_count']} tensors, alignment {f['alignment']}, data at byte {f['data_offset']}")
+    if info["drafter"]:
+        click.echo(f"drafter ({info['drafter']['layout']} layout): {info['drafter']['summary']}")
     click.echo()
     click.echo(table([(k["key"], k["type"], _show_value(k)) for k in info["kv"]], ["key", "type", "value"]))
     click.echo()

@@ -5,6 +5,7 @@ from tqdm import tqdm
 
 from ggtools.cli.backend_options import backend_options, runs_on
 from ggtools.cli.draft_options import draft_options, draft_options_given, draft_setup
+from ggtools.cli.params import FiniteFloatRange
 from ggtools.cli.render import emit_json, human_bytes
 from ggtools.jobs.run import DEFINITIONS, pair_warnings, run, run_speculative
 
@@ -16,6 +17,8 @@ def _parse_ids(text: str) -> list[int]:
         ids = [int(v) for v in text.replace(",", " ").split()]
     except ValueError:
         raise click.BadParameter("expected integers separated by commas or spaces", param_hint="--prompt-ids")
+    if not ids:
+        raise click.BadParameter("no token ids", param_hint="--prompt-ids")
     bad = next((i for i in ids if not 0 <= i <= MAX_TOKEN_ID), None)
     if bad is not None:
         raise click.BadParameter(f"token id {bad} is outside 0..{MAX_TOKEN_ID}", param_hint="--prompt-ids")
@@ -34,9 +37,9 @@ def _progress_bar(total, as_json):
 @click.option("--prompt-ids", help="Prompt as token ids, e.g. '1,415,2936' (any vocabulary).")
 @click.option("-n", "--n-predict", "n", default=64, show_default=True, type=click.IntRange(min=0), help="Tokens to generate.")
 @draft_options
-@click.option("--min-acceptance", type=click.FloatRange(0, 1), help="Exit 1 when acceptance (accepted/drafted) is below this.")
+@click.option("--min-acceptance", type=FiniteFloatRange(0, 1), help="Exit 1 when acceptance (accepted/drafted) is below this.")
 @click.option("--no-baseline", is_flag=True, help="Skip target-only decoding (no speedup, no output check).")
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores; at most 4 per core).")
 @click.option("--context-length", "n_ctx", type=click.IntRange(min=1),
               help="Allow prompt + -n up to this many tokens (default: the target's context_length).")
 @backend_options
@@ -44,7 +47,7 @@ def _progress_bar(total, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut, p_min, n_min, min_acceptance,
             no_baseline, threads, n_ctx, backend, device, dtype, ignore_eos, as_json):
-    """Greedily continue a prompt with a target model, alone or drafted by a DFlash drafter; report speed,
+    """Greedily continue a prompt with a target model, alone or drafted by a DFlash or DSpark drafter; report speed,
     memory and (with --draft) acceptance. numba runs it on the CPU (the default); --backend torch on the CPU or
     a CUDA GPU (--device cuda).
 
@@ -60,6 +63,7 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
       ggtools run --target target.gguf --draft drafter.gguf --prompt-ids 1,2,3 --cut margin --p-min 0.35 \\
           --n-min 1 --min-acceptance 0.2
       ggtools run --target target.gguf --draft drafter.gguf --prompt 'def main():' --backend torch --device cuda
+      ggtools run --target target.gguf --draft dspark.gguf --prompt 'def main():' --cut confidence --p-min 0.5
     """
     if (prompt is None) == (prompt_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-ids")
@@ -117,7 +121,7 @@ def _show_target_only(result, as_json):
 def _show_speculative(r, failures):
     click.echo(r.texts[0] if r.texts else " ".join(map(str, r.outputs[0])))
     err = lambda line: click.echo(line, err=True)  # noqa: E731
-    err(f"drafter: {r.draft} ({r.profile} profile, DFlash{'2' if r.version == 2 else ' v1'}), draft KV {r.draft_kv}, "
+    err(f"drafter: {r.draft} ({r.profile} profile, {r.drafter_kind}), draft KV {r.draft_kv}, "
         f"n_max {r.settings['n_max']}, cut {r.settings['cut']} (p_min {r.settings['p_min']}, n_min {r.settings['n_min']}); "
         f"{runs_on(r)}")
     for name, value in r.stats.items():

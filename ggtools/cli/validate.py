@@ -17,7 +17,8 @@ from ggtools.jobs.validate import validate
 @click.option("--manifest", type=click.Path(exists=True, dir_okay=False), metavar="F",
               help="Check files against F: a ggtools manifest or sha256sum-style lines (e.g. HF LFS hashes).")
 @click.option("-j", "--jobs", type=click.IntRange(1), help="Files checked in parallel (default: CPU count).")
-def command(paths, pair, deep, as_json, write_manifest, manifest, jobs):
+@click.option("--force", is_flag=True, help="Let --write-manifest replace an existing file.")
+def command(paths, pair, deep, as_json, write_manifest, manifest, jobs, force):
     """Check GGUF files and shard sets against every rule llama.cpp applies, and the ones it misses.
 
     Any one shard names its whole set. Exit 0: all good; 1: a check failed; 2: unreadable input.
@@ -38,7 +39,7 @@ def command(paths, pair, deep, as_json, write_manifest, manifest, jobs):
         raise click.UsageError("give at least one PATH (or --pair TARGET DRAFT)")
     if write_manifest and manifest:
         raise click.UsageError("--write-manifest and --manifest are exclusive")
-    report = validate(paths, deep=deep, manifest=manifest, write_manifest=write_manifest, jobs=jobs)
+    report = validate(paths, deep=deep, manifest=manifest, write_manifest=write_manifest, jobs=jobs, force=force)
     if as_json:
         emit_json(report.as_dict())
     else:

@@ -9,11 +9,14 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from ggtools.dflash.dspark import DSparkSource, is_dspark, normalize_config
 from ggtools.dflash.errors import CheckpointError
+from ggtools.dflash.profiles import DSPARK_ARCHITECTURES, DSPARK_OTHER_BACKBONES
 from ggtools.dflash.safetensors import SourceTensor, read_header
 from ggtools.gguf.inputs import regular_file
 
-ARCHITECTURES = {"DFlashDraftModel": 1, "DFlash2DraftModel": 2}
+# HF architecture -> the backbone's DFlash version (DSpark: a DFlash v1 backbone with its heads)
+ARCHITECTURES = {"DFlashDraftModel": 1, "DFlash2DraftModel": 2} | {a: 1 for a in DSPARK_ARCHITECTURES}
 INDEX = "model.safetensors.index.json"
 CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
 
@@ -21,9 +24,18 @@ CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.succ
 @dataclass
 class Checkpoint:
     path: str
-    config: dict                    # config.json, with a text_config merged into the top level
-    version: int                    # 1 (DFlashDraftModel) or 2 (DFlash2DraftModel)
+    config: dict                    # config.json, with a text_config merged into the top level (DSpark: normalized)
+    version: int                    # 1 (DFlashDraftModel, DSpark) or 2 (DFlash2DraftModel)
     tensors: dict[str, SourceTensor] = field(repr=False)   # canonical name -> tensor, converter order
+    dspark: DSparkSource | None = None                      # a DSpark drafter: its config layout
+
+    @property
+    def architecture(self) -> str:
+        return self.config["architectures"][0]
+
+    @property
+    def family(self) -> str:
+        return "DSpark" if self.dspark else "DFlash2" if self.version == 2 else "DFlash v1"
 
     @property
     def config_path(self) -> str:
@@ -45,7 +57,11 @@ def open_checkpoint(hf_dir) -> Checkpoint:
     if not os.path.isdir(hf_dir):
         raise CheckpointError(hf_dir, "not a directory (expected a Hugging Face model directory)")
     config = read_config(hf_dir)
-    version = drafter_version(config, os.path.join(hf_dir, "config.json"))
+    where = os.path.join(hf_dir, "config.json")
+    version = drafter_version(config, where)
+    dspark = None
+    if is_dspark(config["architectures"][0]):
+        config, dspark = normalize_config(config, where)
     tensors = {}
     for part in part_files(hf_dir):
         for t in sorted(read_header(os.path.join(hf_dir, part)), key=lambda t: t.name):
@@ -55,7 +71,7 @@ def open_checkpoint(hf_dir) -> Checkpoint:
                                               f"{os.path.basename(tensors[name].path)}", f"tensor '{t.name}'")
             tensors[name] = t
     _check_index(hf_dir, tensors)
-    return Checkpoint(hf_dir, config, version, tensors)
+    return Checkpoint(hf_dir, config, version, tensors, dspark)
 
 
 def read_config(hf_dir) -> dict:
@@ -78,10 +94,15 @@ def read_config(hf_dir) -> dict:
 
 def drafter_version(config: dict, where: str) -> int:
     archs = config.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and archs else None
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    if arch in DSPARK_OTHER_BACKBONES:
+        raise CheckpointError(where, f"{arch}: a DSpark drafter on {DSPARK_OTHER_BACKBONES[arch]}; ggtools converts "
+                                     "the DSpark drafters on a DFlash (Qwen3-named) backbone: "
+                                     f"{', '.join(DSPARK_ARCHITECTURES)}", "architectures")
     if arch not in ARCHITECTURES:
-        raise CheckpointError(where, f"{archs!r}: not a DFlash drafter "
-                                     f"(expected {' or '.join(ARCHITECTURES)})", "architectures")
+        raise CheckpointError(where, f"{archs!r}: not a DFlash drafter (expected DFlashDraftModel, "
+                                     f"DFlash2DraftModel or a DSpark architecture: {', '.join(DSPARK_ARCHITECTURES)})",
+                              "architectures")
     return ARCHITECTURES[arch]
 
 

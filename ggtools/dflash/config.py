@@ -7,11 +7,14 @@
 - target_layer_ids: `dflash_config.target_layer_ids`, else top-level `target_layer_ids`. z-lab's
   `build_target_layer_ids` guess for a missing list is wrong for many published drafters (z-lab/dflash#156),
   so it is used only when explicitly allowed.
+- DSpark: the config normalized by dflash/dspark.py (a speculators layout's ids are its
+  aux_hidden_state_layer_ids - 1), and the heads' facts in `dspark`.
 """
 
 from dataclasses import dataclass, field
 
 from ggtools.dflash.checkpoint import Checkpoint
+from ggtools.dflash.dspark import DSparkConfig, dspark_config
 from ggtools.dflash.errors import CheckpointError
 
 DEFAULT_BLOCK_SIZE = 16
@@ -37,6 +40,7 @@ class DraftConfig:
     num_target_layers: int | None          # the target's depth, as config.json states it
     attention_bias: bool = False
     v2: dict = field(default_factory=dict)  # conv_kernel_size, conv_group_size, selector_rank, selector_top_k
+    dspark: DSparkConfig | None = None      # a DSpark drafter's heads
 
     @property
     def fc_in(self) -> int:
@@ -54,6 +58,9 @@ def draft_config(ckpt: Checkpoint, *, mask_token_id: int | None = None,
     num_target = _int(c, where, "num_target_layers", default=None)
     mask, mask_from = _mask(dc, c, mask_token_id, where)
     ids, ids_from = _target_ids(dc, c, where, num_target, n_layer, guess_target_layers)
+    if ckpt.dspark is not None and ckpt.dspark.ids_from:     # a dflash_config built from the layout's own keys
+        ids_from = ckpt.dspark.ids_from if ids_from == "dflash_config.target_layer_ids" else ids_from
+        mask_from = ckpt.dspark.mask_from if mask_from == "dflash_config.mask_token_id" else mask_from
     block, block_from = _block_size(dc, c, where)
     v2 = {}
     if ckpt.version == 2:
@@ -62,12 +69,14 @@ def draft_config(ckpt: Checkpoint, *, mask_token_id: int | None = None,
             raise CheckpointError(where, f"a DFlash2 drafter needs {', '.join(missing)} in dflash_config",
                                   "dflash_config")
         v2 = {k: _int(dc, where, k, prefix="dflash_config.") for k in V2_KEYS}
+    vocab = _int(c, where, "vocab_size", default=None)
     return DraftConfig(
         version=ckpt.version, hidden=hidden, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
         head_dim=head_dim, n_ff=_int(c, where, "intermediate_size"),
-        vocab=_int(c, where, "vocab_size", default=None), block_size=block, block_size_from=block_from,
+        vocab=vocab, block_size=block, block_size_from=block_from,
         mask_token_id=mask, mask_from=mask_from, target_layer_ids=ids, ids_from=ids_from,
-        num_target_layers=num_target, attention_bias=bool(c.get("attention_bias", False)), v2=v2)
+        num_target_layers=num_target, attention_bias=bool(c.get("attention_bias", False)), v2=v2,
+        dspark=dspark_config(ckpt, ckpt.dspark, hidden, vocab) if ckpt.dspark else None)
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

@@ -1,8 +1,12 @@
-"""Which tensors a DFlash v1 / DFlash2 drafter holds and the shapes its config implies (HF order, [out, in])."""
+"""Which tensors a DFlash v1 / DFlash2 / DSpark drafter holds and the shapes its config implies (HF order,
+[out, in])."""
 
 from ggtools.dflash.checkpoint import Checkpoint
 from ggtools.dflash.config import DraftConfig
+from ggtools.dflash.dspark import check_heads, head_shapes, shape_rule
 from ggtools.dflash.errors import CheckpointError
+from ggtools.dflash.profiles import D2T, T2D
+from ggtools.dflash.safetensors import FLOAT_DTYPES
 
 
 def required_shapes(cfg: DraftConfig) -> dict[str, tuple]:
@@ -29,6 +33,8 @@ def required_shapes(cfg: DraftConfig) -> dict[str, tuple]:
                 shapes[f"{p}{conv}.base_kernel"] = (2, K, H)
                 shapes[f"{p}{conv}.kernel_projection.weight"] = (2 * K * groups, H)
     shapes["norm.weight"] = (H,)
+    if cfg.dspark is not None:
+        shapes |= head_shapes(cfg.dspark, H)[0]
     return shapes
 
 
@@ -43,6 +49,8 @@ def optional_shapes(cfg: DraftConfig) -> dict[str, tuple]:
                        p + "o_proj.bias": (H,)}
     if cfg.vocab is not None:
         shapes |= {"embed_tokens.weight": (cfg.vocab, H), "lm_head.weight": (cfg.vocab, H)}
+    if cfg.dspark is not None:
+        shapes |= head_shapes(cfg.dspark, H)[1]
     return shapes
 
 
@@ -54,6 +62,8 @@ def check_layout(ckpt: Checkpoint, cfg: DraftConfig):
                                      f"num_key_value_heads {cfg.n_head_kv}", "num_key_value_heads")
     if cfg.version == 2:
         _check_v2(cfg, where)
+    if cfg.dspark is not None:
+        check_heads(ckpt, cfg.dspark, cfg.hidden)
     required, optional = required_shapes(cfg), optional_shapes(cfg)
     for name, shape in required.items():
         t = ckpt.tensors.get(name)
@@ -65,9 +75,13 @@ def check_layout(ckpt: Checkpoint, cfg: DraftConfig):
         if name in required:
             continue
         if name not in optional:
-            raise CheckpointError(t.path, f"not part of a DFlash{'2' if cfg.version == 2 else ' v1'} drafter with "
-                                          f"{cfg.n_layer} layers: cannot map it", f"tensor '{t.name}'")
+            raise CheckpointError(t.path, f"not part of a {ckpt.family} drafter with {cfg.n_layer} layers: cannot "
+                                          "map it", f"tensor '{t.name}'")
         _check_shape(t, name, optional[name], cfg)
+    for name, t in ckpt.tensors.items():
+        if t.dtype not in FLOAT_DTYPES and name not in (D2T, T2D):
+            raise CheckpointError(t.path, f"dtype {t.dtype}: a weight must be one of {', '.join(FLOAT_DTYPES)}",
+                                  f"tensor '{t.name}'")
 
 
 def _check_v2(cfg, where):
@@ -82,9 +96,11 @@ def _check_v2(cfg, where):
 
 
 def _check_shape(t, name, shape, cfg):
-    if tuple(t.shape) == tuple(shape):
+    if shape is None or tuple(t.shape) == tuple(shape):
         return
     rule = f"shape {list(t.shape)}, but config.json implies {list(shape)}"
+    if cfg.dspark is not None:
+        rule += shape_rule(name, cfg.dspark, cfg.hidden)
     if name == "fc.weight":
         rule += (f" (fc input width = {len(cfg.target_layer_ids)} target layer ids {cfg.target_layer_ids} "
                  f"({cfg.ids_from}) x hidden_size {cfg.hidden})")
@@ -96,4 +112,6 @@ def _why(name, cfg):
         return f"config.json: num_hidden_layers = {cfg.n_layer}"
     if name.startswith("candidate_selector."):
         return "every DFlash2 drafter has the candidate selector"
+    if cfg.dspark is not None and name == "lm_head.weight":
+        return f"a draft vocabulary of {cfg.dspark.draft_vocab} < {cfg.dspark.vocab} needs the drafter's own head"
     return "every DFlash drafter has it"

@@ -3,10 +3,15 @@ DFlashModel at 0c1e570) writes for a DFlash / DFlash2 checkpoint: its dtype rule
 with the same types. The facts (arch, key and tensor names, id convention) come from the profile object `p`
 each function is given (profiles.LLAMACPP).
 
+DSpark (class DSparkModel): the Markov and confidence heads under their GGUF names, `t2d` dropped, `lm_head`
+dropped unless the draft vocabulary is reduced, `d2t` written last as absolute I64 target ids, and the keys
+`sample_from_anchor` and `has_confidence_head` after the DFlash ones.
+
 Where ggtools deliberately differs: the tokenizer comes from the target GGUF (`tokenizer.*` copied verbatim)
 instead of the target's HF directory; the mask id may come from the config's top level or an explicit
 override (the reference reads only dflash_config, leaving drafters that draft nothing, LC#26761); an M-RoPE
-target is recognised by `rope.dimension_sections` in its GGUF.
+target is recognised by `rope.dimension_sections` in its GGUF; a DSpark `markov_head.markov_w2.scale`, which the
+reference cannot map, is written as `markov_w2.scale` (F32, the scale llama.cpp's loader and graph take).
 """
 
 from gguf import GGMLQuantizationType as T
@@ -15,9 +20,11 @@ from gguf import LlamaFileType
 
 from ggtools.dflash.checkpoint import Checkpoint
 from ggtools.dflash.config import DraftConfig
+from ggtools.dflash.dspark import absolute_ids
 from ggtools.dflash.errors import CheckpointError
 from ggtools.dflash.metadata import KVList, general_kvs
-from ggtools.dflash.tensors import TensorJob
+from ggtools.dflash.profiles import D2T, T2D
+from ggtools.dflash.tensors import DerivedTensor, TensorJob
 
 OUTTYPES = {"f32": (T.F32, LlamaFileType.ALL_F32), "f16": (T.F16, LlamaFileType.MOSTLY_F16),
             "bf16": (T.BF16, LlamaFileType.MOSTLY_BF16), "q8_0": (T.Q8_0, LlamaFileType.MOSTLY_Q8_0)}
@@ -59,13 +66,24 @@ def tensor_jobs(p, ckpt: Checkpoint, cfg: DraftConfig, outtype: str) -> list[Ten
     for hf_name, src in ckpt.tensors.items():
         if hf_name == "embed_tokens.weight" and not ckpt.config.get("has_embed_tokens", True):
             continue
+        if cfg.dspark is not None and _dspark_skips(hf_name, cfg):
+            continue
         name = p.gguf_name(hf_name)
         if name is None:
             raise CheckpointError(src.path, "the llama.cpp profile has no place for it", f"tensor '{src.name}'")
         dst, reason = _type(name, src.shape, want)
         head_dim = cfg.head_dim if permute and hf_name.endswith(ROPE_PERMUTED) else None
         jobs.append(TensorJob(src, name, dst, reason, permute_head_dim=head_dim))
+    if cfg.dspark is not None and D2T in ckpt.tensors:
+        src = ckpt.tensors[D2T]
+        jobs.append(TensorJob(DerivedTensor(src.name, src.path, absolute_ids(ckpt)), p.gguf_name(D2T), T.I64,
+                              "offset + row index: absolute target ids, I64 (written last)"))
     return jobs
+
+
+def _dspark_skips(hf_name: str, cfg: DraftConfig) -> bool:
+    """t2d (unused); d2t (written last, as ids); lm_head of a full draft vocabulary (the target's serves)."""
+    return hf_name in (T2D, D2T) or (hf_name == "lm_head.weight" and not cfg.dspark.reduced)
 
 
 def _type(name, shape, want) -> tuple[T, str]:
@@ -85,6 +103,9 @@ def metadata(p, kvs: KVList, ckpt: Checkpoint, cfg: DraftConfig, ftype: LlamaFil
     rope = rope_parameters(h)
     _text_model_hparams(kvs, p.key, h, rope, ftype)
     _dflash_hparams(kvs, p, h, dc, rope, cfg, target)
+    if cfg.dspark is not None:
+        kvs.put(p.key("sample_from_anchor"), VT.BOOL, cfg.dspark.sample_from_anchor)
+        kvs.put(p.key("has_confidence_head"), VT.BOOL, cfg.dspark.confidence)
     kvs.put("general.quantization_version", VT.UINT32, 2)
     if target is not None:
         for kv in target.tokenizer_kvs:

@@ -4,13 +4,17 @@ llama.cpp at 0c1e570 (`src/models/dflash.cpp`, `llama-model.cpp`, `llama-model-l
 `llama-batch.cpp`, `common/speculative.cpp`) for arch `dflash`; lucebox at 62880e20
 (`server/src/draft/draft_gguf_loader.cpp`) for `qwen35-dflash-draft` and its aliases. Quotes are the runtime's
 format strings filled in, so a test can find each one in the runtime's source.
+
+The hyperparameter rules (required keys and their types, block size, target layer ids, mask id range, ...) are
+ggtools.hparam_rules' (doctor reports them through dflash/file_rules.py, quoting llama.cpp where it refuses);
+these are the rest of each loader.
 """
 
 from ggtools.dflash.draftfile import DraftFile
+from ggtools.dflash.dspark_rules import llamacpp_findings, llamacpp_shapes, lucebox_findings, lucebox_stray
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, failed, ok
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, PROFILES, V2_KEYS
 
-LLAMA_REQUIRED_KEYS = ("context_length", "embedding_length", "block_count", "attention.layer_norm_rms_epsilon")
 LUCEBOX_LAYER = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
                  "ffn_gate", "ffn_up", "ffn_down")
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh")
@@ -19,12 +23,13 @@ RECONVERT = "ggtools convert dflash HF_DIR -o OUT --profile {profile}"
 DFLASH_SPEC = "common_speculative_impl_draft_dflash"     # the __func__ llama.cpp's DFlash drafter logs under
 
 
-def loader_findings(d: DraftFile, runtime: str) -> list[Finding]:
-    """What `runtime`'s drafter loader (llama.cpp or lucebox) does with this file."""
+def loader_findings(d: DraftFile, runtime: str, violations=()) -> list[Finding]:
+    """What `runtime`'s drafter loader (llama.cpp or lucebox) does with this file; violations: the hyperparameter
+    rules it breaks (reported apart), those llama.cpp's loader refuses with its own words among them."""
     if d.profile is None or d.profile.runtime != runtime:
         return [arch_finding(d, runtime)]
     out = _llamacpp(d) if runtime == LLAMACPP.runtime else _lucebox(d)
-    if not failed(out):
+    if not failed(out) and not any(v.says for v in violations):
         out.insert(0, ok("loader", f"{runtime}'s drafter loader takes its keys and all {len(d.file.tensors)} "
                                    "tensors"))
     return out
@@ -56,24 +61,16 @@ def _llama(check, message, says, fix, symptom=None, severity=ERROR) -> Finding:
 
 def _llamacpp(d: DraftFile) -> list[Finding]:
     f, A = d.file, d.arch
-    out = [_llama("keys", f"{A}.{k} is missing", f"key not found in model: {A}.{k}",
-                  f"ggtools patch set {d.path} {A}.{k}=<type>:<value> -o OUT")
-           for k in LLAMA_REQUIRED_KEYS if f"{A}.{k}" not in f.kv]
-    kv = f.kv.get(d.key("target_ids"))
-    if d.stored_ids is None:
-        out.append(_llama("target_layers", f"{kv.key if kv else d.key('target_ids')} is missing or not an integer "
-                          "array", "DFlash model requires 'target_layers' in GGUF metadata" if kv is None or
-                          not kv.is_array else f"{kv.key} has wrong array element type {kv.elem_type.name}",
-                          f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"))
+    out = []
     act = f.get(f"{A}.hidden_activation")
-    if act is not None and act not in ACTIVATIONS:
+    if act is not None and (not isinstance(act, str) or act not in ACTIVATIONS):
         out.append(_llama("activation", f"hidden activation '{act}'", f"unsupported DFlash hidden activation: {act}",
                           "silu or gelu only: reconvert the drafter"))
-    if (f.get(f"{A}.attention.sliding_window") or 0) > 0 and f"{A}.attention.sliding_window_pattern" not in f.kv:
+    if _u32(f, f"{A}.attention.sliding_window") > 0 and f"{A}.attention.sliding_window_pattern" not in f.kv:
         out.append(_llama("sliding_window", "sliding_window > 0 without sliding_window_pattern",
                           f"array key not found in model: {A}.attention.sliding_window_pattern",
                           RECONVERT.format(profile=LLAMACPP.name)))
-    if d.value("block_size") is None:
+    if d.value("block_size") is None and "markov_w1.weight" not in f.tensor:     # DSpark: an error (dspark_rules)
         out.append(_llama("block_size", f"{d.key('block_size')} is missing: llama.cpp assumes "
                           f"{LLAMACPP.default_block_size}",
                           speculative_log_line(d, LLAMACPP.default_block_size),
@@ -81,6 +78,7 @@ def _llamacpp(d: DraftFile) -> list[Finding]:
                           "block size drafts from untrained positions", WARNING))
     out += _llamacpp_tensors(d)
     out += llamacpp_tokenizer(d)
+    out += llamacpp_findings(d)
     return out
 
 
@@ -108,30 +106,28 @@ def llamacpp_tokenizer(d: DraftFile) -> list[Finding]:
                "-o OUT)")
         return [_llama("mask_token_id", f"{key} is missing{found}", "init: invalid token[1] = -1", fix,
                        "every draft batch is rejected: the drafter silently drafts nothing (llama.cpp#26761)")]
-    if not isinstance(mask, int) or mask >= d.n_vocab:
-        return [_llama("mask_token_id", f"mask token id {mask} is outside the drafter's {d.n_vocab}-token vocabulary",
-                       f"load: bad special token: '{key}' = {mask}, using default id -1",
-                       f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT",
-                       "the mask id becomes -1: every draft batch is rejected (\"invalid token[1] = -1\")")]
+    if not isinstance(mask, int) or isinstance(mask, bool) or not 0 <= mask < d.n_vocab:
+        return []               # the hyperparameter rules report it (its type, its range)
     return [ok("mask_token_id", f"mask token id {mask} in the drafter's {d.n_vocab}-token vocabulary")]
 
 
 def _llamacpp_tensors(d: DraftFile) -> list[Finding]:
     f, A = d.file, d.arch
-    H, n_layer = f.get(f"{A}.embedding_length"), f.get(f"{A}.block_count")
-    if not isinstance(H, int) or not isinstance(n_layer, int):
-        return []
-    n_head = f.get(f"{A}.attention.head_count") or 0
-    n_kv = f.get(f"{A}.attention.head_count_kv") or n_head
-    dk = f.get(f"{A}.attention.key_length") or (H // n_head if n_head else 0)
-    dv = f.get(f"{A}.attention.value_length") or dk
+    H, n_layer = _u32(f, f"{A}.embedding_length"), _u32(f, f"{A}.block_count")
+    if not H or not 0 < n_layer <= 1024:
+        return []             # the hyperparameter rules report them
+    n_head = _u32(f, f"{A}.attention.head_count")
+    n_kv = _u32(f, f"{A}.attention.head_count_kv") or n_head
+    dk = _u32(f, f"{A}.attention.key_length") or (H // n_head if n_head else 0)
+    dv = _u32(f, f"{A}.attention.value_length") or dk
     V = d.n_vocab or 0
-    n_ff = f.get(f"{A}.feed_forward_length")
+    n_ff = _u32(f, f"{A}.feed_forward_length")
     required = {"fc.weight": (len(d.stored_ids or []) * H, H), "enc.output_norm.weight": (H,),
                 "output_norm.weight": (H,)}
-    optional = {"token_embd.weight": (H, V), "output.weight": (H, V), "fc.scale": (1,), "rope_freqs.weight": (dk // 2,),
-                "d2t": None, "markov_w1.weight": None, "markov_w2.weight": None, "markov_w2.scale": None,
-                "conf_proj.weight": None, "conf_proj.bias": None}
+    optional = {"token_embd.weight": (H, V), "fc.scale": (1,), "rope_freqs.weight": (dk // 2,)}
+    dspark_required, dspark_optional = llamacpp_shapes(d, H, V)
+    required |= dspark_required
+    optional |= dspark_optional
     layer = {"attn_norm": (H,), "attn_q": (H, dk * n_head), "attn_k": (H, dk * n_kv), "attn_output": (dk * n_head, H),
              "attn_q_norm": (dk,), "attn_k_norm": (dk,), "ffn_norm": (H,),
              "ffn_gate": (H, n_ff) if n_ff else None, "ffn_up": (H, n_ff) if n_ff else None,
@@ -143,20 +139,25 @@ def _llamacpp_tensors(d: DraftFile) -> list[Finding]:
         optional |= {f"blk.{i}.{t}.weight": ne for t, ne in layer_optional.items()}
     out = _llamacpp_v2(d, H, n_layer, V, required)
     reconvert = RECONVERT.format(profile=LLAMACPP.name)
+    dspark = set(dspark_required) | set(dspark_optional) if (dspark_required or "d2t" in f.tensor) else set()
     for name, ne in required.items():
         t = f.tensor.get(name)
+        check = "dspark" if name in dspark else "tensors"
         if t is None:
-            out.append(_llama("tensors", f"tensor {name} is missing", f"missing tensor '{name}'", reconvert))
-        elif ne is not None and tuple(t.ne) != tuple(ne):
-            out.append(_wrong_shape(name, ne, t.ne))
+            out.append(_llama(check, f"tensor {name} is missing", f"missing tensor '{name}'", reconvert))
+        elif ne is not None and _ne4(t.ne) != _ne4(ne):
+            out.append(_wrong_shape(name, ne, t.ne, check))
     for name, ne in optional.items():
         t = f.tensor.get(name)
-        if t is not None and ne is not None and tuple(t.ne) != tuple(ne):
-            out.append(_wrong_shape(name, ne, t.ne))
+        if t is not None and ne is not None and _ne4(t.ne) != _ne4(ne):
+            out.append(_wrong_shape(name, ne, t.ne, "dspark" if name in dspark else "tensors"))
     extra = [t.name for t in f.tensors if t.name not in required and t.name not in optional]
     if extra:
         n = len(f.tensors)
-        out.append(_llama("tensors", f"tensors the dflash loader does not take: {extra[:5]}",
+        heads = any(name in ("markov_w2.weight", "markov_w2.scale", "conf_proj.weight", "conf_proj.bias")
+                    for name in extra)        # DSpark heads without markov_w1: the loader takes none of them
+        out.append(_llama("dspark" if heads else "tensors", f"tensors the dflash loader does not take: {extra[:5]}"
+                          + (" (no markov_w1.weight: the DSpark heads are not loaded)" if heads else ""),
                           f"done_getting_tensors: wrong number of tensors; expected {n}, got {n - len(extra)}",
                           reconvert))
     return out
@@ -167,8 +168,8 @@ def _llamacpp_v2(d: DraftFile, H, n_layer, V, required) -> list[Finding]:
     if not d.is_dflash2:
         return []
     f, A = d.file, d.arch
-    keys = {k: f.get(f"{A}.{k}") or 0 for k in ("selector_rank", "block_size", "selector_top_k",
-                                                    "conv_kernel_size", "conv_group_size")}
+    keys = {k: _u32(f, f"{A}.{k}") for k in ("selector_rank", "block_size", "selector_top_k", "conv_kernel_size",
+                                               "conv_group_size")}
     if min(keys.values()) <= 0:
         missing = [k for k, v in keys.items() if v <= 0]
         return [_llama("dflash2", f"DFlash2 keys missing or zero: {missing}", "DFlash2 model is missing "
@@ -192,10 +193,15 @@ def _llamacpp_v2(d: DraftFile, H, n_layer, V, required) -> list[Finding]:
                           f"H >= top_k {kt} x {kt + 1}")]
 
 
-def _wrong_shape(name, want, got) -> Finding:
-    return _llama("tensors", f"tensor {name} has ne {list(got)}, the loader wants {list(want)}",
+def _wrong_shape(name, want, got, check="tensors") -> Finding:
+    return _llama(check, f"tensor {name} has ne {list(got)}, the loader wants {list(want)}",
                   f"check_tensor_dims: tensor '{name}' has wrong shape; expected {_shape(want)}, got "
                   f"{_shape(tuple(got) + (1,) * (4 - len(got)))}", RECONVERT.format(profile=LLAMACPP.name))
+
+
+def _ne4(ne) -> tuple:
+    """ne as check_tensor_dims compares it: all four dimensions, the missing ones 1."""
+    return tuple(int(x) for x in ne) + (1,) * (4 - len(ne))
 
 
 def _shape(ne) -> str:
@@ -225,11 +231,11 @@ def _lucebox(d: DraftFile) -> list[Finding]:
                        f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"))
     out += _lucebox_tensors(d, L, nh, nkv, hd, H)
     out += _lucebox_ids(d, H)
-    if _u32(f, d.key("block_size")) == 0:
+    if _u32(f, d.key("block_size")) <= 0:
         out.append(_lb("block_size", f"{d.key('block_size')} is missing or zero", None,
                        f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT", "no loader error; drafting with block "
                        "size 0 fails when the draft step is set up"))
-    if not f.get(f"{A}.rope.freq_base"):
+    if f"{A}.rope.freq_base" not in f.kv:
         out.append(_lb("rope_theta", f"{A}.rope.freq_base is missing",
                        "[draft-gguf] WARNING: rope.freq_base not found in GGUF, draft RoPE will be wrong",
                        f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"))
@@ -237,6 +243,7 @@ def _lucebox(d: DraftFile) -> list[Finding]:
         out.append(_lb("dflash2", "DFlash2 tensors in a lucebox drafter", None,
                        RECONVERT.format(profile=LLAMACPP.name), "the loader ignores them: lucebox has no DFlash2 "
                        "support and drafts it as v1 (about 0% acceptance)"))
+    out += lucebox_findings(d, H) + lucebox_stray(d)
     return out
 
 
@@ -304,24 +311,42 @@ def _u32(f, key) -> int:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
+# ---- DSpark --------------------------------------------------------------------------------------------------
+
+# the DSpark heads, d2t, the block size the Markov head asserts, and the mask id its draft batch is filled with (the
+# K3 field report: without tokenizer.ggml.mask_token_id every draft step fails with "invalid token[1] = -1")
+DSPARK_CHECKS = ("dspark", "d2t", "block_size", "confidence_head", "sample_from_anchor", "mask_token_id")
+
+
+def dspark_findings(d: DraftFile) -> list[Finding]:
+    """The loader rules of the file's own runtime about its DSpark heads, d2t, block size and mask id (what
+    `validate` reports for a DSpark drafter); [] for a file that is none."""
+    if d.profile is None or not (d.is_dspark or d.tensor("d2t") is not None):
+        return []
+    return [f for f in loader_findings(d, d.profile.runtime) if f.check in DSPARK_CHECKS]
+
+
 # ---- draft size ----------------------------------------------------------------------------------------------
 
 LLAMACPP_DEFAULT_N_MAX = 3       # common.h: common_params_speculative_draft.n_max (--spec-draft-n-max)
 
 
 def draft_size_findings(d: DraftFile, n_max: int | None, runtimes) -> list[Finding]:
-    """A draft size above block size - 1: llama.cpp clamps it (and says so), ggtools' runtime refuses it."""
+    """A draft size above what a block drafts (block size - 1; an anchor-first DSpark block: block size): llama.cpp
+    clamps it (and says so), ggtools' runtime refuses it."""
     block = d.int_value("block_size") or d.profile.default_block_size
     if not block:
         return []             # the block-size rules report it
     out = []
     asked = n_max if n_max is not None else LLAMACPP_DEFAULT_N_MAX
-    if LLAMACPP.runtime in runtimes and asked > block - 1:
+    most = block if d.is_dspark and d.sample_from_anchor else block - 1
+    what = f"block size {block}" if most == block else f"block size {block} - 1"
+    if LLAMACPP.runtime in runtimes and asked > most:
         out.append(_llama("n_max", f"draft size n_max {asked}{'' if n_max is not None else ' (llama.cpp default)'} "
-                          f"> block size {block} - 1", f"{DFLASH_SPEC}: requested draft size (n_max={asked}, n_min=0) exceeds the "
-                          f"trained block size {block} -- clamping to {block - 1}",
-                          f"--spec-draft-n-max {block - 1} (or fix the block size: ggtools doctor {d.path} --hf "
-                          "HF_DIR --fix -o OUT)", f"drafts {block - 1} tokens per step, not {asked}", WARNING))
+                          f"> {what}", f"{DFLASH_SPEC}: requested draft size (n_max={asked}, n_min=0) exceeds the "
+                          f"trained block size {block} -- clamping to {most}",
+                          f"--spec-draft-n-max {most} (or fix the block size: ggtools doctor {d.path} --hf "
+                          "HF_DIR --fix -o OUT)", f"drafts {most} tokens per step, not {asked}", WARNING))
     if "ggtools" in runtimes and n_max is not None and n_max > block - 1:
         out.append(_finding("ggtools", "n_max", f"draft size n_max {n_max} > block size {block} - 1",
                             f"--n-max {n_max}: the drafter's block of {block} drafts at most {block - 1} tokens "

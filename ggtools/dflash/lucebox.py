@@ -9,45 +9,72 @@ also from dflash_config, the block size also from dflash_config, and target ids 
 are an error rather than a silently dropped key. Sliding-window keys, which its loader reads but this revision of
 its converter no longer writes, are written when the drafter has sliding layers (as earlier revisions did).
 lucebox has no DFlash2 support.
+
+DSpark: lucebox's converter takes the heads from a separate aux-heads file (`--aux-heads`, names
+`dspark_markov_head.*` / `dspark_confidence_head.*`); here they come from the checkpoint itself. Written as it
+writes them: `dflash.dspark.markov.{w1,w2}` and `dflash.dspark.confidence.weight` F16 (whatever the source
+dtype), `dflash.dspark.confidence.bias` F32 (a zero bias when the checkpoint has none), after every other
+tensor; the keys `dflash.dspark.{enabled, markov_rank, vocab_size}` (+ `confidence_dim`, `confidence.enabled`)
+after the DFlash ones. What its DSpark path cannot draft (anchor-first blocks, a reduced vocabulary, a scale on
+markov_w2) is refused before this converter runs (profiles.Profile.dspark_refusal).
 """
 
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as VT
 
+import numpy as np
+
 from ggtools.dflash.checkpoint import Checkpoint
 from ggtools.dflash.config import DraftConfig
 from ggtools.dflash.errors import CheckpointError
 from ggtools.dflash.metadata import KVList
-from ggtools.dflash.tensors import TensorJob
+from ggtools.dflash.profiles import CONF_B, CONF_W, DSPARK_HEADS, MARKOV_W1, MARKOV_W2, T2D
+from ggtools.dflash.tensors import DerivedTensor, TensorJob
 
 DEFAULT_CONTEXT = 32768
-DROPPED = ("embed_tokens.weight", "lm_head.weight")      # lucebox uses the target's embedding and head
+DROPPED = ("embed_tokens.weight", "lm_head.weight", T2D)  # lucebox uses the target's embedding, head, vocabulary
+DSPARK_ORDER = (MARKOV_W1, MARKOV_W2, CONF_W, CONF_B)     # the order its converter appends the heads in
 
 
 def plan(p, ckpt: Checkpoint, cfg: DraftConfig, outtype: str, target, name):
     """(outtype, tensor jobs, metadata, notes) for profile p (the lucebox profile's facts)."""
-    jobs, notes = tensor_jobs(p, ckpt)
+    jobs, notes = tensor_jobs(p, ckpt, cfg)
     return "auto", jobs, metadata(p, KVList(), ckpt, cfg), notes
 
 
 def plan_tensors(p, ckpt: Checkpoint, cfg: DraftConfig, outtype: str) -> list[TensorJob]:
-    return tensor_jobs(p, ckpt)[0]
+    return tensor_jobs(p, ckpt, cfg)[0]
 
 
-def tensor_jobs(p, ckpt: Checkpoint) -> tuple[list[TensorJob], list[str]]:
-    """The output tensors in lucebox's order (dflash.*, output_*, then blk.* by layer), and notes on what was dropped."""
+def tensor_jobs(p, ckpt: Checkpoint, cfg: DraftConfig) -> tuple[list[TensorJob], list[str]]:
+    """The output tensors in lucebox's order (dflash.*, output_*, blk.* by layer, then the DSpark heads), and notes
+    on what was dropped or added."""
     jobs, notes = [], []
     for hf_name, src in ckpt.tensors.items():
         name = p.gguf_name(hf_name)
         if name is None:
             if hf_name in DROPPED:
-                notes.append(f"dropped {src.name}: lucebox takes the embedding and head from the target")
+                notes.append(f"dropped {src.name}: lucebox takes the embedding, head and vocabulary from the target")
                 continue
             raise CheckpointError(src.path, "the lucebox profile has no place for it (its loader would not read "
                                             "it); use --profile llama.cpp", f"tensor '{src.name}'")
-        jobs.append(_job(src, name))
+        jobs.append(_dspark_job(src, name) if hf_name in DSPARK_HEADS else _job(src, name))
+    if cfg.dspark is not None and cfg.dspark.confidence and not cfg.dspark.conf_bias:
+        zero = DerivedTensor("<zero bias>", ckpt.path, np.zeros(1, np.float32))
+        jobs.append(TensorJob(zero, p.gguf_name(CONF_B), T.F32, "no confidence bias in the checkpoint: a zero bias, "
+                                                                  "as lucebox's converter writes"))
+        notes.append("no confidence_head.proj.bias: wrote a zero bias (lucebox's loader needs one)")
     jobs.sort(key=lambda j: tensor_order(p, j.name))
     return jobs, notes
+
+
+def _dspark_job(src, name) -> TensorJob:
+    """lucebox's converter stores the heads' weights F16 whatever their dtype (BF16 through F32), the bias F32
+    (a BF16 bias through F16)."""
+    if name.endswith(".bias"):
+        return TensorJob(src, name, T.F32, f"DSpark bias: F32{' (through F16)' if src.dtype == 'BF16' else ''}",
+                         via_f16=src.dtype == "BF16")
+    return TensorJob(src, name, T.F16, "DSpark head: F16 (lucebox's converter stores its heads F16)")
 
 
 def _job(src, name) -> TensorJob:
@@ -66,7 +93,10 @@ def _job(src, name) -> TensorJob:
 
 
 def tensor_order(p, name: str) -> tuple:
-    """lucebox's converter: dflash.* singletons, output_*, then blk.* by layer."""
+    """lucebox's converter: dflash.* singletons, output_*, blk.* by layer, then the DSpark heads it appends."""
+    heads = [p.gguf_name(n) for n in DSPARK_ORDER]
+    if name in heads:
+        return (4, heads.index(name), name)
     if name.startswith(("dflash.", "dflash_")):
         return (0, 0, name)
     if name.startswith("output_"):
@@ -95,6 +125,13 @@ def metadata(p, kvs: KVList, ckpt: Checkpoint, cfg: DraftConfig) -> KVList:
     kvs.put(k("mask"), VT.UINT32, cfg.mask_token_id)
     kvs.put(k("target_ids"), VT.ARRAY, p.stored_ids(cfg.target_layer_ids), VT.INT32)
     _sliding_window(kvs, k, c)
+    if cfg.dspark is not None:
+        ds = cfg.dspark
+        for role, value in (("dspark_enabled", 1), ("markov_rank", ds.rank), ("dspark_vocab_size", ds.vocab)):
+            kvs.put(k(role), VT.UINT32, value)
+        if ds.confidence:
+            kvs.put(k("confidence_dim"), VT.UINT32, cfg.hidden + ds.rank)
+            kvs.put(k("confidence_enabled"), VT.UINT32, 1)
     return kvs
 
 

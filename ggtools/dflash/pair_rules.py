@@ -6,7 +6,10 @@ A rule whose inputs the target lacks is `unchecked` (a failure), never passed. `
 to the target archs it can tap; the jobs layer supplies ggtools' own runtime's list.
 """
 
+import math
+
 from ggtools.dflash.draftfile import DraftFile
+from ggtools.dflash.dspark_rules import lucebox_vocab
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, ok, unchecked
 from ggtools.dflash.loaders import LAYER_INPUT_ASSERT
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, LUCEBOX_BACKEND_ARCHS
@@ -22,7 +25,20 @@ def pair_findings(d: DraftFile, t: TargetInfo, runtimes, tap_archs: dict, target
     out += [_taps(t, r, tap_archs[r], target_says.get(r), tap_archs) for r in runtimes]
     if d.profile.tokenizer:
         out.append(_vocab(d, t))
+    if d.is_dspark and LUCEBOX.runtime in runtimes:
+        out += [lucebox_vocab(d, t.vocab), _dspark_backend(t)]
     return [f for f in out if f is not None]
+
+
+def _dspark_backend(t: TargetInfo) -> Finding | None:
+    """lucebox runs the Markov chain in some backends only; the others draft with the backbone alone."""
+    archs = LUCEBOX.dspark_target_archs
+    if t.arch is None or archs is None or t.arch in archs or t.arch not in LUCEBOX.tap_archs:
+        return None
+    return Finding("dspark_target", WARNING, f"lucebox runs the DSpark heads only for {', '.join(sorted(archs))} "
+                   f"targets: for '{t.arch}' it drafts with the DFlash backbone alone",
+                   (Effect(LUCEBOX.runtime, None, "no error: the Markov and confidence heads are loaded and unused"),),
+                   "no fix in the file")
 
 
 def _needs(t: TargetInfo, check: str, **values) -> Finding | None:
@@ -150,12 +166,19 @@ def _vocab(d: DraftFile, t) -> Finding:
 def rope_against_target(d: DraftFile, t: TargetInfo, runtimes) -> Finding | None:
     """A drafter is trained with its target's RoPE base; a different one is reported, never rewritten from this
     evidence alone (only --hf, the checkpoint, can say which is right)."""
-    mine, theirs = d.value("rope.freq_base"), t.file.get(f"{t.arch}.rope.freq_base")
+    mine, theirs = number(d.value("rope.freq_base")), number(t.file.get(f"{t.arch}.rope.freq_base"))
     if mine is None or theirs is None or abs(mine - theirs) <= 1e-6 * abs(theirs):
-        return None
+        return None         # a base of the wrong type or not finite: the model-file rules report it
     return Finding("rope_theta", WARNING, f"{d.key('rope.freq_base')} {mine:g} differs from the target's "
                    f"rope.freq_base {theirs:g}; only the checkpoint can say which is right (not rewritten)",
                    rope_effects(mine, runtimes), f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT")
+
+
+def number(v) -> float | None:
+    """A finite number the file states, else None (a string, an array, a NaN: the model-file rules report it)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
 
 
 def rope_effects(stored: float, runtimes) -> tuple:

@@ -13,6 +13,18 @@ drafter loader reads either through it.
 - lucebox (62880e20): arch `qwen35-dflash-draft` (its loader also takes `dflash-draft`, `gemma4-dflash-draft`);
   every key under `<arch>.`; raw HF ids in `<arch>.dflash.target_layer_ids`; the mask id in
   `<arch>.dflash.mask_token_id` (its runtime takes the mask from the target instead); no tokenizer; v1 only.
+
+DSpark (a DFlash v1 backbone plus a low-rank Markov head and an optional confidence head) is a set of facts
+here too: the HF architectures llama.cpp's converter converts as DSpark, the heads' HF and GGUF names in each
+profile, their keys, and what each runtime's DSpark path takes (anchor-first or bonus-anchor blocks, a reduced
+draft vocabulary, a scale on markov_w2, a confidence head without bias).
+- llama.cpp: `markov_w1.weight`, `markov_w2.weight` (+ `.scale`), `conf_proj.{weight,bias}`, `d2t` (I64
+  absolute target ids); keys `dflash.sample_from_anchor`, `dflash.has_confidence_head`; both block layouts, a
+  reduced vocabulary with the drafter's own `output.weight`.
+- lucebox (server/src/common/dspark_head.cpp, draft_gguf_loader.cpp): `dflash.dspark.markov.{w1,w2}`,
+  `dflash.dspark.confidence.{weight,bias}`; keys `dflash.dspark.{enabled,markov_rank,vocab_size,
+  confidence_dim,confidence.enabled}`; bonus-anchor blocks only (it drafts rows 1..n after the anchor), the
+  target's vocabulary and head only, no scale, a confidence weight only with its bias.
 """
 
 import importlib
@@ -33,6 +45,25 @@ LLAMACPP_TAP_ARCHS = frozenset({
 LUCEBOX_TAP_ARCHS = frozenset({"qwen35", "qwen35moe", "laguna", "gemma4"})
 LUCEBOX_BACKEND_ARCHS = frozenset({"qwen35", "qwen35moe", "laguna", "qwen3", "gemma4", "deepseek4"})
 
+# DSpark: the HF architectures llama.cpp's converter registers for its class DSparkModel (conversion/qwen.py: a
+# DFlash v1 backbone in Qwen3 names), and those it converts with classes of their own (other backbones).
+DSPARK_ARCHITECTURES = ("Qwen3DSparkModel", "DSparkDraftModel", "DSparkSpeculator", "Lfm2DSparkDraftModel",
+                        "LingDSparkModel")
+DSPARK_OTHER_BACKBONES = {
+    "Gemma4DSparkModel": "a Gemma 4 backbone (llama.cpp: conversion/gemma.py)",
+    "DeepseekV4DSparkModel": "a DeepSeek-V4 backbone exported from the target's own checkpoint (llama.cpp: "
+                             "conversion/deepseek.py, --dspark-draft-only)"}
+MARKOV_HEAD_TYPES = ("vanilla",)
+# the heads' canonical HF names (without 'model.'), and the two vocabulary tables
+MARKOV_W1, MARKOV_W2 = "markov_head.markov_w1.weight", "markov_head.markov_w2.weight"
+MARKOV_W2_SCALE = "markov_head.markov_w2.scale"
+CONF_W, CONF_B = "confidence_head.proj.weight", "confidence_head.proj.bias"
+D2T, T2D = "d2t", "t2d"          # draft row -> target id (offsets in the checkpoint); target -> draft mask (unused)
+DSPARK_HEADS = (MARKOV_W1, MARKOV_W2, MARKOV_W2_SCALE, CONF_W, CONF_B)
+# DSpark roles: the block layout and confidence flag (llama.cpp); lucebox's head keys
+DSPARK_ROLES = ("sample_from_anchor", "has_confidence_head", "dspark_enabled", "markov_rank", "dspark_vocab_size",
+                "confidence_dim", "confidence_enabled")
+
 # Keys both profiles hold under "<arch>.", with the same meaning.
 HPARAM_KEYS = ("context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
                "attention.head_count_kv", "attention.key_length", "attention.value_length",
@@ -40,10 +71,11 @@ HPARAM_KEYS = ("context_length", "embedding_length", "block_count", "feed_forwar
                "attention.sliding_window_pattern")
 V2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 # role -> (value type, element type) of the KV that holds it, in every profile
-ROLE_TYPES = {role: (VT.UINT32, None) for role in HPARAM_KEYS + V2_KEYS + ("block_size", "n_target_ids", "mask",
-                                                                          "vocab_size")}
+ROLE_TYPES = {role: (VT.UINT32, None) for role in HPARAM_KEYS + V2_KEYS + DSPARK_ROLES +
+              ("block_size", "n_target_ids", "mask", "vocab_size")}
 ROLE_TYPES |= {"attention.layer_norm_rms_epsilon": (VT.FLOAT32, None), "rope.freq_base": (VT.FLOAT32, None),
-               "attention.sliding_window_pattern": (VT.ARRAY, VT.BOOL), "target_ids": (VT.ARRAY, VT.INT32)}
+               "attention.sliding_window_pattern": (VT.ARRAY, VT.BOOL), "target_ids": (VT.ARRAY, VT.INT32),
+               "sample_from_anchor": (VT.BOOL, None), "has_confidence_head": (VT.BOOL, None)}
 
 _COMMON_LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -77,6 +109,13 @@ class Profile:
     converter: str                  # module under ggtools.dflash that writes this profile from a HF checkpoint
     role_order: tuple               # the order its converter writes the keys of these roles in
     legacy_mask_keys: tuple = ()    # where older files of this profile keep the mask id
+    # DSpark: what its runtime's DSpark path takes
+    dspark_anchor_modes: tuple = (True, False)   # sample_from_anchor values it drafts (True: anchor-first blocks)
+    dspark_reduced_vocab: bool = True            # a draft vocabulary smaller than the target's (d2t)
+    dspark_w2_scale: bool = True                 # a scale on markov_w2
+    dspark_conf_needs_bias: bool = False         # a confidence weight only together with its bias
+    dspark_source: str = ""                      # where its runtime's DSpark rules come from
+    dspark_target_archs: frozenset | None = None  # target archs whose backend runs the heads (None: every tap arch)
 
     # ---- keys ---------------------------------------------------------------------------------------------
     def key(self, role: str, arch: str | None = None) -> str:
@@ -87,6 +126,22 @@ class Profile:
 
     def has_key(self, role: str) -> bool:
         return self.keys.get(role, role) is not None
+
+    def dspark_refusal(self, anchor_first: bool, reduced_vocab: bool, w2_scale: bool, conf_without_bias: bool):
+        """Why this profile's runtime cannot draft a DSpark drafter with these properties, or None."""
+        if anchor_first not in self.dspark_anchor_modes:
+            return (f"it samples from the anchor (sample_from_anchor true: every row of the block drafts); "
+                    f"{self.runtime} drafts with bonus-anchor blocks only (rows 1..n after the anchor, "
+                    f"{self.dspark_source}), so each draft would land one position late")
+        if reduced_vocab and not self.dspark_reduced_vocab:
+            return (f"its draft vocabulary is smaller than the target's (d2t); {self.runtime} drafts over the "
+                    f"target's vocabulary with the target's head ({self.dspark_source})")
+        if w2_scale and not self.dspark_w2_scale:
+            return f"markov_w2 has a scale; {self.runtime}'s Markov head has none ({self.dspark_source})"
+        if conf_without_bias and self.dspark_conf_needs_bias:
+            return (f"its confidence head has no bias; {self.runtime}'s loader takes the confidence weight only "
+                    "together with its bias")
+        return None
 
     # ---- target layer ids ---------------------------------------------------------------------------------
     def stored_ids(self, hf_ids) -> list[int]:
@@ -153,6 +208,8 @@ class Profile:
     # ---- encodings ----------------------------------------------------------------------------------------
     def encoding(self, type_id: int, name: str, ne) -> tuple[int, str]:
         """(the type this profile stores the tensor in, why): its own type where the runtime takes it."""
+        if type_id in INTEGER_TYPES:
+            return type_id, f"{T(type_id).name} table (ids): kept"
         if is_norm_or_vector(name, ne):
             if type_id == T.F32:
                 return T.F32, "norm or 1-D: F32, kept"
@@ -179,21 +236,31 @@ class Profile:
         return importlib.import_module(f"ggtools.dflash.{self.converter}")
 
 
+INTEGER_TYPES = frozenset({T.I8, T.I16, T.I32, T.I64})
+
+
 def is_norm_or_vector(name: str, ne) -> bool:
-    return name.endswith("norm.weight") or sum(1 for d in ne if d != 1) <= 1
+    """What both converters store as F32: norms and 1-D tensors (a 2-D tensor with a dimension of 1, such as DSpark's
+    confidence weight {n_embd + R, 1}, is a weight)."""
+    return name.endswith("norm.weight") or len(ne) <= 1
 
 
 LLAMACPP = Profile(
     name="llama.cpp", runtime="llama.cpp", arch="dflash", archs=("dflash",),
     keys={"block_size": "block_size", "target_ids": "target_layers", "n_target_ids": None,
-          "mask": "tokenizer.ggml.mask_token_id", "vocab_size": None},
+          "mask": "tokenizer.ggml.mask_token_id", "vocab_size": None,
+          "sample_from_anchor": "sample_from_anchor", "has_confidence_head": "has_confidence_head",
+          "dspark_enabled": None, "markov_rank": None, "dspark_vocab_size": None, "confidence_dim": None,
+          "confidence_enabled": None},
     ids_offset=1,
     names={"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight",
            "norm.weight": "output_norm.weight", "embed_tokens.weight": "token_embd.weight",
            "lm_head.weight": "output.weight",
            "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
            "candidate_selector.predecessor_codebook.weight": "selector_predecessor.weight",
-           "candidate_selector.successor_codebook.weight": "selector_successor.weight"},
+           "candidate_selector.successor_codebook.weight": "selector_successor.weight",
+           MARKOV_W1: "markov_w1.weight", MARKOV_W2: "markov_w2.weight", MARKOV_W2_SCALE: "markov_w2.scale",
+           CONF_W: "conf_proj.weight", CONF_B: "conf_proj.bias", D2T: "d2t"},
     layer_names=_COMMON_LAYER_NAMES | {
         "attention_conv.base_kernel": "attn_conv_base", "attention_conv.kernel_projection.weight":
         "attn_conv_proj.weight", "mlp_conv.base_kernel": "ffn_conv_base",
@@ -205,17 +272,24 @@ LLAMACPP = Profile(
     role_order=("block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
                 "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon",
                 "attention.key_length", "attention.value_length", "block_size", *V2_KEYS, "target_ids",
-                "attention.sliding_window", "attention.sliding_window_pattern", "mask"),
-    legacy_mask_keys=("dflash.mask_token_id",))
+                "attention.sliding_window", "attention.sliding_window_pattern", "sample_from_anchor",
+                "has_confidence_head", "mask"),
+    legacy_mask_keys=("dflash.mask_token_id",),
+    dspark_source="src/models/dflash.cpp, build_dspark_markov_head")
 
 LUCEBOX = Profile(
     name="lucebox", runtime="lucebox", arch="qwen35-dflash-draft",
     archs=("qwen35-dflash-draft", "dflash-draft", "gemma4-dflash-draft"),
     keys={"block_size": "dflash.block_size", "target_ids": "dflash.target_layer_ids",
-          "n_target_ids": "dflash.n_target_layers", "mask": "dflash.mask_token_id", "vocab_size": "vocab_size"},
+          "n_target_ids": "dflash.n_target_layers", "mask": "dflash.mask_token_id", "vocab_size": "vocab_size",
+          "sample_from_anchor": None, "has_confidence_head": None, "dspark_enabled": "dflash.dspark.enabled",
+          "markov_rank": "dflash.dspark.markov_rank", "dspark_vocab_size": "dflash.dspark.vocab_size",
+          "confidence_dim": "dflash.dspark.confidence_dim", "confidence_enabled": "dflash.dspark.confidence.enabled"},
     ids_offset=0,
     names={"fc.weight": "dflash.fc.weight", "hidden_norm.weight": "dflash.hidden_norm.weight",
-           "norm.weight": "output_norm.weight"},
+           "norm.weight": "output_norm.weight", MARKOV_W1: "dflash.dspark.markov.w1",
+           MARKOV_W2: "dflash.dspark.markov.w2", CONF_W: "dflash.dspark.confidence.weight",
+           CONF_B: "dflash.dspark.confidence.bias"},
     layer_names=_COMMON_LAYER_NAMES, layer_suffixes=("weight",),
     aliases={"dflash.fc.weight": ("dflash_fc.weight",), "dflash.hidden_norm.weight": ("dflash_hidden_norm.weight",),
              "ffn_norm.weight": ("post_attention_norm.weight",)},
@@ -225,7 +299,13 @@ LUCEBOX = Profile(
     role_order=("context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
                 "attention.head_count_kv", "attention.key_length", "attention.value_length", "vocab_size",
                 "attention.layer_norm_rms_epsilon", "rope.freq_base", "n_target_ids", "block_size", "mask",
-                "target_ids", "attention.sliding_window", "attention.sliding_window_pattern"))
+                "target_ids", "attention.sliding_window", "attention.sliding_window_pattern", "dspark_enabled",
+                "markov_rank", "dspark_vocab_size", "confidence_dim", "confidence_enabled"),
+    dspark_anchor_modes=(False,), dspark_reduced_vocab=False, dspark_w2_scale=False, dspark_conf_needs_bias=True,
+    dspark_source="server/src/common/dspark_head.cpp",
+    # 62880e20: only the laguna backend calls the Markov chain (server/src/laguna/laguna_backend.cpp); deepseek4
+    # has a DSpark loader of its own (arch deepseek4-dflash-draft)
+    dspark_target_archs=frozenset({"laguna"}))
 
 PROFILES = {p.name: p for p in (LLAMACPP, LUCEBOX)}
 

@@ -14,7 +14,8 @@ from gguf import GGUFValueType as VT
 
 from ggtools.dflash.draftfile import DraftFile
 from ggtools.dflash.errors import RewriteRefused
-from ggtools.dflash.profiles import HPARAM_KEYS, ROLE_TYPES, V2_KEYS, Profile
+from ggtools.dflash.profiles import (CONF_B, CONF_W, D2T, HPARAM_KEYS, MARKOV_W1, MARKOV_W2_SCALE, ROLE_TYPES,
+                                     V2_KEYS, Profile)
 from ggtools.plan import KVEdits, TensorAction, convert_action, copy_action
 
 # Keys of a llama.cpp-layout file that another layout may drop without changing what the drafter computes.
@@ -48,6 +49,8 @@ def move(d: DraftFile, dest: Profile, fixes: dict | None = None, tokenizer=()) -
     tokenizer its vocabulary (default: the file's own)."""
     if d.profile is None:
         raise RewriteRefused(f"{d.path}: arch '{d.arch}' is not a DFlash drafter layout: nothing to move")
+    if d.is_dspark:
+        _check_dspark(d, dest)
     notes = []
     values = _values(d) | (fixes or {})
     edits = KVEdits()
@@ -68,6 +71,26 @@ def move(d: DraftFile, dest: Profile, fixes: dict | None = None, tokenizer=()) -
     return DrafterRewrite(dest, edits, _tensors(d, dest, notes), notes)
 
 
+def _check_dspark(d: DraftFile, dest: Profile):
+    has_conf = d.tensor(CONF_W) is not None
+    why = dest.dspark_refusal(d.sample_from_anchor, d.tensor(D2T) is not None, d.tensor(MARKOV_W2_SCALE) is not None,
+                              has_conf and d.tensor(CONF_B) is None)
+    if why:
+        raise RewriteRefused(f"{d.path}: the {dest.name} layout cannot hold this DSpark drafter: {why}: not moved")
+    if d.tensor(MARKOV_W1) is None or d.markov_rank is None:
+        raise RewriteRefused(f"{d.path}: DSpark head tensors without markov_w1: nothing says the Markov rank; "
+                             "reconvert the checkpoint")
+
+
+def _dspark_values(d: DraftFile) -> dict:
+    """The DSpark roles, from the tensors (what every layout's keys describe) and the block layout."""
+    w1, conf = d.tensor(MARKOV_W1), d.tensor(CONF_W)
+    return {"sample_from_anchor": d.sample_from_anchor, "has_confidence_head": conf is not None,
+            "dspark_enabled": 1, "markov_rank": int(w1.ne[0]), "dspark_vocab_size": int(w1.ne[1]),
+            "confidence_dim": int(conf.ne[0]) if conf is not None else None,
+            "confidence_enabled": 1 if conf is not None else None}
+
+
 def _values(d: DraftFile) -> dict:
     """Every role's value, profile-neutral: ids in the HF convention, defaults the loaders assume filled in."""
     values = {role: d.value(role) for role in (*HPARAM_KEYS, *V2_KEYS, "block_size", "vocab_size")}
@@ -85,6 +108,8 @@ def _values(d: DraftFile) -> dict:
         values["attention.value_length"] = values["attention.key_length"]
     if values["block_size"] is None:
         values["block_size"] = d.profile.default_block_size
+    if d.is_dspark:
+        values |= _dspark_values(d)
     return values
 
 
@@ -96,6 +121,8 @@ def _typed(p: Profile, role: str, value) -> tuple:
         value = [bool(v) for v in value]
     elif vtype == VT.FLOAT32:
         value = float(value)
+    elif vtype == VT.BOOL:
+        value = bool(value)
     else:
         value = int(value)
     return vtype, value, elem

@@ -17,7 +17,10 @@ from ggtools.dflash.errors import CheckpointError
 from ggtools.gguf.inputs import regular_file
 
 # safetensors dtype -> (numpy dtype of the stored values, ggml type of the same encoding)
-DTYPES = {"BF16": ("<u2", T.BF16), "F16": ("<f2", T.F16), "F32": ("<f4", T.F32), "F64": ("<f8", T.F64)}
+DTYPES = {"BF16": ("<u2", T.BF16), "F16": ("<f2", T.F16), "F32": ("<f4", T.F32), "F64": ("<f8", T.F64),
+          "I64": ("<i8", T.I64), "I32": ("<i4", T.I32), "I16": ("<i2", T.I16), "I8": ("i1", T.I8),
+          "U8": ("u1", T.I8), "BOOL": ("u1", T.I8)}
+FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")     # the weights' dtypes; the others: ids and masks (DSpark's d2t, t2d)
 MAX_HEADER = 100 << 20
 
 
@@ -72,6 +75,23 @@ class SourceTensor:
     def read_all(self) -> np.ndarray:
         """The whole tensor as float32 in its numpy shape (for the small ones)."""
         return self.read_rows(0, self.n_rows).reshape(self.shape)
+
+    def read_exact(self) -> np.ndarray:
+        """The whole tensor, flat, without rounding: integer dtypes as int64, float dtypes as float64 (for small
+        tables of ids, e.g. DSpark's d2t)."""
+        np_dtype = DTYPES[self.dtype][0]
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, self.nbytes, self.offset)
+        finally:
+            os.close(fd)
+        if len(data) != self.nbytes:
+            raise CheckpointError(self.path, f"file ends inside the data ({len(data)} of {self.nbytes} bytes)",
+                                  f"tensor '{self.name}'")
+        values = np.frombuffer(data, dtype=np_dtype)
+        if self.dtype == "BF16":
+            return (values.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        return values.astype(np.float64 if self.dtype in FLOAT_DTYPES else np.int64)
 
 
 def read_header(path) -> list[SourceTensor]:

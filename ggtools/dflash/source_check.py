@@ -15,7 +15,7 @@ from ggtools.dflash.draftfile import DraftFile
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, ok, unchecked
 from ggtools.dflash.loaders import speculative_log_line
 from ggtools.dflash.pair_rules import rope_effects
-from ggtools.dflash.profiles import LLAMACPP, V2_KEYS
+from ggtools.dflash.profiles import DSPARK_ROLES, LLAMACPP, V2_KEYS
 from ggtools.dflash.tensors import encode_chunks
 from ggtools.quants import dequantize, quantize
 
@@ -33,6 +33,9 @@ def source_findings(d: DraftFile, ckpt: Checkpoint, runtimes) -> tuple[list[Find
            _block_size(d, stored, want, runtimes), _hparams(d, stored, want, runtimes)]
     if cfg.version == 2:
         out.append(_values_finding(d, "dflash2", V2_KEYS, stored, want, runtimes, "DFlash2 keys"))
+    if cfg.dspark is not None:
+        roles = [r for r in DSPARK_ROLES if r in want]
+        out.append(_values_finding(d, "dspark", roles, stored, want, runtimes, "DSpark keys"))
     out.append(tensor_findings(d, ckpt, cfg, runtimes))
     return out, fixes
 
@@ -51,7 +54,21 @@ def expected_values(d: DraftFile, ckpt: Checkpoint, cfg: DraftConfig) -> dict:
         want["n_target_ids"] = (len(cfg.target_layer_ids), "dflash_config.target_layer_ids")
     if cfg.version == 2:
         want |= {k: (cfg.v2[k], f"dflash_config.{k}") for k in V2_KEYS}
+    if cfg.dspark is not None:
+        want |= {role: v for role, v in _dspark_values(cfg).items() if d.profile.has_key(role)}
     return want
+
+
+def _dspark_values(cfg: DraftConfig) -> dict:
+    ds = cfg.dspark
+    out = {"sample_from_anchor": (ds.sample_from_anchor, ds.anchor_from),
+           "has_confidence_head": (ds.confidence, "confidence_head.proj tensors"),
+           "dspark_enabled": (1, "the Markov head"), "markov_rank": (ds.rank, "markov_w1's shape"),
+           "dspark_vocab_size": (ds.vocab, "vocab_size")}
+    if ds.confidence:
+        out |= {"confidence_dim": (cfg.hidden + ds.rank, "hidden_size + markov rank"),
+                "confidence_enabled": (1, "confidence_head.proj tensors")}
+    return out
 
 
 def rope_theta(c: dict) -> tuple[float | None, str]:
@@ -64,9 +81,19 @@ def rope_theta(c: dict) -> tuple[float | None, str]:
 
 
 def stored_values(d: DraftFile) -> dict:
-    out = {role: d.value(role) for role in (*HPARAMS, *V2_KEYS, "rope.freq_base", "block_size", "n_target_ids",
-                                            "attention.layer_norm_rms_epsilon")}
-    return out | {"mask": d.mask[0], "target_ids": d.hf_ids}
+    """role -> the number the file stores (None where it stores none, or a value of another type: a string, an
+    array; the model-file rules report those, and --fix writes the checkpoint's value)."""
+    out = {role: _number(d.value(role)) for role in (*HPARAMS, *V2_KEYS, "rope.freq_base", "block_size",
+                                                     "n_target_ids", "attention.layer_norm_rms_epsilon")}
+    out |= {role: _number(d.value(role), flags=True) for role in DSPARK_ROLES}
+    return out | {"mask": _number(d.mask[0]), "target_ids": d.hf_ids}
+
+
+def _number(v, flags=False):
+    """v when it is a number (or, with flags, a bool: DSpark's switches), else None."""
+    if isinstance(v, bool):
+        return v if flags else None
+    return v if isinstance(v, (int, float)) else None
 
 
 def _same(a, b) -> bool:

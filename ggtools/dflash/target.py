@@ -45,4 +45,5 @@ class OpenTarget:
 
 
 def _int(v):
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    """A count the target states (None for a value of another type: the model-file rules report it)."""
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None

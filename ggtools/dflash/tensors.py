@@ -4,7 +4,8 @@ Encoding follows the reference converters' value paths: sources widen exactly to
 round to it (F64); then F32 is stored as is, F16 by numpy's round-to-nearest-even cast (what both converters
 use; values beyond ±65504 become ±inf and are counted as overflow), BF16 and Q8_0 by ggtools.quants
 (bit-exact with ggml and gguf-py). `via_f16` stores a value after a round trip through F16 (lucebox's
-converter widens its F16-narrowed BF16 norms back to F32).
+converter widens its F16-narrowed BF16 norms back to F32). A DerivedTensor stands in for a source whose values
+a converter computes (DSpark's d2t as absolute ids, I64; a zero bias): small, held in memory, stored as they are.
 """
 
 from collections.abc import Iterator
@@ -19,8 +20,50 @@ from ggtools.quants import CHUNK_VALUES, quantize, row_bytes
 
 
 @dataclass
+class DerivedTensor:
+    """Values a converter computes from the checkpoint (a source in the shape of SourceTensor)."""
+    name: str               # what it was derived from, for messages
+    path: str
+    values: np.ndarray      # numpy order, int64 or float32
+
+    @property
+    def dtype(self) -> str:
+        return "I64" if self.values.dtype == np.int64 else "F32"
+
+    @property
+    def ggml_type(self) -> T:
+        return T.I64 if self.values.dtype == np.int64 else T.F32
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.values.shape)
+
+    @property
+    def n_elements(self) -> int:
+        return int(self.values.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.values.nbytes)
+
+    @property
+    def row_length(self) -> int:
+        return self.shape[-1] if self.shape else 1
+
+    @property
+    def n_rows(self) -> int:
+        return self.n_elements // self.row_length if self.row_length else 0
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        return self.values.reshape(-1, self.row_length)[start:stop]
+
+    def read_all(self) -> np.ndarray:
+        return self.values
+
+
+@dataclass
 class TensorJob:
-    src: SourceTensor
+    src: SourceTensor | DerivedTensor
     name: str                              # GGUF tensor name
     dst_type: T
     reason: str
@@ -74,6 +117,8 @@ def _head_order(n: int, head_dim: int) -> np.ndarray:
 
 
 def _encode(values: np.ndarray, job: TensorJob) -> Encoded:
+    if job.dst_type == T.I64:
+        return Encoded(np.ascontiguousarray(values, dtype="<i8").view(np.uint8), 0, 0)
     overflow = 0
     nonfinite = values.size - int(np.count_nonzero(np.isfinite(values)))
     if job.checks_f16_range:

@@ -29,7 +29,7 @@ from ggtools.gguf.outputs import check_output, make_dir, remove_stale_temps
 from ggtools.plan import Plan, ShardPlan
 
 HEADER_ALLOWANCE = 1 << 20      # disk preflight: room for each output's header
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 STOP_WAIT = 10                  # seconds a stopped worker gets to remove its temporary file
 
 
@@ -48,6 +48,7 @@ class ShardJob:
     inputs: list[str]
     verify: bool
     allow_nonfinite: bool
+    replace: bool = True            # an output that appeared after the start may be replaced (--force, --resume)
 
 
 def worker_count(jobs: int | None, n_shards: int) -> int:
@@ -63,7 +64,8 @@ def run_plan(plan: Plan, *, jobs=None, resume=False, force=False, verify=True, a
     suggest); make_dirs: make missing output directories (removed again if the run fails before writing
     into them); record: keep the resume manifest (without one nothing can be resumed, so a serial run
     stops at the first failed shard)."""
-    job = ShardJob(manifest.path_for(plan) if record else None, list(plan.inputs), verify, allow_nonfinite)
+    job = ShardJob(manifest.path_for(plan) if record else None, list(plan.inputs), verify, allow_nonfinite,
+                   replace=force or resume)
     entries = manifest.read_entries(job.manifest) if record else {}
     todo, skipped = [], []
     for shard in plan.shards:
@@ -165,10 +167,10 @@ def run_shard(shard: ShardPlan, fingerprint: str, job: ShardJob, on_bytes) -> Sh
     """Write one shard (rewritten, or copied whole when verbatim) and record it in the manifest."""
     source = source_identity(shard.src) if job.manifest else None
     if shard.verbatim:
-        result = copy_shard(shard, force=True, inputs=job.inputs)
+        result = copy_shard(shard, force=job.replace, inputs=job.inputs)
         on_bytes(shard.bytes_in)
     else:
-        result = rewrite_shard(shard, force=True, verify=job.verify, inputs=job.inputs,
+        result = rewrite_shard(shard, force=job.replace, verify=job.verify, inputs=job.inputs,
                                allow_nonfinite=job.allow_nonfinite, on_bytes=on_bytes)
     if job.manifest:
         described = result if result.digest else describe_output(shard.dst)
@@ -253,8 +255,8 @@ def _start_holding_signals(process):
 
 def _worker(messages, index, shard, fingerprint, job, threads):
     global _worker_stopping
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
+    for s in STOP_SIGNALS:
+        signal.signal(s, _interrupt)
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)     # one held since the start arrives now
         import numba

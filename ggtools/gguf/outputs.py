@@ -7,12 +7,23 @@ directory or a special file, its directory must exist, and an existing file is r
 renames; on any error or interrupt the temporary file is removed, and before a new write the temporary files
 that killed runs left for the same target are removed. OS errors (permissions, read-only or full file
 systems, file size limits) become one GGUFError naming the path and the reason.
+
+Without --force the final step never replaces a file: it links the temporary file to its name (which fails
+when a file appeared there meanwhile, atomically) and removes the temporary name; of several writers of one
+output only the first to finish wins, the others fail saying the output appeared.
+
+Every temporary file and directory this process makes is registered (`pending`) before it exists, so a stop
+signal arriving at any moment leaves nothing behind: the CLI removes whatever is still registered
+(`remove_pending`) on the way out.
 """
 
+import contextlib
 import errno
 import glob
 import os
+import shutil
 import stat
+import tempfile
 
 from ggtools.gguf.errors import GGUFError
 from ggtools.gguf.inputs import kind
@@ -60,6 +71,38 @@ def os_error(path, e: OSError) -> GGUFError:
     if e.errno == errno.EFBIG:
         reason += " (the file size limit was reached)"
     return GGUFError(path, f"cannot write: {reason}")
+
+
+_pending: set[str] = set()      # temporary files and directories of this process, not yet committed or removed
+
+
+def remove_pending():
+    """Remove every temporary file and directory still registered (after an interrupt)."""
+    for p in sorted(_pending, reverse=True):
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+        _pending.discard(p)
+
+
+@contextlib.contextmanager
+def temporary_directory(prefix: str):
+    """A new directory under $TMPDIR, removed with everything in it on leaving, also on errors, ^C and stop
+    signals (registered before it exists)."""
+    parent = tempfile.gettempdir()
+    name = os.path.join(parent, f"{prefix}{os.getpid()}-{os.urandom(4).hex()}")
+    _pending.add(name)
+    try:
+        try:
+            os.mkdir(name, 0o700)
+        except OSError as e:
+            raise os_error(name, e) from None
+        yield name
+    finally:
+        shutil.rmtree(name, ignore_errors=True)
+        _pending.discard(name)
 
 
 def make_dir(path):
@@ -121,28 +164,39 @@ class AtomicOutput:
     def __init__(self, path, *, inputs=(), force=False, hint=""):
         self.path = check_output(path, inputs, force=force, hint=hint)
         self.tmp = temp_path(self.path)
+        self.force = force
         self.fh = None
 
     def open(self):
         if self.fh is None:
             remove_stale_temps(self.path)
+            _pending.add(self.tmp)
             try:
                 self.fh = open(self.tmp, "wb")
             except OSError as e:
+                _pending.discard(self.tmp)
                 raise os_error(self.path, e) from None
         return self.fh
 
     def commit(self):
-        """fsync and rename into place."""
+        """fsync and move into place: replacing an existing file only with force."""
         try:
             self.fh.flush()
             os.fsync(self.fh.fileno())
             self.fh.close()
             self.fh = None
-            os.replace(self.tmp, self.path)
+            if self.force:
+                os.replace(self.tmp, self.path)
+            else:
+                _place_new(self.tmp, self.path)
+        except FileExistsError:
+            self.abort()
+            raise GGUFError(self.path, "output appeared while this command was writing it (another process wrote "
+                                       "it); it was left as it is: pass --force to overwrite it") from None
         except OSError as e:
             self.abort()
             raise os_error(self.path, e) from None
+        _pending.discard(self.tmp)
         fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
     def abort(self):
@@ -156,6 +210,7 @@ class AtomicOutput:
             os.unlink(self.tmp)
         except FileNotFoundError:
             pass
+        _pending.discard(self.tmp)
 
     def __enter__(self):
         return self.open()
@@ -167,6 +222,25 @@ class AtomicOutput:
         self.abort()
         if isinstance(exc, OSError):
             raise os_error(self.path, exc) from None
+
+
+NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS}
+
+
+def _place_new(tmp, path):
+    """Give tmp the name path unless a file has that name (FileExistsError): link(2) fails atomically on an
+    existing name, unlike rename(2). Where the file system has no hard links, the check and the rename are two
+    steps."""
+    try:
+        os.link(tmp, path)
+    except OSError as e:
+        if e.errno not in NO_HARD_LINKS:
+            raise
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path) from None
+        os.rename(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 def write_bytes(path, data: bytes, *, inputs=(), force=False):

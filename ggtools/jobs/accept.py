@@ -12,7 +12,6 @@ drafter's output is checked against it. A drafter fails when its τ (z-lab's) fa
 import contextlib
 import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -21,8 +20,11 @@ from tqdm import tqdm
 from ggtools.dflash.checkpoint import files_of
 from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
+from ggtools.gguf.inputs import regular_file
+from ggtools.gguf.outputs import temporary_directory
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.errors import JobError
+from ggtools.jobs.limits import check_draft_kv, check_new_tokens, check_threads
 from ggtools.jobs.prompt_set import Prompt, load_prompts
 from ggtools.jobs.run import SpecRun, TargetOnly, load_tokenizer, measure_drafter, warm_up
 from ggtools.runtime import DEFINITIONS, DraftSettings, Drafter, TargetModel, check_settings
@@ -75,7 +77,7 @@ class AcceptReport:
     prompts: list[Prompt]
     n: int                      # new tokens per prompt at most (fewer when a stop token comes first)
     draft_kv: str               # "full" or "ring:<cap>"
-    settings: dict              # DraftSettings as given (n_max None: each drafter's block size - 1)
+    settings: dict              # DraftSettings as given (n_max None: each drafter's max_drafts)
     threads: int
     baseline: str               # the baseline drafter's name
     max_drop: float | None
@@ -116,10 +118,14 @@ def accept(target, drafts, *, prompts=None, n: int = 64, baseline=None, max_drop
     t0 = time.perf_counter()
     settings = settings or DraftSettings()
     base = _check_inputs(target, drafts, baseline)
+    check_threads(threads)
     model = TargetModel(target, threads=threads, backend=backend, device=device, dtype=dtype)
     try:
+        context = model.hp.n_ctx_train
+        check_new_tokens(n, context, target)
         tokenizer = load_tokenizer(model, required=False)
-        prompt_set = load_prompts(prompts, tokenizer, model.n_vocab)
+        prompt_set = load_prompts(prompts, tokenizer, model.n_vocab,
+                                  room=(context - n, f"the context length {context} of {target} less -n {n}"))
         stop_ids = set(tokenizer.eog) if tokenizer and stop_at_eog else set()
         names = _names(drafts)
         with drafter_files(drafts, target) as paths:
@@ -145,9 +151,11 @@ def measure(model: TargetModel, candidates: list[Candidate], prompts: list[list[
     greedy decoding, which runs once per prompt and round whatever the number of candidates. Every drafter is
     loaded (and so checked) before anything is decoded."""
     drafters = []
+    longest = max(map(len, prompts)) + n
     try:
         for c in candidates:
             drafters.append(_load(c, model, settings))
+            check_draft_kv(drafters[-1], c.ring_cap, kv_type, longest, model.ops.device)
         warm_up(model)
         best, target_tps = [None] * len(candidates), 0.0
         with tqdm(total=rounds * len(candidates) * len(prompts), desc="accept", unit="prompt", file=sys.stderr,
@@ -217,7 +225,7 @@ def drafter_files(drafts, target):
             if not os.path.isdir(d):
                 paths.append(str(d))
                 continue
-            tmp = tmp or stack.enter_context(tempfile.TemporaryDirectory(prefix="ggtools-accept-"))
+            tmp = tmp or stack.enter_context(temporary_directory("ggtools-accept-"))
             out = os.path.join(tmp, f"{i}-{os.path.basename(os.path.normpath(d))}.gguf")
             try:
                 convert_dflash(d, out, profile="llama.cpp", target=target)
@@ -238,8 +246,10 @@ def input_files(target, drafts, prompts) -> list[str]:
 
 def _check_inputs(target, drafts, baseline) -> int:
     """The index of the baseline drafter, once every path is there."""
-    if not os.path.isfile(target):
-        raise AcceptError(f"{target}: no such file (--target)")
+    try:
+        regular_file(target)
+    except GGToolsError as e:
+        raise AcceptError(f"{e} (--target)") from None
     if not drafts:
         raise AcceptError("give at least one --draft")
     real = [os.path.realpath(d) for d in drafts]

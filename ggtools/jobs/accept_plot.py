@@ -11,17 +11,17 @@ from ggtools.jobs.accept_report import check_destination
 FORMATS = {".png": "png", ".svg": "svg"}
 
 
-def check_plot_path(path, inputs=()) -> None:
-    """Before any work: a .png or .svg path in an existing directory, none of the inputs, and matplotlib
-    installed."""
+def check_plot_path(path, inputs=(), *, force=False) -> None:
+    """Before any work: a .png or .svg path in an existing directory, none of the inputs (nor the --report),
+    not an existing file without force, and matplotlib installed."""
     if os.path.splitext(path)[1].lower() not in FORMATS:
         raise AcceptError(f"{path}: --plot writes .png or .svg files")
-    check_destination(path, "--plot", inputs)
+    check_destination(path, "--plot", inputs, force=force)
     if importlib.util.find_spec("matplotlib") is None:
         raise AcceptError("--plot needs matplotlib, the optional extra: pip install 'ggtools[plot]'")
 
 
-def write_plot(report: AcceptReport, path, inputs=()) -> None:
+def write_plot(report: AcceptReport, path, inputs=(), *, force=False) -> None:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 4.2), layout="constrained")
@@ -39,4 +39,4 @@ def write_plot(report: AcceptReport, path, inputs=()) -> None:
     fig.suptitle(f"ggtools accept: {'FAIL' if report.failed else 'PASS'} ({os.path.basename(report.target)}, "
                  f"draft KV {report.draft_kv})")
     fmt = FORMATS[os.path.splitext(path)[1].lower()]
-    write_with(path, lambda tmp: fig.savefig(tmp, format=fmt), inputs=inputs, force=True)
+    write_with(path, lambda tmp: fig.savefig(tmp, format=fmt), inputs=inputs, force=force)

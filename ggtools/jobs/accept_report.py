@@ -5,9 +5,10 @@ the baseline, a per-position acceptance sparkline), the failures, and the same a
 import os
 
 from ggtools.byte_sizes import human_bytes
+from ggtools.errors import GGToolsError
 from ggtools.gguf.outputs import check_output, write_bytes
 from ggtools.jobs.accept import AcceptError, AcceptReport
-from ggtools.runtime import DEFINITIONS
+from ggtools.runtime import DEFINITIONS, numerics_note
 
 SPARK = "▁▂▃▄▅▆▇█"
 HEADERS = ["drafter", "acceptance", "tau", "Δtau", "mean len", "tok/s", "speedup", "draft KV", "= greedy",
@@ -47,7 +48,10 @@ def setting_line(report: AcceptReport) -> str:
 def _runs_on(report: AcceptReport) -> str:
     run = report.drafters[0].run
     threads = f"{report.threads} thread(s)"
-    return threads if run.backend == "numba" else f"torch on {run.device} ({run.dtype}), {threads}"
+    if run.backend == "numba":
+        return threads
+    note = numerics_note(run.backend, run.dtype)
+    return f"torch on {run.device} ({run.dtype}{'; ' + note if note else ''}), {threads}"
 
 
 def _n_max(report: AcceptReport) -> str:
@@ -107,16 +111,19 @@ def _md_table(headers, rows, align) -> str:
     return "\n".join([line(headers), rule] + [line(r) for r in rows])
 
 
-def check_destination(path, option: str, inputs=()) -> None:
-    """Refuse, before any work is done, an output path whose directory is missing, a directory, or one of the
-    command's inputs."""
+def check_destination(path, option: str, inputs=(), *, force=False) -> None:
+    """Refuse, before any work is done, an output path whose directory is missing, a directory, one of the
+    command's inputs (or another output of it), or an existing file without force."""
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise AcceptError(f"{path}: no such directory {directory} ({option})")
     if os.path.isdir(path):
         raise AcceptError(f"{path}: is a directory ({option})")
-    check_output(path, inputs, force=True)
+    try:
+        check_output(path, inputs, force=force)
+    except GGToolsError as e:
+        raise AcceptError(f"{e} ({option})") from None
 
 
-def write_markdown(report: AcceptReport, path, inputs=()) -> None:
-    write_bytes(path, markdown(report).encode("utf-8"), inputs=inputs, force=True)
+def write_markdown(report: AcceptReport, path, inputs=(), *, force=False) -> None:
+    write_bytes(path, markdown(report).encode("utf-8"), inputs=inputs, force=force)

@@ -1,5 +1,5 @@
-"""convert dflash: a Hugging Face DFlash v1 / DFlash2 drafter directory -> a drafter GGUF, profile `llama.cpp`
-(llama.cpp's own converter, byte for byte) or `lucebox` (Luce-Org/lucebox's converter).
+"""convert dflash: a Hugging Face DFlash v1 / DFlash2 / DSpark drafter directory -> a drafter GGUF, profile
+`llama.cpp` (llama.cpp's own converter, byte for byte) or `lucebox` (Luce-Org/lucebox's converter).
 
 Plan first (checkpoint read and checked against its config, ids and mask id against the target, every output
 tensor's name, type and reason), then one streaming pass: tensors are read, converted and written in row
@@ -46,6 +46,13 @@ class ConvertPlan:
     def bytes_out(self) -> int:
         return sum(j.nbytes for j in self.jobs)
 
+    @property
+    def found(self) -> str:
+        """What the checkpoint is, in one line (DSpark: layout, heads, rank, block layout, vocabulary)."""
+        if self.cfg.dspark is not None:
+            return self.cfg.dspark.summary()
+        return "DFlash2" if self.cfg.version == 2 else "DFlash v1"
+
     def as_plan(self) -> Plan:
         """The tensor plan in the shape the other rewriting commands print (--dry-run)."""
         actions = [TensorAction(j.name, j.ne, int(j.src.ggml_type), int(j.dst_type), f"{j.src.name}: {j.reason}",
@@ -57,6 +64,7 @@ class ConvertPlan:
                 "version": self.cfg.version, "target_layer_ids": self.cfg.target_layer_ids,
                 "target_layer_ids_from": self.cfg.ids_from, "mask_token_id": self.cfg.mask_token_id,
                 "mask_token_id_from": self.cfg.mask_from, "block_size": self.cfg.block_size,
+                "found": self.found, "dspark": self.cfg.dspark.as_dict() if self.cfg.dspark else None,
                 "metadata": self.kvs.as_dict(), "warnings": self.warnings,
                 "tensors": [{"name": j.name, "source": j.src.name, "ne": list(j.ne),
                              "from": j.src.dtype, "to": ggml_type_name(j.dst_type), "bytes": j.nbytes,
@@ -71,6 +79,7 @@ class ConvertResult:
     overflow: dict[str, int]           # source tensor -> values beyond the F16 range (written as inf)
     warnings: list[str]
     nonfinite: dict[str, int] = field(default_factory=dict)    # source tensor -> NaN/inf values in it
+    found: str = ""                                            # ConvertPlan.found
 
 
 def convert_dflash(hf_dir, out, *, profile="llama.cpp", target=None, outtype="auto", mask_token_id=None,
@@ -104,6 +113,8 @@ def plan_convert(hf_dir, out, *, profile="llama.cpp", target: TargetInfo | None 
                            "and F16 sources as F16 and F32 as F32 (quantize afterwards with ggtools quantize)")
     cfg = draft_config(ckpt, mask_token_id=mask_token_id, guess_target_layers=guess_target_layers)
     check_layout(ckpt, cfg)
+    if cfg.dspark is not None:
+        _check_dspark_profile(ckpt, cfg, p)
     warnings = check_against_target(ckpt, cfg, target, p)
     _resolve_missing_mask(ckpt, cfg, p, warnings)
     if cfg.ids_from.startswith("guessed"):
@@ -117,6 +128,15 @@ def plan_convert(hf_dir, out, *, profile="llama.cpp", target: TargetInfo | None 
                            "GGUF that carries its vocabulary (shard 1 of a split set)")
     resolved, jobs, kvs, notes = p.plan_conversion(ckpt, cfg, outtype, target, name)
     return ConvertPlan(ckpt.path, str(out), p.name, resolved, cfg, kvs, jobs, warnings + notes, inputs)
+
+
+def _check_dspark_profile(ckpt, cfg, p: Profile):
+    """What p's runtime cannot draft; a missing confidence bias is no refusal (the lucebox converter writes zeros)."""
+    ds = cfg.dspark
+    why = p.dspark_refusal(ds.sample_from_anchor, ds.reduced, ds.w2_scale, conf_without_bias=False)
+    if why:
+        raise ConvertError(f"{ckpt.config_path}: {ckpt.architecture}: the {p.name} profile cannot hold this DSpark "
+                           f"drafter: {why}; use --profile llama.cpp")
 
 
 def _resolve_missing_mask(ckpt, cfg, p: Profile, warnings):
@@ -164,6 +184,13 @@ def check_against_target(ckpt: Checkpoint, cfg: DraftConfig, target: TargetInfo 
     if target.arch and target.arch not in p.tap_archs:
         warnings.append(f"target arch '{target.arch}' does not expose layer inputs in {p.runtime}: "
                         f"{p.name}-profile drafting fails for it")
+    elif cfg.dspark is not None and p.dspark_target_archs is not None and target.arch not in p.dspark_target_archs:
+        warnings.append(f"{p.runtime} runs the DSpark heads only for {', '.join(sorted(p.dspark_target_archs))} "
+                        f"targets: for '{target.arch}' it drafts with the DFlash backbone alone")
+    if cfg.dspark is not None and target.vocab is not None and target.vocab != cfg.dspark.vocab:
+        raise ConvertError(f"{where}: vocab_size {cfg.dspark.vocab} (the rows of the Markov embedding) differs from "
+                           f"the target's vocabulary ({target.vocab} tokens in {target.path}): the Markov head is "
+                           "indexed by target token ids")
     return warnings
 
 
@@ -191,7 +218,7 @@ def write(plan: ConvertPlan, *, force=False, allow_overflow=False, on_bytes=None
     if nonfinite:
         warnings.append(f"{plan.hf_dir}: NaN/inf values in source tensors, written as they are: "
                         + ", ".join(f"{name} ({n} value{'s' if n != 1 else ''})" for name, n in nonfinite.items()))
-    return ConvertResult(plan.out, len(plan.jobs), plan.bytes_out, overflow, warnings, nonfinite)
+    return ConvertResult(plan.out, len(plan.jobs), plan.bytes_out, overflow, warnings, nonfinite, plan.found)
 
 
 def overflow_message(plan: ConvertPlan, overflow: dict[str, int]) -> str:

@@ -1,7 +1,8 @@
 """demo: the embedded demo pair end to end, with no downloads; then requant-trunk on a sample MoE shard set.
 
 The HF drafter shipped in ggtools/data/demo is copied to a work directory, converted (llama.cpp profile, the
-embedded target GGUF for tokenizer and checks), quantized (q8_0, q4-mix, q2_k), validated and pair-checked,
+embedded target GGUF for tokenizer and checks), quantized (q8_0, q4-mix, q2_k), validated and pair-checked (and
+so is the shipped DSpark drafter, converted to f16),
 then every variant decodes a few held-out prompts speculatively with the draft-KV ring (f16 also with a full
 draft KV), each against target-only decoding of the same prompts in the same run (jobs/accept.py's `measure`,
 as `ggtools accept`). The prompts are windows of standard-library modules the pair never trained on
@@ -9,30 +10,40 @@ as `ggtools accept`). The prompts are windows of standard-library modules the pa
 
 The second part writes a small Kimi-like MoE shard set (samples.py), validates it, requantizes its Q8_0 trunk to
 Q4_K (experts and norms byte-copied) and validates the result.
+
+A work directory that already holds the demo's files (drafter/, moe/, moe-q4k/) is refused unless force: they
+are replaced only then.
 """
 
+import contextlib
 import json
 import os
 import sysconfig
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
+from types import SimpleNamespace
 
 from ggtools.byte_sizes import human_bytes
+from ggtools.engine.errors import Interrupted
+from ggtools.gguf import GGUFFile
 from ggtools.gguf.outputs import copy_file, make_dir
 from ggtools.jobs.accept import Candidate, measure
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.doctor import pair_check
-from ggtools.jobs.errors import JobError
+from ggtools.jobs.errors import JobError, UsageError
+from ggtools.jobs.limits import check_draft_kv, check_threads
 from ggtools.jobs.quantize import plan_quantize, quantize
 from ggtools.jobs.requant import plan_requant_trunk, requant_trunk
 from ggtools.jobs.validate import validate
 from ggtools.jobs.run import SpecRun
-from ggtools.runtime import DraftSettings, TargetModel, Tokenizer
+from ggtools.runtime import DraftSettings, TargetModel, Tokenizer, numerics_note
 from ggtools.samples import write_moe_set
 
 SCHEMES = ("q8_0", "q4-mix", "q2_k")
+DSPARK = "dspark-anchor"        # a trained DSpark drafter for the same target (docs/dspark-runtime.md)
 PROMPT_TOKENS = 128
+ENTRIES = ("drafter", "moe", "moe-q4k")     # what the demo writes into its work directory
 
 
 class DemoError(JobError):
@@ -60,6 +71,43 @@ class DemoReport:
     @property
     def all_match(self) -> bool:
         return all(v.run.outputs_match_target for v in self.variants if v.run)
+
+
+@dataclass
+class RequantDemo:
+    shards: int
+    bytes_in: int                   # the sample set
+    bytes_out: int                  # the requantized set (0: not written, its source failed validation)
+    source: str                     # the sample set's first shard
+    output: str | None              # the requantized set's first shard
+    exit_code: int = 0              # 0, or the exit code of the first validation that failed (the demo stops there)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_work_dir(work_dir, force: bool) -> None:
+    """Refuse a work directory holding the demo's files from an earlier run, unless force."""
+    found = [e + "/" for e in ENTRIES if os.path.lexists(os.path.join(work_dir, e))]
+    if found and not force:
+        raise UsageError(work_dir, f"holds {', '.join(found)} (an earlier demo's files): pass --force to replace "
+                                   "them, or choose another --work-dir")
+
+
+def check_request(n: int, threads: int | None = None, ring_cap: int = 64, device: str | None = None) -> None:
+    """Refuse, before anything is written, threads beyond the machine's bound, a prompt plus -n beyond the demo
+    target's context length, and a draft KV ring beyond the memory available."""
+    check_threads(threads)
+    with GGUFFile(demo_data() / "target.gguf") as f:
+        context = int(f.get(f"{f.get('general.architecture')}.context_length"))
+    if PROMPT_TOKENS + n > context:
+        raise UsageError("-n", f"{n}: the demo's prompts of {PROMPT_TOKENS} tokens plus {n} new tokens do not fit "
+                               f"the demo target's context length {context} (at most -n {context - PROMPT_TOKENS})")
+    config = json.loads((demo_data() / "drafter" / "config.json").read_text())
+    hp = SimpleNamespace(n_layer=config["num_hidden_layers"], n_head_kv=config["num_key_value_heads"],
+                         head_dim=config["head_dim"], block_size=config["block_size"])
+    check_draft_kv(SimpleNamespace(hp=hp, path="the demo drafter"), ring_cap, "f16", PROMPT_TOKENS + n,
+                   device or "cpu")
 
 
 def demo_data() -> Path:
@@ -90,20 +138,23 @@ def held_out_prompts(tokenizer: Tokenizer, count: int, length: int = PROMPT_TOKE
 
 def run_demo(work_dir, *, prompts: int = 6, n: int = 64, ring_cap: int = 64, threads: int = 1, rounds: int = 2,
              log=lambda line: None, backend: str = "numba", device: str | None = None,
-             dtype: str | None = None) -> DemoReport:
+             dtype: str | None = None, force: bool = False) -> DemoReport:
     """Convert, quantize, check and decode (every variant `rounds` times, each run against target-only
     decoding; speeds are best rounds, as other processes on a shared machine slow runs at random);
-    log(line) reports progress; backend, device, dtype: what runs the pairs (TargetModel)."""
+    log(line) reports progress; backend, device, dtype: what runs the pairs (TargetModel); force: replace the
+    files of an earlier demo in work_dir."""
     work = Path(work_dir)
     target = str(demo_data() / "target.gguf")
+    check_request(n, threads, ring_cap, device)
     model = TargetModel(target, threads=threads, backend=backend, device=device, dtype=dtype)
     try:
-        variants = build_drafters(work, target, log)
+        variants = build_drafters(work, target, log, force=force)
         tokenizer = Tokenizer.from_gguf(model.weights.meta)
         chosen = held_out_prompts(tokenizer, prompts)
         report = DemoReport(str(work), [name for name, _ in chosen], rounds)
         log(f"decoding {len(chosen)} held-out prompts x {n} tokens per variant, draft KV ring of {ring_cap} slots, "
-            f"{model.ops.name} backend on {model.ops.device} ({model.ops.dtype}), "
+            f"{model.ops.name} backend on {model.ops.device} ({model.ops.dtype}"
+            f"{'; ' + note if (note := numerics_note(model.ops.name, model.ops.dtype)) else ''}), "
             f"{threads} thread(s), {rounds} rounds; every output is checked against target-only greedy decoding "
             "(once per prompt and round, shared by the variants)")
         f16 = variants[0]
@@ -122,23 +173,28 @@ def run_demo(work_dir, *, prompts: int = 6, n: int = 64, ring_cap: int = 64, thr
         model.close()
 
 
-def build_drafters(work: Path, target: str, log=lambda line: None) -> list[Variant]:
+def build_drafters(work: Path, target: str, log=lambda line: None, force: bool = True) -> list[Variant]:
     """The embedded HF drafter copied into `work`, converted to f16 (llama.cpp profile) and quantized with each
-    scheme; every file validated and pair-checked against `target`."""
+    scheme; every file validated and pair-checked against `target`. force: replace files there."""
     work = Path(work)
     hf = work / "drafter-hf"
     make_dir(hf)
     for src in sorted((demo_data() / "drafter").iterdir()):
-        copy_file(src, hf / src.name, force=True)
+        copy_file(src, hf / src.name, force=force)
     f16 = work / "drafter-f16.gguf"
-    convert_dflash(hf, f16, profile="llama.cpp", target=target, outtype="f16", force=True)
+    convert_dflash(hf, f16, profile="llama.cpp", target=target, outtype="f16", force=force)
     log(f"converted {hf.name} -> {f16.name} (llama.cpp profile, --target-gguf target.gguf)")
     paths = [("f16", f16)]
     for scheme in SCHEMES:
         out = work / f"drafter-{scheme}.gguf"
-        quantize(plan_quantize(str(f16), str(out), scheme), force=True, progress=False)
+        with _plain_interruption():
+            quantize(plan_quantize(str(f16), str(out), scheme), force=force, progress=False)
         paths.append((scheme, out))
         log(f"quantized {f16.name} -> {out.name} (--scheme {scheme})")
+    dspark = work / f"drafter-{DSPARK}-f16.gguf"
+    convert_dflash(demo_data() / DSPARK, dspark, profile="llama.cpp", target=target, outtype="f16", force=True)
+    log(f"converted {DSPARK} -> {dspark.name} (DSpark: anchor-first, Markov and confidence heads)")
+    paths.append(("dspark f16", dspark))
     variants = []
     for name, path in paths:
         checks = _checks(target, str(path))
@@ -155,23 +211,37 @@ def _checks(target: str, draft: str) -> str:
     return "validate --deep ok, pair-check ok"
 
 
-def requant_demo(root, *, log=lambda line: None, show_plan=lambda plan: None) -> int:
+def requant_demo(root, *, log=lambda line: None, show_plan=lambda plan: None, force: bool = True) -> RequantDemo:
     """The demo's second part in root/moe and root/moe-q4k; log(line) reports each step, show_plan(plan) prints
-    the plan. Returns 0, or the exit code of the first validation that failed (the demo stops there)."""
+    the plan; force: replace files there."""
     src_dir, out_dir = os.path.join(root, "moe"), os.path.join(root, "moe-q4k")
     make_dir(src_dir)
-    paths = write_moe_set(os.path.join(src_dir, "kimi-like"), force=True)
-    log(f"2. requant-trunk: sample MoE shard set, {len(paths)} shards, "
-        f"{human_bytes(sum(os.path.getsize(p) for p in paths))}")
-    failed = _validate_deep(paths[0], log)
-    if failed:
-        return failed
+    paths = write_moe_set(os.path.join(src_dir, "kimi-like"), force=force)
+    result = RequantDemo(len(paths), sum(os.path.getsize(p) for p in paths), 0, paths[0], None)
+    log(f"2. requant-trunk: sample MoE shard set, {len(paths)} shards, {human_bytes(result.bytes_in)}")
+    result.exit_code = _validate_deep(paths[0], log)
+    if result.exit_code:
+        return result
     plan = plan_requant_trunk(paths[0], out_dir)
     log("   plan (Q8_0 trunk -> Q4_K; MXFP4 experts and F32 norms byte-copied):")
     show_plan(plan)
-    requant_trunk(plan, jobs=1, force=True, progress=False)
+    with _plain_interruption():
+        requant_trunk(plan, jobs=1, force=force, progress=False)
     log(f"   wrote and verified {len(paths)} shards: {human_bytes(plan.bytes_in)} -> {human_bytes(plan.bytes_out)}")
-    return _validate_deep(os.path.join(out_dir, os.path.basename(paths[0])), log)
+    result.output = os.path.join(out_dir, os.path.basename(paths[0]))
+    result.bytes_out = plan.bytes_out
+    result.exit_code = _validate_deep(result.output, log)
+    return result
+
+
+@contextlib.contextmanager
+def _plain_interruption():
+    """An interrupted quantize or requant-trunk is an interrupted demo: its advice to rerun the step does not
+    apply (the demo reruns it whole)."""
+    try:
+        yield
+    except Interrupted:
+        raise KeyboardInterrupt from None
 
 
 def _validate_deep(path, log) -> int:

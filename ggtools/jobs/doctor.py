@@ -2,10 +2,13 @@
 given supports.
 
 What it checks follows from what it is given:
-- the file alone: each runtime's loader rules (llama.cpp and lucebox: dflash/loaders.py; ggtools: its own
-  drafter loader, run on the file), the mask id, tokenizer, block size, DFlash2 keys, the draft size;
+- the file alone: the model-file rules (the container rules validate applies, and the hyperparameter rules of
+  ggtools.hparam_rules, the ones the runtime's loaders apply: dflash/file_rules.py turns them into findings),
+  each runtime's loader rules (llama.cpp and lucebox: dflash/loaders.py; ggtools: its own drafter loader, run on
+  the file), the mask id, tokenizer, block size, DFlash2 keys, the draft size;
 - --hf: every value and every tensor against the checkpoint the drafter came from (dflash/source_check.py);
-- --target: the pair (dflash/pair_rules.py). `pair-check` is doctor with a target.
+- --target: the target's model-file rules, and the pair (dflash/pair_rules.py). `pair-check` is doctor with a
+  target.
 
 `doctor_fix` writes a repaired copy (dflash/rewrite.py through the engine: atomic, tensors byte-copied and
 verified), fixing only what the evidence supports: the mask id from the file's older key or the checkpoint,
@@ -18,16 +21,19 @@ from dataclasses import dataclass, field
 
 from ggtools.dflash.checkpoint import files_of, open_checkpoint
 from ggtools.dflash.draftfile import DraftFile
+from ggtools.dflash.file_rules import container_findings, drafter_fix, hparam_findings, target_fix
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, failed, ok
 from ggtools.dflash.loaders import draft_size_findings, loader_findings
-from ggtools.dflash.pair_rules import pair_findings, rope_against_target, rope_effects
+from ggtools.dflash.pair_rules import number, pair_findings, rope_against_target, rope_effects
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, PROFILES
 from ggtools.dflash.rewrite import DrafterRewrite, move, repair
 from ggtools.dflash.source_check import source_findings
 from ggtools.dflash.target import OpenTarget, TargetInfo
 from ggtools.engine import rewrite_shard
 from ggtools.gguf import ShardSet
+from ggtools.gguf.check import check_file, check_set
 from ggtools.gguf.outputs import check_output
+from ggtools.hparam_rules import drafter_violations, target_violations
 from ggtools.jobs.errors import JobError
 from ggtools.plan import Plan, ShardPlan
 
@@ -104,15 +110,23 @@ def examine(d: DraftFile, t: TargetInfo | None, hf, runtimes=None, n_max=None) -
     bad = [r for r in runtimes if r not in RUNTIMES]
     if bad:
         raise DoctorError(f"unknown runtime {bad[0]!r} (one of {', '.join(RUNTIMES)})")
-    findings, fixes = [], {}
-    for r in runtimes:
-        findings += ggtools_loader_findings(d) if r == "ggtools" else loader_findings(d, r)
     # the rules beyond the loader's apply to the runtimes that read this layout (else to the layout's own)
     readable = [r for r in runtimes if r == "ggtools" or (d.profile and d.profile.runtime == r)] or \
         ([d.profile.runtime] if d.profile else [])
+    problems = check_file(d.file)
+    violations = drafter_violations(d.file)
+    loaders = {r: loader_findings(d, r, violations) for r in runtimes if r != "ggtools"}
+    findings, fixes = container_findings(d.path, _unclaimed(problems, violations), runtimes), {}
+    findings += hparam_findings(d.path, violations, readable, drafter_fix(d.path, d.profile), loaders)
+    for r in runtimes:
+        if r != "ggtools":
+            findings += loaders[r]
+        elif not violations:          # else ggtools' loader refuses the first of them (in the findings above)
+            findings += ggtools_loader_findings(d)
     if d.profile is not None:
         findings += draft_size_findings(d, n_max, readable)
         if t is not None:
+            findings += target_findings(t, readable)
             findings += pair_findings(d, t, readable, runtime_tap_archs(), _ggtools_refusal(t))
         if hf:
             more, fixes = source_findings(d, open_checkpoint(hf), readable)
@@ -136,14 +150,37 @@ def _default_runtimes(d: DraftFile) -> list[str]:
     return [d.profile.runtime]
 
 
+def target_findings(t: TargetInfo, runtimes) -> list[Finding]:
+    """The target's model-file rules (every file of its set; the hyperparameters of its first), and what ggtools'
+    runtime refuses in a valid target."""
+    with ShardSet(t.path) as shards:
+        problems = [p for i in shards.present_indices for p in check_file(shards.file(i))] + check_set(shards)
+    violations = target_violations(t.file)
+    out = container_findings(t.path, _unclaimed(problems, violations), runtimes, what="the target")
+    out += hparam_findings(t.path, violations, runtimes, target_fix(t.path))
+    says = _ggtools_refusal(t).get("ggtools")
+    if says and not violations and "ggtools" in runtimes and t.arch in runtime_tap_archs()["ggtools"]:
+        out.append(Finding("target", ERROR, f"ggtools' runtime does not run this target: {says}",
+                           (Effect("ggtools", says),), "none in the file: run the pair in llama.cpp"))
+    return out
+
+
 def runtime_tap_archs() -> dict:
     """runtime -> the target archs whose layer inputs it taps; ggtools' from its own runtime."""
     from ggtools.runtime.target.archs import ARCHS
     return {LLAMACPP.runtime: LLAMACPP.tap_archs, LUCEBOX.runtime: LUCEBOX.tap_archs, "ggtools": frozenset(ARCHS)}
 
 
+def _unclaimed(problems, violations) -> list:
+    """The container problems at places no hyperparameter rule names (a key of the wrong type is one fault, which
+    the rule's finding reports with the loader's words)."""
+    places = {v.where for v in violations}
+    return [p for p in problems if p.where not in places]
+
+
 def _ggtools_refusal(t: TargetInfo) -> dict:
-    """What ggtools' runtime says when it refuses this target (its own words, from running its reader)."""
+    """What ggtools' runtime says when it refuses this target (its own words, from running its reader: the
+    model-file rules first)."""
     from ggtools.runtime.errors import ModelError
     from ggtools.runtime.target.archs import arch_of
     from ggtools.runtime.target.hparams import read_hparams
@@ -173,7 +210,7 @@ def _rope_in_doubt(d: DraftFile, t: TargetInfo | None, runtimes) -> list[Finding
     if t is not None and t.file.get(f"{t.arch}.rope.freq_base") is not None:
         rope = rope_against_target(d, t, runtimes)
         return [rope] if rope else []
-    theta = d.value("rope.freq_base")
+    theta = number(d.value("rope.freq_base"))
     if d.profile is not LUCEBOX or theta != 1e6:
         return []
     return [Finding("rope_theta", WARNING, f"{d.key('rope.freq_base')} is 1e6, what lucebox's converter writes when "
@@ -182,15 +219,19 @@ def _rope_in_doubt(d: DraftFile, t: TargetInfo | None, runtimes) -> list[Finding
 
 
 def _file_fixes(d: DraftFile, fixes: dict) -> dict:
-    """What the file itself proves: a mask id kept under an older key, an id count that disagrees with the ids."""
+    """What the file itself proves: a mask id kept under an older key, an id count that disagrees with the ids,
+    a DSpark confidence flag that disagrees with the tensors."""
     out = {}
     if d.profile is None:
         return out
+    if d.is_dspark and d.profile.has_key("has_confidence_head") and "has_confidence_head" not in fixes and \
+            d.file.get(d.key("has_confidence_head")) is not d.has_confidence:
+        out["has_confidence_head"] = d.has_confidence
     mask, where = d.mask
     if mask is not None and where != d.key("mask") and "mask" not in fixes:
         out["mask"] = mask
     ids = d.hf_ids
-    if ids is not None and d.profile.has_key("n_target_ids") and d.value("n_target_ids") != len(ids):
+    if ids is not None and d.profile.has_key("n_target_ids") and d.int_value("n_target_ids") != len(ids):
         out.setdefault("n_target_ids", len(fixes.get("target_ids", ids)))
     return out
 

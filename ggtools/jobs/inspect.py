@@ -4,6 +4,7 @@ import re
 
 import numpy as np
 
+from ggtools.dflash.draftfile import DraftFile
 from ggtools.gguf import ShardSet
 from ggtools.jobs.errors import UsageError
 
@@ -28,9 +29,25 @@ def inspect(path, *, tensors: str | None = None, kv: str | None = None, full_arr
                         if tensor_re is None or tensor_re.search(t.name)],
         }
         out["totals"] = _totals(out["tensors"])
+        out["drafter"] = drafter_summary(first)
         return out
     finally:
         shards.close()
+
+
+def drafter_summary(f) -> dict | None:
+    """What a DFlash / DSpark drafter file is (its layout; DSpark: heads, rank, block layout, vocabularies), from its
+    keys and tensor infos; None for any other file. `validate` and `doctor` check it."""
+    d = DraftFile.read(f)
+    if d.profile is None:
+        return None
+    family = "DSpark" if d.is_dspark else "DFlash2" if d.is_dflash2 else "DFlash v1"
+    out = {"layout": d.profile.name, "family": family, "summary": d.dspark_summary() or family}
+    if d.is_dspark:
+        out["dspark"] = {"markov_rank": d.markov_rank, "sample_from_anchor": d.sample_from_anchor,
+                         "confidence_head": d.has_confidence, "draft_vocab": d.draft_vocab,
+                         "d2t": d.tensor("d2t") is not None}
+    return out
 
 
 def _compile(pattern, option):

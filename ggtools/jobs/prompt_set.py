@@ -3,7 +3,11 @@
 JSONL (a `.jsonl` or `.json` file): one object per line, `{"prompt": "text"}` or `{"prompt_ids": [ids]}`, optional
 `"id"` (string or integer; default: the prompt's number in the set), other keys ignored; blank lines skipped.
 Any other file is plain text: one prompt per paragraph, paragraphs separated by blank lines.
-Texts are tokenized with the target's vocabulary (as `ggtools run --prompt` does); ids must lie in it.
+Lines end at "\n" (or "\r\n") only: U+2028, U+0085 and the other characters str.splitlines() breaks at are
+text (JSON allows them raw inside strings). Strings must be Unicode (a JSON escape can write a lone surrogate).
+Texts are tokenized with the target's vocabulary (as `ggtools run --prompt` does); ids must lie in it. With a
+`room` (the tokens left after -n), a prompt longer than that is refused, a text that cannot fit before it is
+tokenized.
 """
 
 import json
@@ -11,10 +15,13 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from ggtools.byte_sizes import human_bytes
 from ggtools.gguf.inputs import regular_file
 from ggtools.jobs.errors import JobError
+from ggtools.jobs.limits import longest_token_bytes, too_long_to_fit
 
 JSONL_SUFFIXES = (".jsonl", ".json")
+MAX_FILE = 256 << 20            # bytes of a prompts file
 
 
 class PromptSetError(JobError):
@@ -40,9 +47,9 @@ def default_prompts_path() -> Path:
     return Path(str(resources.files("ggtools") / "data" / "accept" / "prompts.jsonl"))
 
 
-def load_prompts(path, tokenizer, n_vocab: int) -> list[Prompt]:
+def load_prompts(path, tokenizer, n_vocab: int, room: tuple[int, str] | None = None) -> list[Prompt]:
     """The prompts of `path` (None: the default set) as token ids. tokenizer: the target's (None if it has no
-    vocabulary: then only prompt_ids work)."""
+    vocabulary: then only prompt_ids work); room: (the most tokens a prompt may have, why)."""
     path = Path(path) if path is not None else default_prompts_path()
     entries = _read_jsonl(path) if path.suffix.lower() in JSONL_SUFFIXES else _read_paragraphs(path)
     if not entries:
@@ -52,12 +59,35 @@ def load_prompts(path, tokenizer, n_vocab: int) -> list[Prompt]:
         if e.id in seen:
             raise PromptSetError(f"{e.where}: id {e.id!r} repeats the prompt at {seen[e.id]}")
         seen[e.id] = e.where
-    return [_tokenized(e, tokenizer, n_vocab) for e in entries]
+    per_token = longest_token_bytes(tokenizer) if tokenizer is not None and room else None
+    prompts = []
+    for e in entries:
+        if e.text is not None and per_token:
+            fewest = too_long_to_fit(e.text, room[0], per_token)
+            if fewest:
+                raise PromptSetError(f"{e.where}: the prompt ({len(e.text.encode('utf-8'))} bytes) takes at least "
+                                     f"{fewest} tokens, more than the {room[0]} that fit ({room[1]})")
+        prompts.append(_tokenized(e, tokenizer, n_vocab))
+        if room and len(prompts[-1].ids) > room[0]:
+            raise PromptSetError(f"{e.where}: the prompt has {len(prompts[-1].ids)} tokens, more than the {room[0]} "
+                                 f"that fit ({room[1]})")
+    return prompts
+
+
+def _lines(text: str) -> list[str]:
+    """Lines ending at \n (a \r before it dropped), not at every character str.splitlines() breaks at."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def _read_text(path: Path) -> str:
     if path.exists():
-        regular_file(path)          # a FIFO would block the read
+        st = regular_file(path)          # a FIFO would block the read
+        if st.st_size > MAX_FILE:
+            raise PromptSetError(f"{path}: {human_bytes(st.st_size)} is too large for a prompts file (at most "
+                                 f"{human_bytes(MAX_FILE)})")
     try:
         return path.read_bytes().decode("utf-8")
     except FileNotFoundError:
@@ -72,7 +102,7 @@ def _read_text(path: Path) -> str:
 
 def _read_paragraphs(path: Path) -> list[_Entry]:
     entries, lines, first = [], [], 0
-    for number, line in enumerate(_read_text(path).splitlines() + [""], 1):
+    for number, line in enumerate(_lines(_read_text(path)) + [""], 1):
         if line.strip():
             first = first or number
             lines.append(line)
@@ -84,7 +114,7 @@ def _read_paragraphs(path: Path) -> list[_Entry]:
 
 def _read_jsonl(path: Path) -> list[_Entry]:
     entries = []
-    for number, line in enumerate(_read_text(path).splitlines(), 1):
+    for number, line in enumerate(_lines(_read_text(path)), 1):
         if line.strip():
             entries.append(_entry(_json_object(line, f"{path}:{number}"), f"{path}:{number}", len(entries) + 1))
     return entries
@@ -95,6 +125,8 @@ def _json_object(line: str, where: str) -> dict:
         value = json.loads(line)
     except ValueError as e:
         raise PromptSetError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise PromptSetError(f"{where}: JSON nested too deeply (a prompt is one flat object)") from None
     if not isinstance(value, dict):
         raise PromptSetError(f"{where}: expected a JSON object, got {type(value).__name__}")
     return value
@@ -106,14 +138,24 @@ def _entry(obj: dict, where: str, number: int) -> _Entry:
     pid = obj.get("id", number)
     if isinstance(pid, bool) or not isinstance(pid, (str, int)):
         raise PromptSetError(f"{where}: \"id\" must be a string or an integer")
+    _check_unicode(str(pid), where, "id")
     if "prompt" in obj:
         if not isinstance(obj["prompt"], str) or not obj["prompt"]:
             raise PromptSetError(f"{where}: \"prompt\" must be a non-empty string")
+        _check_unicode(obj["prompt"], where, "prompt")
         return _Entry(str(pid), where, text=obj["prompt"])
     ids = obj["prompt_ids"]
     if not isinstance(ids, list) or not ids or any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
         raise PromptSetError(f"{where}: \"prompt_ids\" must be a non-empty list of integers")
     return _Entry(str(pid), where, ids=ids)
+
+
+def _check_unicode(text: str, where: str, key: str):
+    """A JSON escape (\\ud800) can write a lone surrogate, which is not a character: no text holds it."""
+    at = next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
+    if at is not None:
+        raise PromptSetError(f"{where}: \"{key}\" holds a lone surrogate U+{ord(text[at]):04X} at character {at} "
+                             "(not Unicode text)")
 
 
 def _tokenized(e: _Entry, tokenizer, n_vocab: int) -> Prompt:

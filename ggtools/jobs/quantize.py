@@ -21,11 +21,13 @@ from ggtools.plan import KVEdits, Plan, ShardPlan, convert_action, copy_action
 from ggtools.quants import fallback_type, has_dequantizer, has_quantizer, parse_qtype
 from ggtools.tensor_rules import never_quantized
 
-# Drafter "heads": the tensors outside the repeated blocks (fc, DFlash2 selector, lucebox dflash.*, embeddings).
-HEAD = re.compile(r"^(fc\.|dflash[._]|selector_|token_embd\.|output\.)")
+# Drafter "heads": the tensors outside the repeated blocks (fc, DFlash2 selector, lucebox dflash.* (its DSpark heads
+# included), embeddings, DSpark's Markov and confidence heads). Which of them llama-quantize may quantize at all is
+# tensor_rules' (1-D tensors, d2t and the {n_embd + R, 1} confidence weight never are).
+HEAD = re.compile(r"^(fc\.|dflash[._]|selector_|token_embd\.|output\.|markov_w[12]\.|conf_proj\.)")
 SCHEMES = {
     "q8_0": ("every quantizable weight Q8_0", T.Q8_0, T.Q8_0),
-    "q4-mix": ("heads (fc, selector, dflash.*) Q8_0, blk.* weights Q4_0", T.Q8_0, T.Q4_0),
+    "q4-mix": ("heads (fc, selector, dflash.*, DSpark markov_w1/w2) Q8_0, blk.* weights Q4_0", T.Q8_0, T.Q4_0),
     "q2_k": ("heads Q8_0, blk.* weights Q2_K", T.Q8_0, T.Q2_K),
 }
 K_FILE_TYPES = {T.Q3_K: "MOSTLY_Q3_K_M", T.Q4_K: "MOSTLY_Q4_K_M", T.Q5_K: "MOSTLY_Q5_K_M"}

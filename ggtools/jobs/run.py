@@ -23,13 +23,15 @@ from dataclasses import asdict, dataclass, field
 from ggtools.dflash.profiles import LLAMACPP
 from ggtools.dflash.target import OpenTarget
 from ggtools.jobs.errors import JobError, UsageError
+from ggtools.jobs.limits import check_draft_kv, check_threads, longest_token_bytes, too_long_to_fit
 from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, TargetModel, Tokenizer,
-                             acceptance_stats, check_settings, continue_greedy, speculative_generate)
+                             acceptance_stats, check_settings, continue_greedy, numerics_note, speculative_generate)
 
-# DraftSettings (what run_speculative drafts with) and DEFINITIONS (what each of a SpecRun's statistics means) are
-# the runtime's, passed on here so the CLI reaches the runtime only through jobs
+# DraftSettings (what run_speculative drafts with), DEFINITIONS (what each of a SpecRun's statistics means) and
+# numerics_note (whether a backend and dtype compute llama.cpp's arithmetic) are the runtime's, passed on here so
+# the CLI reaches the runtime only through jobs
 __all__ = ["DEFINITIONS", "DraftSettings", "RunError", "RunResult", "SpecRun", "TargetOnly", "measure_drafter",
-           "pair_warnings", "run", "run_speculative", "warm_up"]
+           "numerics_note", "pair_warnings", "run", "run_speculative", "warm_up"]
 
 
 class RunError(JobError):
@@ -65,13 +67,15 @@ def warm_up(model: TargetModel) -> None:
     model.kv.crop(n)
 
 
-def check_context(model: TargetModel, n_prompt: int, n: int, n_ctx: int | None = None):
-    """Refuse a prompt plus n new tokens beyond the context (default: the model's trained context length)."""
+def check_context(model: TargetModel, n_prompt: int, n: int, n_ctx: int | None = None, *, at_least: bool = False):
+    """Refuse a prompt plus n new tokens beyond the context (default: the model's trained context length).
+    at_least: n_prompt is the fewest tokens the prompt's text can take (it was not tokenized)."""
     limit = n_ctx or model.hp.n_ctx_train
     if n_prompt + n > limit:
         trained = "" if n_ctx else " the model was trained for (pass --context-length N to allow more)"
-        raise UsageError(model.path, f"the prompt ({n_prompt} tokens) plus -n {n} is {n_prompt + n} tokens, "
-                                     f"beyond the context length {limit}{trained}")
+        size = f"at least {n_prompt} tokens for its length" if at_least else f"{n_prompt} tokens"
+        raise UsageError(model.path, f"the prompt ({size}) plus -n {n} is {'over ' if at_least else ''}"
+                                     f"{n_prompt + n} tokens, beyond the context length {limit}{trained}")
 
 
 def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads: int | None = None,
@@ -82,6 +86,7 @@ def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads
     and dtype choose what runs it (TargetModel)."""
     if (prompt is None) == (prompt_ids is None):
         raise ValueError("give exactly one of prompt and prompt_ids")
+    check_threads(threads)
     model = TargetModel(target, threads=threads, backend=backend, device=device, dtype=dtype)
     try:
         tokenizer, [ids], stop_ids = prepare_prompts(model, [prompt if prompt is not None else prompt_ids], n, n_ctx,
@@ -100,21 +105,34 @@ def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads
             prompt_seconds=t1 - t0, generate_seconds=t2 - t1,
             prompt_tokens_per_second=len(ids) / (t1 - t0),
             generate_tokens_per_second=steps / (t2 - t1) if steps else 0.0,
-            rss_bytes=current_rss(), peak_rss_bytes=peak_rss(), threads=model.threads, **backend_fields(model))
+            **rss_fields(), threads=model.threads, **backend_fields(model))
     finally:
         model.close()
 
 
 def prepare_prompts(model: TargetModel, prompts: list, n: int, n_ctx: int | None, stop_at_eog: bool):
     """Prompts (texts, tokenized with the target's vocabulary, or token ids) as token ids, each refused when
-    empty or when it plus n tokens exceeds the context; with the tokenizer (None when only ids are given and
+    empty, when it plus n tokens exceeds the context (a text too long to fit is refused before it is
+    tokenized) or when an id lies outside the vocabulary; with the tokenizer (None when only ids are given and
     the GGUF has none) and the ids that stop generation."""
-    tokenizer = load_tokenizer(model, required=any(isinstance(p, str) for p in prompts))
+    texts = [p for p in prompts if isinstance(p, str)]
+    tokenizer = load_tokenizer(model, required=bool(texts))
+    if texts:
+        per_token, room = longest_token_bytes(tokenizer), (n_ctx or model.hp.n_ctx_train) - n
+        for text in texts:
+            fewest = too_long_to_fit(text, room, per_token)
+            if fewest:
+                check_context(model, fewest, n, n_ctx, at_least=True)
     ids = [tokenizer.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+    n_vocab = model.token_embd.n_rows
     for p in ids:
         if not p:
             raise RunError("the prompt has no tokens")
         check_context(model, len(p), n, n_ctx)
+        bad = next((t for t in p if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise UsageError(model.path, f"prompt token id {bad} is outside the vocabulary of {n_vocab} tokens "
+                                         f"(0..{n_vocab - 1})")
     stop_ids = set(tokenizer.eog) if (tokenizer and stop_at_eog) else set()
     return tokenizer, ids, stop_ids
 
@@ -134,13 +152,22 @@ def load_tokenizer(model: TargetModel, required: bool) -> Tokenizer | None:
         return None
 
 
-def current_rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
-def peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def rss_fields() -> dict:
+    """rss_bytes and peak_rss_bytes, read together (VmRSS and VmHWM of one /proc/self/status) so that the peak
+    is never below the current value; getrusage's peak where there is no /proc."""
+    rss = peak = None
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    value = int(line.split()[1]) * 1024
+                    rss, peak = (value, peak) if line.startswith("VmRSS") else (rss, value)
+    except OSError:
+        pass
+    if rss is None:
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = max(peak or 0, rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return {"rss_bytes": rss, "peak_rss_bytes": peak}
 
 
 @dataclass
@@ -148,7 +175,7 @@ class SpecRun:
     target: str
     draft: str
     profile: str
-    version: int                    # 1 = DFlash v1, 2 = DFlash2
+    version: int                    # 1 = DFlash v1 (and DSpark's backbone), 2 = DFlash2
     draft_kv: str                   # "full" or "ring:<cap>"
     settings: dict
     prompts: int
@@ -168,6 +195,8 @@ class SpecRun:
     backend: str = "numba"          # "numba" | "torch", its device and compute dtype
     device: str = "cpu"
     dtype: str = "f32"
+    family: str = "dflash"          # "dflash" | "dflash2" | "dspark"
+    drafter_kind: str = ""          # what drafts, in words (Drafter.kind)
 
     @property
     def acceptance_rate(self) -> float:
@@ -189,6 +218,7 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
     (TargetModel; the drafter runs on the target's backend)."""
     if not prompts:
         raise RunError("no prompts")
+    check_threads(threads)
     model = target if isinstance(target, TargetModel) else TargetModel(target, threads=threads, backend=backend,
                                                                         device=device, dtype=dtype)
     drafter = None
@@ -197,6 +227,7 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
         settings = settings or DraftSettings()
         check_settings(drafter, settings)
         tokenizer, ids, stop_ids = prepare_prompts(model, prompts, n, n_ctx, stop_at_eog)
+        check_draft_kv(drafter, ring_cap, kv_type, max(map(len, ids)) + n, model.ops.device)
         warm_up(model)
         reference = TargetOnly(model, ids, n, stop_ids, progress) if compare else None
         measured = measure_drafter(model, drafter, ids, n, ring_cap=ring_cap, settings=settings, kv_type=kv_type,
@@ -265,7 +296,7 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
             mismatches.append(i)
         on_prompt()
     generated = sum(len(o) for o in outputs)
-    n_max = drafter.block_size - 1 if settings.n_max is None else settings.n_max
+    n_max = drafter.max_drafts if settings.n_max is None else settings.n_max
     target_tps = reference.tokens_per_second if reference else 0.0
     spec_tps = generated / t_spec if t_spec else 0.0
     hp = drafter.hp
@@ -278,7 +309,8 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
         speculative_tokens_per_second=spec_tps, speedup=spec_tps / target_tps if target_tps else 0.0,
         draft_seconds_share=t_draft / t_spec if t_spec else 0.0, draft_kv_bytes=kv.nbytes,
         draft_kv_bytes_full=full.bytes_for(longest), threads=model.threads, mismatches=mismatches,
-        tau_per_prompt=[acceptance_stats([steps], n_max + 1)["tau_zlab"] for steps in runs], **backend_fields(model))
+        tau_per_prompt=[acceptance_stats([steps], n_max + 1)["tau_zlab"] for steps in runs], family=drafter.family,
+        drafter_kind=drafter.kind, **backend_fields(model))
 
 
 def _target_only(model, prompt, n, stop_ids, progress=None) -> tuple[list, float]:

@@ -1,16 +1,23 @@
-"""validate: container rules for files and shard sets, optional deep row-data scan, sha256 manifests."""
+"""validate: container rules for files and shard sets, the model-file rules on the hyperparameters (the ones the
+runtime's loaders apply, ggtools.hparam_rules), optional deep row-data scan, sha256 manifests; for a DSpark
+drafter, its runtime's rules on the heads, d2t and block size."""
 
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ggtools.dflash.draftfile import DraftFile
+from ggtools.dflash.findings import FAILING, OK
+from ggtools.dflash.loaders import dspark_findings
 from ggtools.errors import located
 from ggtools.gguf import GGUFError, GGUFFile, ShardSet
 from ggtools.gguf.check import Problem, check_file, check_set
 from ggtools.gguf.hashing import hash_file
 from ggtools.gguf.inputs import parse_json, read_text
 from ggtools.gguf.outputs import check_output, write_bytes
+from ggtools.gguf.scan import scan_tensor
+from ggtools.hparam_rules import model_violations
 from ggtools.jobs.errors import JobError
 
 
@@ -64,15 +71,16 @@ class Report:
         }
 
 
-def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None) -> Report:
-    """Check every file and every shard set named by `paths` (any shard of a set names the whole set)."""
+def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None, force=False) -> Report:
+    """Check every file and every shard set named by `paths` (any shard of a set names the whole set); force: let
+    write_manifest replace an existing file."""
     sets = _distinct_sets(paths)
     want_hashes = bool(manifest or write_manifest)
     files = [s.paths[i] for s in sets for i in s.present_indices]
     expected = load_manifest(manifest) if manifest else None
     inputs = [p for s in sets for p in s.paths] + ([manifest] if manifest else [])
     if write_manifest:
-        check_output(write_manifest, inputs, force=True)
+        check_output(write_manifest, inputs, force=force)
     with ThreadPoolExecutor(max_workers=jobs or min(len(files), os.cpu_count() or 1) or 1) as pool:
         reports = list(pool.map(lambda p: _check_one(p, deep, want_hashes), files))
     set_problems = []
@@ -84,7 +92,7 @@ def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None
     if manifest:
         report.set_problems += check_manifest(manifest, expected, reports)
     if write_manifest and report.exit_code != 2:
-        save_manifest(write_manifest, reports, inputs)
+        save_manifest(write_manifest, reports, inputs, force=force)
     return report
 
 
@@ -111,13 +119,35 @@ def _check_one(path, deep, want_hashes) -> FileReport:
     with f:
         report.size, report.n_tensors = f.file_size, len(f.tensors)
         report.problems = check_file(f)
+        report.problems += hparam_problems(f, {p.where for p in report.problems})
         intact = not any(p.severity == "error" for p in report.problems)
+        if intact:
+            report.problems += dspark_problems(f)
         if deep and intact:
             report.problems += deep_scan(f)
             report.deep_bytes = sum(t.nbytes for t in f.tensors)
         if want_hashes:
             report.sha256, report.tensor_sha256 = hash_file(f, tensors=intact)
     return report
+
+
+def dspark_problems(f: GGUFFile) -> list[Problem]:
+    """A DSpark drafter (llama.cpp or lucebox layout): what its runtime's loader and graph do with its heads, d2t and
+    block size (dflash/loaders.py), each with the runtime's own words."""
+    out = []
+    for x in dspark_findings(DraftFile.read(f)):
+        if x.severity == OK:
+            continue
+        said = "; ".join(str(e) for e in x.effects)
+        out.append(Problem(f.path, f"DSpark {x.check}", f"{x.message} ({said})" if said else x.message,
+                           "error" if x.severity in FAILING else "warning"))
+    return out
+
+
+def hparam_problems(f: GGUFFile, reported=()) -> list[Problem]:
+    """The model-file rules the file's hyperparameters break (its metadata: shard 1 of a set), as the runtime
+    words them; reported: places the container rules already name (a key of the wrong type, say)."""
+    return [Problem(f.path, v.where, v.rule) for v in model_violations(f) if v.where not in reported]
 
 
 def deep_scan(f: GGUFFile) -> list[Problem]:
@@ -135,28 +165,11 @@ def deep_scan(f: GGUFFile) -> list[Problem]:
     return out
 
 
-def scan_tensor(f: GGUFFile, t, check, chunk_bytes=16 << 20) -> tuple[int, int]:
-    """check(type, rows) over a tensor in row chunks read with pread (bounded memory); returns
-    (bad items, index of the first bad item) where an item is a block, or a value for float types."""
-    row_bytes = t.nbytes // t.n_rows
-    items_per_row = row_bytes // t.block[1]
-    step = max(1, chunk_bytes // row_bytes)
-    total, first, buf = 0, -1, None
-    for start in range(0, t.n_rows, step):
-        rows = f.read_rows(t, start, min(step, t.n_rows - start), buf)
-        buf = rows if buf is None else buf
-        n_bad, at = check(t.type_id, rows)
-        if n_bad and first < 0:
-            first = start * items_per_row + at
-        total += n_bad
-    return total, first
-
-
-def save_manifest(path, reports, inputs=()):
+def save_manifest(path, reports, inputs=(), force=False):
     data = {"format": "ggtools-manifest/1",
             "files": {os.path.basename(r.path): {"size": r.size, "sha256": r.sha256, "tensors": r.tensor_sha256}
                       for r in reports}}
-    write_bytes(path, json.dumps(data, indent=1, sort_keys=True).encode(), inputs=inputs, force=True)
+    write_bytes(path, json.dumps(data, indent=1, sort_keys=True).encode(), inputs=inputs, force=force)
 
 
 class ManifestFileError(JobError):

@@ -8,9 +8,12 @@
   e - 1; the walk takes the first maximum. Confidence over the scores of the row walked: `p` = softmax at
   the chosen slot, `margin` = top1 - top2 score.
 
-Cuts (`cut_length`): "prob" stops before the first draft with p < p_min (llama.cpp); "margin" before the
-first with margin < 3 * p_min (the seeds' margin cut). Fewer than n_min surviving drafts: none are offered
-(llama.cpp's rule).
+- DSpark (dspark.py): v1's chain over the Markov-biased logits, plus each row's confidence head output.
+
+Cuts (`cut_length`): "prob" stops before the first draft with p < p_min (llama.cpp's DFlash rule); "margin"
+before the first with margin < 3 * p_min (the seeds' margin cut); "confidence" before the first with confidence
+< p_min (llama.cpp's draft-dspark rule: per position, not cumulative). Fewer than n_min surviving drafts: none
+are offered (llama.cpp's rule).
 """
 
 from dataclasses import dataclass
@@ -19,7 +22,7 @@ import numpy as np
 
 P_TOP_K = 10          # llama.cpp's DFlash draft sampler: top-k 10, then softmax
 MARGIN_SCALE = 3.0    # margin cut threshold = MARGIN_SCALE * p_min
-CUTS = ("none", "prob", "margin")
+CUTS = ("none", "prob", "margin", "confidence")
 
 
 @dataclass
@@ -27,6 +30,7 @@ class DraftChain:
     tokens: list[int]
     p: list[float]          # probability of each chosen draft (see module docstring)
     margin: list[float]     # top1 - top2 logit (v1) or lattice score (DFlash2)
+    confidence: list[float] | None = None   # DSpark's confidence head, per draft (None: no head)
 
 
 def _confidence(values: np.ndarray, chosen: float, top_k: int | None = None) -> tuple[float, float]:
@@ -92,4 +96,8 @@ def cut_length(chain: DraftChain, cut: str = "none", p_min: float = 0.0, n_min: 
         n = next((i for i, p in enumerate(chain.p) if p < p_min), n)
     elif cut == "margin" and p_min > 0:
         n = next((i for i, m in enumerate(chain.margin) if m < MARGIN_SCALE * p_min), n)
+    elif cut == "confidence" and p_min > 0:
+        if chain.confidence is None:
+            raise ValueError("a confidence cut needs a drafter with a confidence head")
+        n = next((i for i, c in enumerate(chain.confidence) if c < p_min), n)
     return n if n >= n_min else 0

@@ -2,16 +2,21 @@
 
 Where each value lives (key names, the target-layer id convention, the mask id's key, tensor names and their
 aliases) is the profile's fact (ggtools.dflash.profiles): llama.cpp (arch `dflash`) or lucebox
-(`qwen35-dflash-draft` and aliases). DFlash2 iff `selector_hidden.weight`.
+(`qwen35-dflash-draft` and aliases). DFlash2 iff `selector_hidden.weight`; DSpark iff `markov_w1.weight` (llama.cpp's
+rule: the Markov head makes a `dflash` file a draft-dspark one).
 
 `taps` are in the runtime's convention (TargetModel.forward: the residual stream entering layer j), which is
 HF id + 1.
+
+Every key is checked by the model-file rules (ggtools.hparam_rules: the ones validate and doctor apply) before
+it is read here.
 """
 
 from dataclasses import dataclass, field
 
 from ggtools.dflash.profiles import PROFILES, profile_of
-from ggtools.runtime.errors import ModelError
+from ggtools.hparam_rules import drafter_violations
+from ggtools.runtime.errors import ModelError, refuse_violations
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,13 @@ class DFlash2Params:
     selector_top_k: int
     logit_scale: float          # output_multiplier; 1 when absent
     softcap: float              # final_logit_softcapping; 0 = none
+
+
+@dataclass(frozen=True)
+class DSparkParams:
+    sample_from_anchor: bool    # dflash.sample_from_anchor (absent: true): anchor-first block, every row drafts;
+                                # false: bonus anchor, rows 1.. draft (as DFlash)
+    confidence_head: bool       # dflash.has_confidence_head (absent: true), llama.cpp's test for p_min > 0
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,7 @@ class DraftHParams:
     sliding_layers: tuple = ()  # per layer: does the sliding window apply
     rope_sections: tuple = ()   # M-RoPE sections (drafters of qwen35 targets; llama.cpp runs them as MROPE)
     v2: DFlash2Params | None = None
+    dspark: DSparkParams | None = None
     names: dict = field(default_factory=dict)   # role -> tensor name (fc, hidden_norm, ffn_norm suffix)
 
     @property
@@ -60,6 +73,7 @@ def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None) -> DraftH
     if p is None:
         raise ModelError(f"architecture '{arch}' is not a DFlash drafter (expected one of "
                          f"{', '.join(a for p in PROFILES.values() for a in p.archs)})")
+    refuse_violations(gguf.path, drafter_violations(gguf, mask_id))
 
     def key(name, default=None, required=False):
         value = gguf.get(f"{arch}.{name}")
@@ -110,7 +124,7 @@ def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None) -> DraftH
         sliding_window=window,
         rope_sections=tuple(int(v) for v in key("rope.dimension_sections", ())),
         sliding_layers=tuple(bool(sliding) for sliding in pattern) if pattern is not None else (bool(window),) * n_layer,
-        v2=_dflash2(gguf, key, tensor_names), names=names)
+        v2=_dflash2(gguf, key, tensor_names), dspark=_dspark(gguf, key, tensor_names, p, arch), names=names)
 
 
 def _stem(name: str) -> str:
@@ -127,3 +141,27 @@ def _dflash2(gguf, key, tensor_names) -> DFlash2Params | None:
     return DFlash2Params(values["conv_kernel_size"], values["conv_group_size"], values["selector_rank"],
                          values["selector_top_k"], float(key("logit_scale", 0.0) or 1.0),
                          float(key("final_logit_softcapping", 0.0) or 0.0))
+
+
+# lucebox keeps DSpark's heads under this prefix (dflash.dspark.markov.w1, ...); this runtime runs DSpark as llama.cpp's
+# graph does, from llama.cpp-profile files
+LUCEBOX_DSPARK_PREFIX = "dflash.dspark."
+
+
+def _dspark(gguf, key, tensor_names, profile, arch) -> DSparkParams | None:
+    if any(n.startswith(LUCEBOX_DSPARK_PREFIX) for n in tensor_names):
+        raise ModelError(f"{gguf.path}: DSpark heads in the lucebox layout ({LUCEBOX_DSPARK_PREFIX}*): this runtime "
+                         "drafts with DSpark from llama.cpp-profile files (ggtools convert gguf-layout --to llama.cpp); "
+                         "run as a plain DFlash drafter it would draft without its Markov head")
+    if "markov_w1.weight" not in tensor_names:
+        return None
+    if gguf.get(profile.key("block_size", arch)) is None:
+        raise ModelError(f"{gguf.path}: a DSpark drafter needs '{profile.key('block_size', arch)}' (llama.cpp's Markov "
+                         "head asserts it)")
+    flags = {}
+    for name in ("sample_from_anchor", "has_confidence_head"):
+        value = key(name, True)
+        if not isinstance(value, bool):
+            raise ModelError(f"{gguf.path}: '{arch}.{name}' is {value!r}, expected a boolean")
+        flags[name] = value
+    return DSparkParams(flags["sample_from_anchor"], flags["has_confidence_head"])

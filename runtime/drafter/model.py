@@ -1,4 +1,4 @@
-"""Drafter: a DFlash v1 / DFlash2 drafter GGUF (llama.cpp or lucebox profile) run beside its target, by the
+"""Drafter: a DFlash v1 / DFlash2 / DSpark drafter GGUF (llama.cpp or lucebox profile) run beside its target, by the
 target's backend (its `ops`: numba on the CPU, or torch); this code is the same for every backend.
 
     ctx   = rms(fc . concat(target features)) * hidden_norm          once per committed position
@@ -9,7 +9,11 @@ target's backend (its `ops`: numba on the CPU, or torch); this code is the same 
     out   = rms(h) * output_norm; row j >= 1 predicts the token at position start + j (target head)
 
 DFlash2 wraps both sublayers in a grouped dynamic convolution over the block (reference §5) and scales and
-softcaps its logits; draft_chain.py turns logits (and DFlash2's candidate lattice) into drafts.
+softcaps its logits; chain.py turns logits (and DFlash2's candidate lattice) into drafts. DSpark (dspark.py) adds
+a Markov head and a confidence head; an anchor-first DSpark block drafts from every row (the anchor's too, up to
+block_size drafts), every other drafter from rows 1.. (up to block_size - 1). A reduced draft vocabulary (`d2t`:
+the target id of each row of the drafter's own output head) is scattered into the target vocabulary, -inf
+elsewhere (llama.cpp's graph).
 
 Context rows use `stepwise` matmuls, so a row's K/V are the same bits whatever batch it is projected in
 (the ring's window equals recomputing it, and appends of any size agree).
@@ -18,8 +22,10 @@ Context rows use `stepwise` matmuls, so a row's K/V are the same bits whatever b
 import numpy as np
 
 from ggtools.runtime.drafter.chain import DraftChain, Selector, chain_v1
+from ggtools.runtime.drafter.dspark import MarkovHead
 from ggtools.runtime.drafter.hparams import DraftHParams, read_draft_hparams
 from ggtools.runtime.drafter.draft_kv import DraftKV, FullKV, RingKV
+from ggtools.runtime import nonfinite
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.kernels import ops as numba_ops
 
@@ -100,9 +106,29 @@ class Drafter:
         if not 0 <= hp.mask_id < self.embedding.n_rows:
             raise ModelError(f"{self.path}: mask token id {hp.mask_id} is outside the {self.embedding.n_rows}-token "
                              "embedding")
+        self.n_vocab = target.n_vocab
+        self.d2t = self._draft_vocabulary(w)
         self.selector = Selector(w, hp, ops.host) if hp.v2 else None
+        self.markov = MarkovHead(w, hp, ops, self.n_vocab, self.d2t) if hp.dspark else None
         self.scale = float(np.float32(1.0) / np.sqrt(np.float32(hp.head_dim)))
         self.freq_factors = np.zeros(0, np.float32)
+
+    def _draft_vocabulary(self, w) -> np.ndarray | None:
+        """d2t, checked: one distinct target id per row of the drafter's own output head."""
+        if not w.has("d2t"):
+            if self.head.n_rows != self.n_vocab:
+                raise ModelError(f"{self.path}: the output head has {self.head.n_rows} rows for a {self.n_vocab}-token "
+                                 "target vocabulary and there is no d2t table")
+            return None
+        d2t = w.id_vector("d2t")
+        if not w.has("output.weight") or self.head.n_rows != len(d2t):
+            raise ModelError(f"{self.path}: a reduced draft vocabulary (d2t of {len(d2t)} ids) needs the drafter's own "
+                             f"output.weight with {len(d2t)} rows")
+        if len(d2t) and (d2t.min() < 0 or d2t.max() >= self.n_vocab):
+            raise ModelError(f"{self.path}: d2t holds target ids outside 0..{self.n_vocab - 1}")
+        if len(np.unique(d2t)) != len(d2t):
+            raise ModelError(f"{self.path}: d2t maps two draft rows to one target id")
+        return d2t
 
     def _check_target(self, target):
         hp, th = self.hp, target.hp
@@ -120,6 +146,33 @@ class Drafter:
     @property
     def block_size(self) -> int:
         return self.hp.block_size
+
+    @property
+    def anchor_first(self) -> bool:
+        """The block's anchor row drafts too (DSpark with dflash.sample_from_anchor)."""
+        return bool(self.hp.dspark and self.hp.dspark.sample_from_anchor)
+
+    @property
+    def max_drafts(self) -> int:
+        """The most drafts one block gives (llama.cpp clamps n_max to it): block_size anchor-first, else
+        block_size - 1."""
+        return self.hp.block_size if self.anchor_first else self.hp.block_size - 1
+
+    @property
+    def family(self) -> str:
+        return "dspark" if self.hp.dspark else "dflash2" if self.hp.v2 else "dflash"
+
+    @property
+    def kind(self) -> str:
+        """What drafts, in words: "DFlash v1", "DFlash2", "DSpark (anchor-first, confidence head)", ..."""
+        name = {"dspark": "DSpark", "dflash2": "DFlash2", "dflash": "DFlash v1"}[self.family]
+        parts = []
+        if self.hp.dspark:
+            parts.append("anchor-first" if self.anchor_first else "bonus anchor")
+            parts.append("confidence head" if self.markov.conf is not None else "no confidence head")
+        if self.d2t is not None:
+            parts.append(f"draft vocabulary {len(self.d2t)}")
+        return name + (f" ({', '.join(parts)})" if parts else "")
 
     def new_kv(self, ring_cap: int | None = None, kv_type: str = "f16") -> DraftKV:
         """A FullKV, or a RingKV of ring_cap context slots."""
@@ -195,7 +248,12 @@ class Drafter:
         return layer.ffn_conv.apply(out, dyn, 1) if layer.ffn_conv else out
 
     def logits(self, hidden) -> np.ndarray:
-        """Draft rows' hidden states -> logits on the host (DFlash2: scaled, then softcapped)."""
+        """Draft rows' hidden states -> logits in the target vocabulary on the host."""
+        return self.to_target_vocab(self.draft_logits(hidden))
+
+    def draft_logits(self, hidden) -> np.ndarray:
+        """Draft rows' hidden states -> logits in the draft vocabulary on the host (DFlash2: scaled, then
+        softcapped)."""
         logits = self.ops.host(self.head(hidden))
         v2 = self.hp.v2
         if v2:
@@ -206,15 +264,32 @@ class Drafter:
                 logits = np.tanh(logits / c) * c
         return logits
 
-    def draft(self, kv: DraftKV, anchor: int, n_block: int) -> DraftChain:
-        """Drafts for positions kv.committed + 1 ... + n_block - 1 from the block [anchor, MASK, ...]."""
-        hidden = self.forward_block(kv, [anchor] + [self.hp.mask_id] * (n_block - 1))[1:]
-        return self.propose(hidden, anchor)
+    def to_target_vocab(self, logits: np.ndarray) -> np.ndarray:
+        """A reduced draft vocabulary's logits scattered through d2t into the target's, -inf elsewhere."""
+        if self.d2t is None:
+            return logits
+        full = np.full((len(logits), self.n_vocab), -np.inf, np.float32)
+        full[:, self.d2t] = logits
+        return full
 
-    def propose(self, hidden, anchor: int) -> DraftChain:
-        logits = self.logits(hidden)
+    def draft(self, kv: DraftKV, anchor: int, n_drafts: int) -> DraftChain:
+        """n_drafts drafts (1 .. max_drafts) for positions kv.committed + 1 ... from the block [anchor, MASK, ...]:
+        n_drafts rows anchor-first, else n_drafts + 1 rows of which rows 1.. draft."""
+        first = 0 if self.anchor_first else 1
+        block = [anchor] + [self.hp.mask_id] * (n_drafts + first - 1)
+        return self.propose(self.forward_block(kv, block)[first:], anchor, block)
+
+    def propose(self, hidden, anchor: int, block=None) -> DraftChain:
+        """The drafting rows' hidden states -> the draft chain; NonFiniteError when their logits are not finite
+        (block: the block's ids, to name an embedding row that made them)."""
+        logits = self.draft_logits(hidden)
+        if not np.isfinite(logits).all():
+            raise nonfinite.drafter_error(self, block if block is not None else [anchor])
+        logits = self.to_target_vocab(logits)
         if self.selector:
             return self.selector.walk(logits, hidden, anchor)
+        if self.markov:
+            return self.markov.walk(logits, hidden, anchor)
         return chain_v1(logits)
 
     def close(self):

@@ -1,10 +1,14 @@
-"""Model hyperparameters from a target GGUF's `<arch>.*` keys, with llama.cpp's defaults."""
+"""Model hyperparameters from a target GGUF's `<arch>.*` keys, with llama.cpp's defaults.
+
+Every key is checked by the model-file rules (ggtools.hparam_rules, which validate and doctor apply too) before
+anything here reads it; what remains here is what this runtime cannot run although the file is valid."""
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from ggtools.runtime.errors import ModelError
+from ggtools.hparam_rules import target_violations
+from ggtools.runtime.errors import ModelError, refuse_violations
 from ggtools.runtime.kernels.ops import yarn_attn_factor, yarn_corr_dims
 
 F32 = np.float32
@@ -99,6 +103,7 @@ def _swa_layers(gguf, key, n_layer: int, default_pattern: int) -> tuple:
 
 def read_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
     """gguf: the GGUFFile holding the metadata (shard 1 of a split model); arch_entry: its archs.Arch."""
+    refuse_violations(gguf.path, target_violations(gguf))
     if arch_entry.read_hparams is not None:     # an architecture with keys of its own (kimi-k3)
         return arch_entry.read_hparams(gguf, n_vocab, arch_entry)
     arch = gguf.architecture
@@ -161,15 +166,12 @@ def read_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
         n_swa=int(key("attention.sliding_window", 0)),
         swa_layers=_swa_layers(gguf, f"{arch}.attention.sliding_window_pattern", n_layer, arch_entry.swa_pattern),
         rope_sections=tuple(int(v) for v in _get(gguf, f"{arch}.rope.dimension_sections", ())),
-        **_delta_net(gguf, arch, n_layer),
+        **(_delta_net(gguf, arch, n_layer) if arch_entry.hybrid else {}),
     )
 
 
 def _delta_net(gguf, arch: str, n_layer: int) -> dict:
-    """The Gated DeltaNet fields of a hybrid (qwen35) model, as llama.cpp reads them; none otherwise."""
-    if _get(gguf, f"{arch}.ssm.conv_kernel") is None:
-        return {}
-
+    """The Gated DeltaNet fields of a hybrid (qwen35) model, as llama.cpp reads them."""
     def key(name):
         return int(_get(gguf, f"{arch}.ssm.{name}", required=True))
 
@@ -183,6 +185,8 @@ def _delta_net(gguf, arch: str, n_layer: int) -> dict:
     if recurrent is None:   # llama.cpp's fallback: every full_attention_interval-th layer is attention
         interval = int(_get(gguf, f"{arch}.full_attention_interval", 4))
         recurrent = [(i + 1) % interval != 0 for i in range(n_layer)]
+    elif not hasattr(recurrent, "__len__"):     # one flag for every layer (get_key_or_arr's scalar form)
+        recurrent = [recurrent] * n_layer
     if len(recurrent) < n_layer:
         raise ModelError(f"{gguf.path}: '{arch}.attention.recurrent_layers' has {len(recurrent)} entries for "
                          f"{n_layer} layers")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ggtools.runtime import nonfinite
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.kernels import ops as rope_ops
 from ggtools.runtime.backends import make_ops
@@ -49,7 +50,7 @@ class TargetModel:
         self.output_norm = ops.vector(w.vector("output_norm.weight", hp.n_embd))
         # tied embeddings: llama.cpp uses token_embd as the head when output.weight is absent
         self.output = w.matrix("output.weight", hp.n_embd) if w.has("output.weight") else self.token_embd
-        freq_factors = w.optional_vector("rope_freqs.weight")
+        freq_factors = w.optional_vector("rope_freqs.weight", hp.rope_dims // 2)
         self.rope_freq_factors = np.zeros(0, np.float32) if freq_factors is None else freq_factors
         # M-RoPE on text: pairs of the fourth section keep position 0's angles (none with Qwen3.5's sections)
         self.rope_still = np.zeros(0, bool)
@@ -120,17 +121,35 @@ class TargetModel:
         self.kv.n_tokens = start + len(tokens)
         out = backend.rms_norm(x, self.output_norm, hp.rms_eps)
         self._tap(features, taps, hp.n_layer, out)
-        if logits == "none":
+        if logits == "none":             # no logits to check: the final states (and so every tap before them)
+            if not nonfinite.finite(backend, out):
+                raise nonfinite.target_error(self, tokens, positions, start, stepwise,
+                                             "the final hidden states are not finite")
             return None, features
-        return backend.host(self.output(out if logits == "all" else out[-1:], stepwise)), features
+        rows = backend.host(self.head(out if logits == "all" else out[-1:], stepwise))
+        if not np.isfinite(rows).all():       # on the host already: the one check the normal path pays
+            raise nonfinite.target_error(self, tokens, positions, start, stepwise)
+        return rows, features
+
+    def head(self, x, stepwise: bool = False):
+        """The final normed states x -> logits (the backend's array)."""
+        return self.output(x, stepwise)
 
     def run_layer(self, i: int, x, positions, rope, stepwise: bool = False):
         """Layer i on its input x (the residual stream, the backend's array) at `positions`, whose cache rows it
         writes (the cache must have room: kv.reserve); rope: rope_tables(positions)."""
-        layer, hp, backend = self.layers[i], self.hp, self.ops
-        x = layer.mixer(backend.rms_norm(x, layer.attn_norm, hp.rms_eps), positions, rope, self.kv, layer.slot, hp,
-                        stepwise) + x
-        return layer.ffn(backend.rms_norm(x, layer.ffn_norm, hp.rms_eps), stepwise) + x
+        return self.feed_forward(i, self.mix(i, x, positions, rope, stepwise), stepwise)
+
+    def mix(self, i: int, x, positions, rope, stepwise: bool = False):
+        """x plus layer i's token mixer on its normed x (run_layer's first half)."""
+        layer, hp = self.layers[i], self.hp
+        return layer.mixer(self.ops.rms_norm(x, layer.attn_norm, hp.rms_eps), positions, rope, self.kv, layer.slot,
+                           hp, stepwise) + x
+
+    def feed_forward(self, i: int, x, stepwise: bool = False):
+        """x plus layer i's FFN on its normed x (run_layer's second half)."""
+        layer = self.layers[i]
+        return layer.ffn(self.ops.rms_norm(x, layer.ffn_norm, self.hp.rms_eps), stepwise) + x
 
     def rope_tables(self, positions):
         """RoPE's cos, sin tables at positions (M-RoPE's text angles where the model has sections), as the

@@ -5,13 +5,19 @@ The target's cache keeps llama.cpp's layout (keys (n_kv, capacity, d), values tr
 in f16 or f32 tensors on the device; a query at position p sees cache positions <= p (and, in a sliding-window
 layer of n, those > p - n). The drafter's queries see the rows the draft KV lists for them, by absolute
 position: non-causal unless the drafter says causal, |q - k| < window in sliding layers (z-lab's mask).
+
+In float32 both are the numba runtime's arithmetic: the target's attention is llama.cpp's CPU attention without
+flash attention (`ggml_attention`: q and the probabilities rounded to f16 over an f16 cache, the dots' lane
+layouts, ggml's softmax, the cache length padded to a multiple of 32), the drafter's the numba drafter's
+(`exact_draft_attention`: per-key scores, ggml's vector exp, values summed key by key, then normalized). In bf16 /
+f16 both are torch's matmuls and softmax (tensor_math.attend).
 """
 
 import numpy as np
 import torch
 
 from ggtools.runtime.target.pieces import AttentionTensors
-from ggtools.runtime.torch_backend import tensor_math
+from ggtools.runtime.torch_backend import ggml_math as gm, tensor_math
 from ggtools.runtime.torch_backend.matrix import DeviceGroup
 from ggtools.runtime.torch_backend.vectors import device_vector, optional_device_vector
 
@@ -38,7 +44,7 @@ class Attention(AttentionTensors):
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> torch.Tensor:
         n_tokens = h.shape[0]
-        q, k, v = self.qkv(h)
+        q, k, v = self.qkv(h, stepwise)
         q, k, v = (x if b is None else x + b.to(x.dtype) for x, b in ((q, self.bq), (k, self.bk), (v, self.bv)))
         if self.output_gate:
             heads = q.reshape(n_tokens, hp.n_head, 2, hp.head_dim)
@@ -50,13 +56,62 @@ class Attention(AttentionTensors):
         keys[:, start:n_ctx] = k.transpose(0, 1).to(keys.dtype)
         values_t[:, :, start:n_ctx] = v.reshape(n_tokens, hp.n_head_kv, hp.head_dim).permute(1, 2, 0).to(keys.dtype)
         visible = causal_visibility(positions, n_ctx, self.window, h.device)
-        f16_operands = keys.dtype == torch.float16 and h.dtype == torch.float32
-        out = tensor_math.attend(q, keys[:, :n_ctx], values_t[:, :, :n_ctx].transpose(1, 2), visible,
-                                 hp.attn_scale, self.sinks, f16_operands)
-        if self.output_gate:
-            out = out * torch.sigmoid(gate)
-        out = self.wo(out)
+        if h.dtype == torch.float32:
+            out = ggml_attention(q, keys[:, :n_ctx], values_t[:, :, :n_ctx], visible, hp.attn_scale, self.sinks,
+                                 one_row=n_tokens == 1 or stepwise)
+            if self.output_gate:
+                out = out * gm.sigmoid(gate)
+        else:
+            out = tensor_math.attend(q, keys[:, :n_ctx], values_t[:, :, :n_ctx].transpose(1, 2), visible,
+                                     hp.attn_scale, self.sinks)
+            if self.output_gate:
+                out = out * torch.sigmoid(gate)
+        out = self.wo(out, stepwise)
         return out if self.bo is None else out + self.bo.to(out.dtype)
+
+
+KV_PAD = 32             # llama.cpp pads the cache length it attends over to a multiple of 32
+SCORE_VALUES = 1 << 22  # query rows x keys x head dims per chunk of scores
+
+
+def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values_t: torch.Tensor, visible: torch.Tensor,
+                   scale: float, sinks: torch.Tensor, one_row: bool) -> torch.Tensor:
+    """llama.cpp's CPU attention (numba's mixers/attention.attention_rows) in float32: q (T, n_head, d) after
+    RoPE; keys (n_kv, S, d) and values_t (n_kv, d, S), the cache's first S positions (f16: q and the
+    probabilities are rounded to f16 too); visible (T, S); sinks: per head (empty: none); one_row: a one-token
+    (or stepwise) batch, whose dots use vec_dot's layout. -> (T, n_head * d) float32.
+
+    scores = K . q (vec_dot's four 8-lane accumulators; tinyBLAS's 8 lanes for a batch over an f16 cache),
+    scaled, masked to -inf; ggml's softmax over the positions padded to a multiple of 32; out = V^T . p
+    (four accumulators of 8 positions for one row, 8 lanes for a batch: the positions a lane sums depend on
+    the padding, the zero probabilities beyond it add nothing)."""
+    n_tokens, n_head, d = q.shape
+    n_kv, n_ctx = keys.shape[0], keys.shape[1]
+    group = n_head // n_kv
+    f16 = keys.dtype == torch.float16
+    q = gm.to_f16(q) if f16 else q
+    qg = q.reshape(n_tokens, n_kv, group, d).permute(1, 2, 0, 3)[:, :, :, None]     # (n_kv, group, T, 1, d)
+    k = keys.float()[:, None, None]                                                  # (n_kv, 1, 1, S, d)
+    step = max(1, SCORE_VALUES // (n_head * n_tokens * d))
+    scores = torch.cat([_score_dots(qg, k[:, :, :, s:s + step], one_row or not f16, f16)
+                        for s in range(0, n_ctx, step)], -1)                         # (n_kv, group, T, S)
+    scores = torch.where(visible, scores * gm.f32(scale), float("-inf"))
+    n_pad = -(-n_ctx // KV_PAD) * KV_PAD
+    scores = torch.nn.functional.pad(scores, (0, n_pad - n_ctx), value=float("-inf"))
+    sink = sinks.reshape(n_kv, group, 1).expand(n_kv, group, n_tokens) if sinks.numel() else None
+    probs = gm.soft_max(scores, sink)
+    probs = gm.to_f16(probs) if f16 else probs
+    v = torch.nn.functional.pad(values_t.float(), (0, n_pad - n_ctx))[:, None, None]  # (n_kv, 1, 1, d, S_pad)
+    p = probs[:, :, :, None]                                                          # (n_kv, group, T, 1, S_pad)
+    out = gm.dot_4x8(p, v, f16) if one_row else gm.dot_lanes8(p, v, f16)              # (n_kv, group, T, d)
+    return out.permute(2, 0, 1, 3).reshape(n_tokens, n_head * d)
+
+
+def _score_dots(q: torch.Tensor, k: torch.Tensor, one_row: bool, f16: bool) -> torch.Tensor:
+    """numba's attention `dots` of the query rows (w) with the key rows (x)."""
+    if one_row and q.shape[-1] % 32:
+        return gm.dot_one_row(q, k, f16_tail=f16, exact_products=f16)
+    return gm.dot_4x8(q, k, f16) if one_row else gm.dot_lanes8(q, k, f16)
 
 
 def draft_attention(q, k_store, v_store, rows, k_pos, q_pos, scale: float, window: int = 0,
@@ -73,4 +128,37 @@ def draft_attention(q, k_store, v_store, rows, k_pos, q_pos, scale: float, windo
         visible &= kp <= qp
     if window:
         visible &= (qp - kp).abs() < window
+    if q.dtype == torch.float32:
+        return exact_draft_attention(q, keys.float(), values.float(), visible, scale)
     return tensor_math.attend(q, keys, values, visible, scale)
+
+
+def exact_draft_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+    """The numba drafter's attention (drafter/attention.attention_groups) in float32: q (T, n_head, d); keys,
+    values (n_kv, S, d) in the order the draft KV lists them; visible (T, S). Per key, its score against every
+    query (vec_dot's 4x8 layout over the whole steps of 32 dims, the leftover dims added in order), times the
+    scale; masked keys -inf; e = v_expf(w - max) over blocks of 8 keys (padded with -inf), their hsum8 added in
+    float64, total rounded to float32; the values summed key by key (acc += e * v, keys with e = 0 skipped);
+    out = acc * (1 / total)."""
+    n_tokens, n_head, d = q.shape
+    n_kv, n_keys = keys.shape[0], keys.shape[1]
+    group = n_head // n_kv
+    qg = q.reshape(n_tokens, n_kv, group, d).permute(1, 2, 0, 3)[:, :, :, None]    # (n_kv, group, T, 1, d)
+    k = keys[:, None, None]                                                         # (n_kv, 1, 1, S, d)
+    n32 = d // 32 * 32
+    w = (gm.dot_4x8(k[..., :n32], qg[..., :n32]) if n32 else
+         torch.zeros((n_kv, group, n_tokens, n_keys), dtype=torch.float32, device=q.device))
+    for j in range(n32, d):
+        w = w + k[..., j] * qg[..., j]
+    w = torch.where(visible, w * gm.f32(scale), float("-inf"))
+    m = w.amax(-1, keepdim=True)
+    n_pad = -(-n_keys // 8) * 8
+    e = gm.v_expf(torch.nn.functional.pad(w, (0, n_pad - n_keys), value=float("-inf")) - m)
+    total = gm.hsum8(e.reshape(e.shape[:-1] + (n_pad // 8, 8))).double().sum(-1).float()
+    acc = torch.zeros((n_kv, group, n_tokens, d), dtype=torch.float32, device=q.device)
+    for i in range(n_keys):     # numba skips keys with e = 0 (their values might not be finite)
+        p = e[..., i, None]
+        acc += torch.where(p != 0, p * values[:, None, None, i], 0.0)
+    out = acc * gm.div(torch.ones_like(total), total)[..., None]
+    return out.permute(2, 0, 1, 3).reshape(n_tokens, n_head * d)

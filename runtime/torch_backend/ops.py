@@ -1,7 +1,9 @@
 """TorchOps: the torch backend's side of the model description (the interface numba_backend.NumbaOps has).
 
 Activations are torch tensors on the device in the compute dtype (float32 on the CPU; bfloat16 or float16 on a
-GPU); matrices are DeviceMatrix (GGUF blocks on the device); norms, softmax and attention run in float32. The
+GPU by default); matrices are DeviceMatrix (GGUF blocks on the device). In float32 every op is llama.cpp's CPU
+arithmetic (ggml_math.py, ggml_matmul.py: the numba runtime's bits); in bfloat16 / float16 matmuls run in that
+dtype and norms, softmax and attention in float32 with torch's functions (`numerics_note` in backends.py). The
 target's KV cache, the recurrent states and the draft KV's stores are tensors on the device; logits come back
 to the host (numpy float32) for the greedy choice and the draft chain.
 """

@@ -1,0 +1,60 @@
+"""Option types every command shares: text that must be Unicode, numbers that must be finite.
+
+Python decodes a command line's bytes with surrogateescape, so bytes that are not UTF-8 reach a command as lone
+surrogates, which any later encode (tokenizing a prompt, writing a GGUF string) fails on. A path may hold any
+bytes (the OS takes them back unchanged); every other text value is checked when it is parsed
+(`require_unicode_text`, applied to each command as the CLI loads it).
+
+A float option compared against a measurement (a gate) must be finite: every comparison with NaN is false, so a
+gate of NaN could never fail (`FiniteFloatRange`).
+"""
+
+import math
+
+import click
+
+
+class UnicodeText(click.types.StringParamType):
+    """A text value whose bytes are UTF-8."""
+
+    name = "text"
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        problem = unicode_problem(value)
+        if problem:
+            self.fail(problem, param, ctx)
+        return value
+
+
+UNICODE_TEXT = UnicodeText()
+
+
+def unicode_problem(text: str) -> str | None:
+    """Why text is not Unicode text (None if it is): the first undecodable byte or lone surrogate."""
+    for i, ch in enumerate(text):
+        if "\ud800" <= ch <= "\udfff":
+            if "\udc80" <= ch <= "\udcff":         # a byte surrogateescape could not decode
+                return f"not UTF-8 text: byte 0x{ord(ch) - 0xdc00:02x} at character {i}"
+            return f"not Unicode text: a lone surrogate U+{ord(ch):04X} at character {i}"
+    return None
+
+
+def require_unicode_text(command: click.Command) -> click.Command:
+    """Make every plain text option and argument of command (and of its subcommands) a UnicodeText."""
+    for param in command.params:
+        if type(param.type) is click.types.StringParamType:
+            param.type = UNICODE_TEXT
+    for sub in getattr(command, "commands", {}).values():
+        require_unicode_text(sub)
+    return command
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange that also refuses NaN and infinities."""
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        if not math.isfinite(value):
+            self.fail(f"{value} is not a finite number", param, ctx)
+        return value

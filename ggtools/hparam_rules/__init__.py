@@ -1,0 +1,26 @@
+"""Model-file rules: which hyperparameters a GGUF must hold, as llama.cpp's loader checks them, plus what it misses
+(NaN and inf, zeros it divides by, RoPE sizes ggml asserts on). One place that `validate`, `doctor` and the
+runtime's loaders (runtime/target/hparams.py, runtime/drafter/hparams.py) all apply; each caller turns a
+Violation into its own report or error (a Problem, a Finding, a ModelError), in the same words.
+
+    violations = model_violations(gguf)      # target or drafter, by general.architecture
+    for v in violations: print(f"{gguf.path}: {v}")    # "m.gguf: key 'qwen3.rope.dimension_count': is 999, ..."
+
+What the runtime cannot run although the file is valid (a separate RoPE base for sliding-window layers, key and
+value heads of different sizes, ...) is the runtime's own refusal, not a rule here.
+"""
+
+from ggtools.dflash.profiles import profile_of
+from ggtools.hparam_rules.drafter import drafter_violations
+from ggtools.hparam_rules.target import ARCHS, target_violations
+from ggtools.hparam_rules.violation import MISSING, TYPE, VALUE, Violation
+
+__all__ = ["ARCHS", "MISSING", "TYPE", "VALUE", "Violation", "drafter_violations", "model_violations",
+           "target_violations"]
+
+
+def model_violations(gguf) -> list[Violation]:
+    """The rules of the file's arch: a DFlash drafter's, else a target's (`gguf`: a GGUFFile, shard 1 of a set)."""
+    if profile_of(gguf.architecture) is not None:
+        return drafter_violations(gguf)
+    return target_violations(gguf)

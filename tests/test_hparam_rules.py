@@ -1,0 +1,212 @@
+"""The model-file rules (ggtools.hparam_rules): one place that the runtime's loaders, validate and doctor apply.
+
+- the runtime reads no hyperparameter key the rules do not check (its reads are recorded, on every arch and
+  drafter layout it runs);
+- each broken rule is worded the same by the runtime (its ModelError), validate (a problem) and doctor (a finding,
+  and the words it says ggtools' runtime prints);
+- what the rules say llama.cpp prints refusing a file, libllama prints refusing that file (the oracle test, in a
+  child process: its asserts abort), and the unbroken models run there.
+"""
+
+import pytest
+from gguf import GGUFValueType as VT
+
+from ggtools.dflash.profiles import LUCEBOX
+from ggtools.gguf import GGUFFile
+from ggtools.hparam_rules import drafter_violations, model_violations, target_violations
+from ggtools.jobs.convert import convert_dflash
+from ggtools.jobs.doctor import doctor
+from ggtools.jobs.validate import validate
+from ggtools.runtime.drafter.hparams import read_draft_hparams
+from ggtools.runtime.errors import ModelError
+from ggtools.runtime.target.archs import arch_of
+from ggtools.runtime.target.hparams import read_hparams
+from tests.hostile_corpus import DEMO, HPARAM_VARIANTS, NAN
+from tests.test_convert_support import make_checkpoint, make_target_gguf, rewrite_gguf
+from tests.tiny_targets import DEMO_TARGET, write_gpt_oss, write_qwen35
+
+U32, I32, F32, STR, BOOL, ARR = VT.UINT32, VT.INT32, VT.FLOAT32, VT.STRING, VT.BOOL, VT.ARRAY
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("rules")
+    m = {"target": DEMO_TARGET, "q35": write_qwen35(d / "q35.gguf"), "oss": write_gpt_oss(d / "oss.gguf"),
+         "drafter": str(d / "drafter.gguf"), "lucebox": str(d / "lucebox.gguf"), "v2": str(d / "v2.gguf")}
+    convert_dflash(f"{DEMO}/drafter", m["drafter"], profile="llama.cpp", target=DEMO_TARGET)
+    convert_dflash(f"{DEMO}/drafter", m["lucebox"], profile="lucebox")
+    convert_dflash(make_checkpoint(d / "c2", 2), m["v2"], profile="llama.cpp",
+                   target=make_target_gguf(d / "t2.gguf"))
+    m["swa"] = str(rewrite_gguf(m["drafter"], d / "swa.gguf", set_keys=[
+        ("dflash.attention.sliding_window", U32, 4, None),
+        ("dflash.attention.sliding_window_pattern", ARR, [True, False], BOOL)]))
+    m["dir"] = d
+    return m
+
+
+class RecordedKeys(dict):
+    """A GGUFFile's `kv` that records every key looked up (get, [], in)."""
+
+    def __init__(self, kv):
+        super().__init__(kv)
+        self.read = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return super().__contains__(key)
+
+
+def keys_read(f, read) -> set[str]:
+    f.kv = RecordedKeys(f.kv)
+    read(f)
+    return f.kv.read - {"general.architecture"}
+
+
+@pytest.mark.parametrize("name", ["target", "q35", "oss", "drafter", "lucebox", "v2", "swa"])
+def test_the_runtime_reads_no_key_the_rules_do_not_check(models, name):
+    with GGUFFile(models[name]) as f:
+        if name in ("target", "q35", "oss"):
+            runtime = keys_read(f, lambda g: read_hparams(g, 100, arch_of(g)))
+            rules = keys_read(f, target_violations)
+        else:
+            names = {t.name for t in f.tensors}
+            runtime = keys_read(f, lambda g: read_draft_hparams(g, names))
+            rules = keys_read(f, drafter_violations)
+    assert runtime, name
+    assert runtime <= rules, sorted(runtime - rules)
+
+
+@pytest.mark.parametrize("name", ["target", "q35", "oss", "drafter", "lucebox", "v2", "swa"])
+def test_good_models_break_no_rule(models, name):
+    with GGUFFile(models[name]) as f:
+        assert model_violations(f) == []
+    assert validate([models[name]]).exit_code == 0
+
+
+# (base, keys set, the key the first broken rule names, a fragment of its rule): beyond hostile_corpus'
+# HPARAM_VARIANTS (which test_hostile runs through the CLI)
+MORE = [
+    ("target", [("qwen3.attention.layer_norm_rms_epsilon", F32, 0.0, None)], "layer_norm_rms_epsilon", "above 0"),
+    ("target", [("qwen3.rope.freq_base", F32, float("inf"), None)], "rope.freq_base", "finite"),
+    ("target", [("qwen3.rope.freq_base", F32, -10.0, None)], "rope.freq_base", "above 0"),
+    ("target", [("qwen3.rope.freq_base_swa", F32, NAN, None)], "rope.freq_base_swa", "finite"),
+    ("target", [("qwen3.rope.scaling.type", STR, "wobble", None)], "rope.scaling.type", "one of none, linear"),
+    ("target", [("qwen3.rope.scaling.factor", F32, -2.0, None)], "rope.scaling.factor", "negative"),
+    ("target", [("qwen3.block_count", U32, 513, None)], "block_count", "1..512"),
+    ("target", [("qwen3.block_count", VT.UINT64, 4, None)], "block_count", "llama.cpp requires UINT32"),
+    ("target", [("qwen3.context_length", U32, 0, None)], "context_length", "no context"),
+    ("target", [("qwen3.attention.head_count_kv", U32, 3, None)], "head_count_kv", "do not divide"),
+    ("target", [("qwen3.attention.head_count", ARR, [4, 4], I32)], "attention.head_count", "2 entries for 4"),
+    ("target", [("qwen3.attention.head_count", ARR, [4, -4, 4, 4], I32)], "attention.head_count", "negative"),
+    ("target", [("qwen3.attention.key_length", U32, 0, None)], "key_length", "is 0"),
+    ("target", [("qwen3.expert_used_count", U32, 2, None)], "expert_used_count", "above expert_count 0"),
+    ("target", [("qwen3.rope.dimension_sections", ARR, [1, 2], I32)], "dimension_sections", "4 sections"),
+    ("target", [("qwen3.rope.dimension_sections", ARR, [0, 0, 0, 4], I32)], "dimension_sections", "first three"),
+    ("q35", [("qwen35.ssm.time_step_rank", U32, 3, None)], "ssm.time_step_rank", "not a multiple"),
+    ("q35", [("qwen35.attention.recurrent_layers", ARR, [True, False], BOOL)], "recurrent_layers", "2 entries"),
+    ("q35", [("qwen35.rope.dimension_count", U32, 0, None)], "rope.dimension_count", "is 0"),
+    ("oss", [("gpt-oss.expert_used_count", U32, 5, None)], "expert_used_count", "above expert_count 4"),
+    ("oss", [("gpt-oss.attention.sliding_window", U32, 0, None)], "sliding_window", "need a window"),
+    ("oss", [("gpt-oss.attention.sliding_window_pattern", ARR, ["a"], STR)], "sliding_window_pattern", "array[STRING]"),
+    ("oss", [("gpt-oss.rope.scaling.original_context_length", U32, 0, None)], "original_context_length", "YaRN"),
+    ("drafter", [("dflash.block_size", U32, 1, None)], "block_size", "2 or more"),
+    ("drafter", [("dflash.target_layers", ARR, [], I32)], "target_layers", "is empty"),
+    ("drafter", [("dflash.target_layers", ARR, [0, 3], I32)], "target_layers", "at least 1"),
+    ("drafter", [("dflash.target_layers", U32, 2, None)], "target_layers", "array of integers"),
+    ("drafter", [("tokenizer.ggml.mask_token_id", U32, 4096, None)], "mask_token_id", "2048-token vocabulary"),
+    ("drafter", [("dflash.final_logit_softcapping", F32, -1.0, None)], "softcapping", "negative"),
+    ("drafter", [("dflash.attention.head_count", U32, 0, None)], "attention.head_count", "is 0"),
+    ("drafter", [("dflash.embedding_length", F32, 128.0, None)], "embedding_length", "llama.cpp requires UINT32"),
+    ("swa", [("dflash.attention.sliding_window_pattern", ARR, [True], BOOL)], "sliding_window_pattern",
+     "1 entries for 2"),
+    ("lucebox", [(f"{LUCEBOX.arch}.dflash.block_size", I32, -3, None)], "block_size", "negative"),
+    ("lucebox", [(f"{LUCEBOX.arch}.embedding_length", F32, 128.0, None)], "embedding_length", "an integer type"),
+]
+CASES = {f"{name}": (base, keys, keys[0][0].rpartition(".")[2], "") for name, (base, keys) in
+         HPARAM_VARIANTS.items()} | {f"more{i}": case for i, case in enumerate(MORE)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_rule_is_worded_the_same_by_the_runtime_validate_and_doctor(models, case, tmp_path):
+    base, keys, key, fragment = CASES[case]
+    path = str(rewrite_gguf(models[base], tmp_path / "m.gguf", set_keys=keys))
+    with GGUFFile(path) as f:
+        violations = model_violations(f)
+        assert violations and key in violations[0].key and fragment in violations[0].rule, violations
+        drafter = f.architecture in ("dflash", LUCEBOX.arch)
+        with pytest.raises(ModelError) as refused:
+            read_draft_hparams(f, {t.name for t in f.tensors}) if drafter else read_hparams(f, 100, arch_of(f))
+    more = f" ({len(violations) - 1} more: see ggtools validate)" if len(violations) > 1 else ""
+    assert str(refused.value) == f"{path}: {violations[0]}{more}"
+    problems = {(p.where, p.rule) for p in validate([path]).problems}
+    container = {where for where, _ in problems}
+    assert {(v.where, v.rule) for v in violations if v.where not in container} <= problems
+    assert validate([path]).exit_code == 1
+    if drafter:
+        report = doctor(path, runtimes=["ggtools"])
+        assert report.exit_code == 1
+        said = [f.says("ggtools") for f in report.findings if f.severity == "error"]
+        assert str(refused.value).removesuffix(more) in said
+
+
+def test_a_mask_id_given_replaces_the_stored_one(models, tmp_path):
+    """--mask-id is the repair for a broken stored mask id: the stored one is then not held against the file."""
+    path = str(rewrite_gguf(models["drafter"], tmp_path / "m.gguf",
+                            set_keys=[("tokenizer.ggml.mask_token_id", U32, 99999, None)]))
+    with GGUFFile(path) as f:
+        assert drafter_violations(f) and drafter_violations(f, mask_id=5) == []
+
+
+def test_lucebox_mask_is_the_targets(models, tmp_path):
+    """lucebox takes the mask id from the target: a stored one beyond the drafter's vocab_size breaks no rule."""
+    path = str(rewrite_gguf(models["lucebox"], tmp_path / "m.gguf",
+                            set_keys=[(f"{LUCEBOX.arch}.dflash.mask_token_id", U32, 248070, None)]))
+    with GGUFFile(path) as f:
+        assert drafter_violations(f) == []
+
+
+# ---- the oracle: libllama refuses what the rules say it refuses, in those words --------------------------------
+
+LOGGED = ("load: bad special token",)      # llama.cpp logs these and loads on (test_doctor finds them in its source)
+
+
+@pytest.mark.oracle
+def test_libllama_refuses_in_the_words_the_rules_quote(models, tmp_path):
+    """Every case whose rule quotes llama.cpp: libllama (loading it, and for a target decoding 2 tokens) fails with
+    those words. A graph's assert comes only after the tensors load: where the edited key also sizes tensors,
+    llama.cpp's loader refuses their shapes first, and a model built consistent with the key proves the assert."""
+    pytest.importorskip("llama_cpp")
+    from scripts.fixtures.llama_oracle import run_ops_subprocess
+    paths = {name: str(rewrite_gguf(models[base], tmp_path / f"{name}.gguf", set_keys=keys))
+             for name, (base, keys, _, _) in CASES.items() if base in ("target", "q35", "oss", "drafter")}
+    paths["q35-rank3"] = write_qwen35(tmp_path / "q35-rank3.gguf", rank=3)      # 3 value heads, 2 key heads
+    cases, ops = [], []
+    for name, path in paths.items():
+        with GGUFFile(path) as f:
+            says = model_violations(f)[0].says
+        loads_only = f.architecture == "dflash"    # a drafter alone: its loader's words (its graph runs by a target)
+        if says is None or (loads_only and says.startswith("GGML_ASSERT")) or says.startswith(LOGGED):
+            continue
+        cases.append((name, says))
+        ops.append({"op": "load", "path": path} if loads_only else
+                   {"op": "greedy", "path": path, "prompt_ids": [1, 2, 3], "n": 2})
+    good = [{"op": "greedy", "path": models[m], "prompt_ids": [1, 2, 3], "n": 2} for m in ("target", "q35", "oss")]
+    results = run_ops_subprocess(good + ops)
+    assert all(r["ok"] for r in results[:len(good)]), results[:len(good)]
+    assert len(cases) >= 12
+    shapes_first = []
+    for (name, says), r in zip(cases, results[len(good):]):
+        assert not r["ok"], (name, says)
+        if "check_tensor_dims" in r["error"] and says.startswith("GGML_ASSERT"):
+            shapes_first.append(name)
+            continue
+        assert says in r["error"], (name, says, r)
+    assert "q35-rank3" not in shapes_first and len(shapes_first) <= 2, shapes_first
