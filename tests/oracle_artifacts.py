@@ -321,6 +321,15 @@ def kimi_k3_drafters() -> dict:
 
 
 @pytest.fixture(scope="session")
+def kimi_k3_dspark() -> dict:
+    """{"dirs", "refs": {"anchor-conf", "bonus-reduced"}, "target_layer_ids"}: tiny DSpark drafters for the tiny K3
+    target (dspark_drafters.py's recipe, the K3 target's taps) and llama.cpp's f16 conversions."""
+    d, m = oracle_unit("kimi-k3-dspark")
+    return {"dirs": {v: d / p for v, p in m["dirs"].items()}, "refs": {v: d / e["path"] for v, e in m["refs"].items()},
+            "target_layer_ids": m["target_layer_ids"]}
+
+
+@pytest.fixture(scope="session")
 def dspark_checkpoints() -> dict[str, Path]:
     """{variant: HF dir} of the tiny DSpark checkpoints (scripts/fixtures/dspark_checkpoints.py; numpy only)."""
     d, m = oracle_unit("dspark-checkpoints")

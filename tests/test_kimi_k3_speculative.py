@@ -3,8 +3,9 @@ classes and converted by llama.cpp's converter, tapping a KDA layer's input and 
 inputs llama.cpp's kimi-k3 graph does not expose: there such a pair asserts), with a ring of 8 context slots and
 with the full draft KV, and a drafter that knows the answer but errs at scattered positions (accepted lengths
 from 0 up). Every verify batch is followed by a crop of the target cache, which rolls the KDA states back to the
-accepted prefix: the output must equal plain greedy decoding exactly. (A DSpark drafter is not here: the runtime's
-DSpark support is another branch's.)"""
+accepted prefix: the output must equal plain greedy decoding exactly. The same for tiny DSpark drafters (both block
+layouts: anchor-first with a confidence head, bonus-anchor with a reduced draft vocabulary) converted by llama.cpp's
+converter."""
 
 import numpy as np
 import pytest
@@ -108,3 +109,47 @@ def test_doctor_says_the_pair_runs_in_ggtools_and_asserts_in_llama_cpp(kimi_k3_t
     assert 'breaks llama.cpp: "GGML_ASSERT(t_layer_inp[il] != nullptr && "layer input tensor is null") failed"' \
         in result.output
     assert "fix: no fix in the file: run the pair in a runtime that taps this arch (ggtools)" in result.output
+
+
+@pytest.mark.parametrize("variant", ["anchor-conf", "bonus-reduced"])
+@pytest.mark.parametrize("ring_cap", [8, None])
+def test_dspark_output_equals_greedy(pair, kimi_k3_dspark, variant, ring_cap):
+    model, _, prompts, reference = pair
+    drafter = Drafter(kimi_k3_dspark["refs"][variant], model)
+    assert drafter.family == "dspark" and drafter.taps == [j + 1 for j in kimi_k3_dspark["target_layer_ids"]]
+    outs = [speculative_generate(model, drafter, drafter.new_kv(ring_cap), ids, N) for ids in prompts]
+    assert [o.tokens for o in outs] == reference
+    steps = [s for o in outs for s in o.steps]
+    assert sum(s.drafted > s.accepted for s in steps) > len(steps) // 2
+    drafter.close()
+
+
+@pytest.mark.parametrize("variant", ["anchor-conf", "bonus-reduced"])
+def test_dspark_drafts_equal_libllamas_dspark_graph(kimi_k3_target, kimi_k3_dspark, variant):
+    """What llama.cpp would draft once its kimi-k3 graph exposes the layer inputs: libllama's own DSpark graph
+    (tests/dspark_replay.py), fed the K3 layer inputs ggtools taps and the blocks of the runtime's speculative runs,
+    gives the runtime's Markov-biased logits, drafted tokens and confidences (as test_dspark_runtime checks them on
+    the qwen3 target)."""
+    from tests.dspark_replay import CONFIDENCE_ATOL, agreeing_rows, libllama_blocks, logit_bound, record_run
+
+    target = TargetModel(kimi_k3_target.gguf["f32"], threads=1, kv_type="f32")
+    path = kimi_k3_dspark["refs"][variant]
+    d = Drafter(path, target)
+    runs = []
+    for ids in ([1] + list(range(5, 30)), [1, 141, 59, 26, 535, 897, 93, 238, 462, 643, 383]):
+        target.kv.clear()
+        runs.append(record_run(lambda *a, **k: speculative_generate(target, *a, **k), d, d.new_kv(None, "f16"),
+                               ids, 24)[1])
+    compared = rows = 0
+    for rec, ref in zip(runs, libllama_blocks(target.path, path, runs)):
+        for b, (logits, conf) in zip(rec.blocks, ref):
+            bound = logit_bound(logits)
+            n = agreeing_rows(b.chain.tokens, b.biased, logits, bound)
+            same_prev = slice(0, n + 1)
+            finite = np.isfinite(logits[same_prev])
+            assert np.abs(logits[same_prev][finite] - b.biased[same_prev][finite]).max() <= bound
+            if d.markov.conf is not None:
+                assert np.abs(np.asarray(b.chain.confidence)[same_prev] - conf[same_prev]).max() <= CONFIDENCE_ATOL
+            compared, rows = compared + n, rows + len(b.biased)
+    assert compared >= 0.95 * rows, (compared, rows)
+    d.close()
