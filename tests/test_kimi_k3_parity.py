@@ -290,11 +290,11 @@ def test_kv_b_instead_of_k_b_v_b_is_split_at_load(files, models, tmp_path):
 
 @pytest.mark.parametrize("edit, message", [
     ("kimi-k3.attention.head_count_kv=i32[]:0,0,2,0,0,1", "'kimi-k3.attention.head_count_kv' holds [0, 1, 2]"),
-    ("kimi-k3.attention.head_count_kv=i32[]:0,1", "'kimi-k3.attention.head_count_kv' has 2 entries for 6 layers"),
+    ("kimi-k3.attention.head_count_kv=i32[]:0,1", "'kimi-k3.attention.head_count_kv': has 2 entries for 6 layers"),
     ("kimi-k3.expert_gating_func=u32:1", "'kimi-k3.expert_gating_func' is not 2 (sigmoid)"),
     ("kimi-k3.attention.key_length=u32:100", "'kimi-k3.attention.key_length' is not kv_lora_rank + rope"),
     ("kimi-k3.activation.situ_beta=f32:0", "'kimi-k3.activation.situ_beta' is 0"),
-    ("kimi-k3.expert_used_count=u32:9", "9 experts used of 8"),
+    ("kimi-k3.expert_used_count=u32:9", "'kimi-k3.expert_used_count': is 9, above expert_count 8"),
 ])
 def test_inconsistent_k3_keys_are_one_line_errors(files, tmp_path, edit, message):
     """A K3 GGUF whose keys contradict each other or the runtime: `ggtools run` names the file and the rule in one

@@ -42,8 +42,9 @@ class KimiK3Shape:
 
 
 def read_kimi_k3_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
-    """The HParams of a kimi-k3 GGUF (shard 1 of a split model); ModelError for keys that are missing or
-    contradict each other."""
+    """The HParams of a kimi-k3 GGUF (shard 1 of a split model), after the model-file rules (ggtools.hparam_rules:
+    types, per-layer lengths, expert counts); ModelError for kimi-k3's keys that are missing or contradict each
+    other."""
     arch = gguf.architecture
 
     def key(name, default=None, required=False):
@@ -54,11 +55,8 @@ def read_kimi_k3_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
 
     n_layer = uint("block_count", required=True)
     n_embd, n_head = uint("embedding_length", required=True), uint("attention.head_count", required=True)
-    kv_heads = key("attention.head_count_kv", required=True)
+    kv_heads = key("attention.head_count_kv", required=True)     # per layer (its length: the model-file rules)
     kv_heads = [int(v) for v in kv_heads] if hasattr(kv_heads, "__len__") else [int(kv_heads)] * n_layer
-    if len(kv_heads) != n_layer:
-        raise ModelError(f"{gguf.path}: '{arch}.attention.head_count_kv' has {len(kv_heads)} entries for {n_layer} "
-                         "layers")
     if any(h not in (0, 1) for h in kv_heads):
         raise ModelError(f"{gguf.path}: '{arch}.attention.head_count_kv' holds {sorted(set(kv_heads))}; kimi-k3 "
                          "layers have 0 (KDA) or 1 (MLA as MQA)")
@@ -83,8 +81,6 @@ def read_kimi_k3_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
     if shape.situ_beta == 0.0:
         raise ModelError(f"{gguf.path}: '{arch}.activation.situ_beta' is 0")
     n_expert, n_expert_used = uint("expert_count", required=True), uint("expert_used_count", required=True)
-    if not 0 < n_expert_used <= n_expert:
-        raise ModelError(f"{gguf.path}: {n_expert_used} experts used of {n_expert}; need 0 < used <= count")
     n_ff_exp = uint("expert_feed_forward_length", required=True)
     return HParams(
         arch=arch, n_layer=n_layer, n_embd=n_embd, n_ff=uint("feed_forward_length", 0), n_head=n_head,
