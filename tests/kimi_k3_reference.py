@@ -115,7 +115,8 @@ class KimiK3Reference:
         n_head, nope, rope = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
         v_dim, lora, n = cfg["v_head_dim"], cfg["kv_lora_rank"], len(h)
         if cfg.get("q_lora_rank"):
-            q = rms_norm(h @ w[p + "q_a_proj.weight"].T, w[p + "q_a_layernorm.weight"], self.eps) @ w[p + "q_b_proj.weight"].T
+            q_a = rms_norm(h @ w[p + "q_a_proj.weight"].T, w[p + "q_a_layernorm.weight"], self.eps)
+            q = q_a @ w[p + "q_b_proj.weight"].T
         else:
             q = h @ w[p + "q_proj.weight"].T
         q = q.reshape(n, n_head, nope + rope)
@@ -156,5 +157,6 @@ class KimiK3Reference:
                            cfg["activation_situ_linear_beta"])
                 routed[t] += weight * (act @ w[x + "w2.weight"].T)
         if latent:
-            routed = rms_norm(routed, w[m + "routed_expert_norm.weight"], self.eps) @ w[m + "routed_expert_up_proj.weight"].T
+            routed = rms_norm(routed, w[m + "routed_expert_norm.weight"], self.eps)
+            routed = routed @ w[m + "routed_expert_up_proj.weight"].T
         return routed + self.dense(m + "shared_experts.", h)

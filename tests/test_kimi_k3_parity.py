@@ -273,7 +273,8 @@ def test_kv_b_instead_of_k_b_v_b_is_split_at_load(files, models, tmp_path):
     tensors = {t.name: t for t in reader.tensors}
     for t in reader.tensors:
         if t.name.endswith("attn_k_b.weight"):
-            k_b, v_b = t.data, tensors[t.name.replace("k_b", "v_b")].data   # (n_head, kv_lora, nope), (n_head, v, kv_lora)
+            # k_b (n_head, kv_lora, nope), v_b (n_head, v, kv_lora)
+            k_b, v_b = t.data, tensors[t.name.replace("k_b", "v_b")].data
             kv_b = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1)     # (n_head, nope + v, kv_lora)
             writer.add_tensor(t.name.replace("attn_k_b", "attn_kv_b"), kv_b.reshape(-1, kv_b.shape[-1]))
         elif not t.name.endswith("attn_v_b.weight"):

@@ -76,7 +76,8 @@ def test_fallback_llama_is_byte_identical_to_llama_quantize(source, llama_refere
     """Every tensor has llama_model_quantize's type and bytes: the trunk (the Q8_0 ones, converted to Q4_K or to the
     fallback Q5_0), the F32 tensors, and the routed experts (llama-quantize, told to keep them MXFP4, dequantizes
     and re-encodes them to the same bytes here; requant-trunk copies them)."""
-    ours, ref, src = tensors(requant(source, tmp_path, "--fallback", "llama")), tensors(llama_reference), tensors(source)
+    ours = tensors(requant(source, tmp_path, "--fallback", "llama"))
+    ref, src = tensors(llama_reference), tensors(source)
     assert sorted(ours) == sorted(ref)       # llama-quantize writes them in its loader's order
     fell_back = [n for n, (t, _) in ours.items() if t == T.Q5_0]
     assert {"blk.2.attn_k_b.weight", "blk.0.ssm_f_b.weight"} <= set(fell_back)

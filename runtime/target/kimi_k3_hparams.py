@@ -68,7 +68,8 @@ def read_kimi_k3_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
         value_length_mla=uint("attention.value_length_mla", required=True),
         rope_dims=uint("rope.dimension_count", 0), n_dense_lead=uint("leading_dense_block_count", 0),
         n_expert_shared=uint("expert_shared_count", required=True), n_expert_latent=uint("expert_latent_length", 0),
-        weights_norm=bool(key("expert_weights_norm", False)), situ_beta=float(key("activation.situ_beta", required=True)),
+        weights_norm=bool(key("expert_weights_norm", False)),
+        situ_beta=float(key("activation.situ_beta", required=True)),
         situ_linear_beta=float(key("activation.situ_linear_beta", required=True)),
         attn_res_block_size=uint("attn_res.block_size", required=True))
     key_length = shape.kv_lora_rank + shape.rope_dims
