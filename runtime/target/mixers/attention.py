@@ -51,8 +51,9 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sink
     """The T * n_head (token, head) pairs, claimed through counter (workers.py). q: (T, n_head, d)
     after RoPE; k_cache: (n_kv, capacity, d), vt_cache: (n_kv, d, capacity) (f16-valued when f16);
     window: a query sees the last `window` positions (0: all); sinks: per head (empty: none);
-    out: (T, n_head * d)."""
+    out: (T, n_head * d_v), each head the first d_v rows of vt_cache (d_v = d but for MLA's latent)."""
     n_tokens, n_head, d = q.shape
+    d_v = out.shape[1] // n_head
     group = n_head // k_cache.shape[0]
     n_pad = (n_ctx + KV_PAD - 1) // KV_PAD * KV_PAD
     enter(counter)
@@ -76,7 +77,7 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sink
         soft_max(w, p, sinks[h] if sinks.size else np.float32(-np.inf))
         if f16:      # mul_mat(v, kq) rounds the probabilities to f16
             to_f16_row(p, p)
-        dots(p, vt_cache[g], d, one_row, f16, out[t, h * d:(h + 1) * d])
+        dots(p, vt_cache[g], d_v, one_row, f16, out[t, h * d_v:(h + 1) * d_v])
     leave(counter)
 
 
@@ -113,10 +114,11 @@ def prepare_attention(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, neox, 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positions: np.ndarray,
               n_ctx: int, scale: float, f16: bool = True, stepwise: bool = False, window: int = 0,
-              sinks: np.ndarray = NO_SINKS) -> np.ndarray:
-    """(T, n_head, d) queries at q_positions over cache positions 0..n_ctx-1 -> (T, n_head * d)."""
+              sinks: np.ndarray = NO_SINKS, d_v: int | None = None) -> np.ndarray:
+    """(T, n_head, d) queries at q_positions over cache positions 0..n_ctx-1 -> (T, n_head * d_v); d_v: the values'
+    size (default d; MLA's latent: the first d_v rows of vt_cache)."""
     n_tokens, n_head, d = q.shape
-    out = np.empty((n_tokens, n_head * d), np.float32)
+    out = np.empty((n_tokens, n_head * (d_v or d)), np.float32)
     one_row = n_tokens == 1 or stepwise
     args = (np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64), n_ctx,
             np.float32(scale), window, sinks, one_row, f16, out)
