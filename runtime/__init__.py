@@ -1,7 +1,8 @@
 """ggtools.runtime: runtime for target + DFlash drafter pairs: numpy + numba on the CPU (the default), or torch on
 the CPU or a CUDA GPU (`TargetModel(path, backend="torch", device="cuda")`; docs/torch.md).
 
-numba's target numerics are llama.cpp's CPU backend's, bit for bit for the types its tests cover (see ggmlmath).
+numba's target numerics are llama.cpp's CPU backend's, bit for bit for the types its tests cover (see ggmlmath),
+and so are torch's in f32 (torch_backend/ggml_math.py); torch in bf16 / f16 is not (`numerics_note`).
 
     from ggtools.runtime import TargetModel, Tokenizer, greedy
     model = TargetModel("target.gguf", threads=2)
@@ -17,6 +18,7 @@ The runtime computes: forward, greedy decoding, speculative decoding, statistics
 warming up, timing and measuring memory is the jobs' work (ggtools.jobs.run: run, run_speculative).
 """
 
+from ggtools.runtime.backends import numerics_note
 from ggtools.runtime.drafter import Drafter
 from ggtools.runtime.drafter.draft_kv import FullKV, RingKV
 from ggtools.runtime.errors import ModelError
@@ -31,4 +33,4 @@ from ggtools.runtime.tokenizer import Tokenizer, TokenizerError
 
 __all__ = ["DEFINITIONS", "DraftSettings", "Drafter", "FullKV", "HParams", "KVCache", "ModelError", "RingKV",
            "SpecOutput", "Step", "TargetModel", "Tokenizer", "TokenizerError", "acceptance_stats", "check_settings",
-           "continue_greedy", "greedy", "speculative_generate", "tree_top_k"]
+           "continue_greedy", "greedy", "numerics_note", "speculative_generate", "tree_top_k"]

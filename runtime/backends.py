@@ -9,6 +9,9 @@ What an ops object provides (numba_backend.NumbaOps, torch_backend.ops.TorchOps)
 - vector(numpy) / tables(rope) / empty(shape) / host(array): arrays to and from the backend;
 - arrays (the target cache's and recurrent states' zeros / copy / cat), kv_zeros (the draft KV's stores),
   zeros_like (DFlash2's convolution).
+
+numba, and torch in f32 (on the CPU or a GPU), compute llama.cpp's CPU arithmetic bit for bit; torch in bf16 or f16
+does not (`numerics_note` says so in reports).
 """
 
 from ggtools.runtime.errors import SettingsError
@@ -16,6 +19,14 @@ from ggtools.runtime.numba_backend import NumbaOps
 
 BACKENDS = ("numba", "torch")
 TORCH_EXTRA = "pip install 'ggtools[torch]'"
+
+
+def numerics_note(backend: str, dtype: str) -> str:
+    """'' for a backend and dtype that compute llama.cpp's CPU numerics (numba; torch in f32), else the words a
+    report adds: in bf16 / f16 the torch backend multiplies in that dtype and rounds nothing as llama.cpp does."""
+    if backend == "torch" and dtype != "f32":
+        return f"{dtype} is not llama.cpp's arithmetic: tokens and tau can differ from it (--dtype f32 computes it)"
+    return ""
 
 
 def make_ops(backend: str = "numba", device: str | None = None, dtype: str | None = None,

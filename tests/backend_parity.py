@@ -1,13 +1,11 @@
-"""The torch backend against the numba runtime on one target GGUF, for the parity tests and
-scripts/bench/torch_backend.py:
+"""The torch backend against the numba runtime on one target GGUF, for the parity tests (test_torch_parity.py):
 
-- prompt logits, torch (f32, CPU) against numba, beside numba's own batch-against-one-token-steps difference
-  (llama.cpp's kernels for a batch and for one row sum in different orders: how far its own logits move when
-  only the summation order changes);
+- prompt logits, torch against numba, for a batch and for one-token steps (`stepwise`), beside numba's own
+  batch-against-one-token-steps difference (llama.cpp's kernels for a batch and for one row sum float weights
+  in different orders: how far its own logits move when only the summation order changes);
 - teacher-forced layers: each torch layer fed numba's residual stream entering it, its output against numba's
   stream entering the next layer (no error carried from earlier layers);
-- greedy paths with their top-1 / top-2 margins; routing margins of routed-expert layers (a router's k-th and
-  (k+1)-th logits that close swap experts on any difference, a discontinuity no arithmetic is spared).
+- greedy paths with their top-1 / top-2 margins.
 
 Relative differences are max |difference| / max |numba's values|.
 """
@@ -22,9 +20,11 @@ from ggtools.runtime import TargetModel
 
 @dataclass
 class LogitParity:
-    abs_diff: float         # max |torch - numba| over the prompt's logits
-    rel_diff: float         # abs_diff / max |numba logit|
+    rel_diff: float         # max |torch - numba| / max |numba logit| over the prompt's logits (a batch)
+    step_rel_diff: float    # the same with every row a one-token step on both
+    equal: bool             # both bit for bit
     own_rel_diff: float     # numba batch against numba one-token steps, relative
+    max_logit: float        # max |numba logit|
 
 
 def random_prompt(model: TargetModel, seed: int, n: int) -> list[int]:
@@ -35,14 +35,17 @@ def relative(a, b) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
+def prompt_logits(model: TargetModel, ids, stepwise: bool = False) -> np.ndarray:
+    model.kv.clear()
+    return model.forward(ids, stepwise=stepwise)[0]
+
+
 def logit_parity(numba: TargetModel, on_torch: TargetModel, ids) -> LogitParity:
-    numba.kv.clear()
-    on_torch.kv.clear()
-    want, _ = numba.forward(ids)
-    got, _ = on_torch.forward(ids)
-    numba.kv.clear()
-    steps, _ = numba.forward(ids, stepwise=True)
-    return LogitParity(float(np.abs(got - want).max()), relative(got, want), relative(steps, want))
+    want, got = prompt_logits(numba, ids), prompt_logits(on_torch, ids)
+    want_steps, got_steps = prompt_logits(numba, ids, True), prompt_logits(on_torch, ids, True)
+    return LogitParity(relative(got, want), relative(got_steps, want_steps),
+                       np.array_equal(got, want) and np.array_equal(got_steps, want_steps),
+                       relative(want_steps, want), float(np.abs(want).max()))
 
 
 def layer_errors(numba: TargetModel, on_torch: TargetModel, ids) -> list[float]:
@@ -62,30 +65,6 @@ def layer_errors(numba: TargetModel, on_torch: TargetModel, ids) -> list[float]:
             out = on_torch.ops.rms_norm(out, on_torch.output_norm, on_torch.hp.rms_eps)
         errors.append(relative(out.numpy(), streams[:, i + 1]))
     return errors
-
-
-def routing_margin(model: TargetModel, ids) -> float:
-    """The smallest gap between the k-th and (k+1)-th router logit (the experts' ranking, whatever the gating)
-    over the prompt's tokens and the model's routed-expert layers (inf without any), on the model's own stream."""
-    n_layer, ops, hp = model.hp.n_layer, model.ops, model.hp
-    model.kv.clear()
-    _, streams = model.forward(ids, taps=range(n_layer))
-    model.kv.clear()
-    model.kv.reserve(len(ids))
-    positions = np.arange(len(ids))
-    rope = model.rope_tables(positions)
-    margin = float("inf")
-    for i, layer in enumerate(model.layers):
-        routed = getattr(layer.ffn, "routed", layer.ffn)
-        if not hasattr(routed, "router"):
-            continue
-        x = streams[:, i]
-        mid = layer.mixer(ops.rms_norm(x, layer.attn_norm, hp.rms_eps), positions, rope, model.kv, layer.slot, hp,
-                          False) + x
-        ranked = np.sort(routed.router(ops.rms_norm(mid, layer.ffn_norm, hp.rms_eps)), 1)[:, ::-1]
-        k = routed.n_expert_used
-        margin = min(margin, float((ranked[:, k - 1] - ranked[:, k]).min()))
-    return margin
 
 
 def greedy_path(model: TargetModel, ids, n: int) -> tuple[list[int], list[float]]:

@@ -162,6 +162,16 @@ class MoeTarget:
 
 
 @dataclass
+class KimiK3Target:
+    """The tiny Kimi K3 target (kimi_k3_targets.py): HF dirs (bf16; MXFP4 experts; the plain variant) and llama.cpp's
+    converter GGUFs "f32", "f16", "q8_0" (Q8_0 trunk, MXFP4 experts, F32 norms) and "plain-f32"."""
+    hf_dir: Path
+    hf_dir_mxfp4: Path
+    gguf: dict[str, Path]
+    manifest: dict = field(repr=False)
+
+
+@dataclass
 class DSparkDrafters:
     """Tiny random DSpark drafters for the tiny qwen3 target (scripts/fixtures/dspark_drafters.py): HF dirs by
     variant ("anchor-conf", "anchor-noconf", "bonus-reduced", "bonus-full") and llama.cpp's conversions, called
@@ -292,6 +302,31 @@ def moe_drafters() -> dict[str, dict[str, Path]]:
     (target_layer_ids [1, 2])."""
     d, m = oracle_unit("moe-drafters")
     return {arch: {v: d / p for v, p in dirs.items()} for arch, dirs in m["dirs"].items()}
+
+
+@pytest.fixture(scope="session")
+def kimi_k3_target() -> KimiK3Target:
+    d, m = oracle_unit("kimi-k3")
+    return KimiK3Target(hf_dir=d / m["hf_dir"], hf_dir_mxfp4=d / m["hf_dir_mxfp4"],
+                        gguf={k: d / e["path"] for k, e in m["gguf"].items()}, manifest=m)
+
+
+@pytest.fixture(scope="session")
+def kimi_k3_drafters() -> dict:
+    """{"dirs": {"v1", "v2": z-lab HF dir}, "refs": {"v1", "v2": llama.cpp's f16 GGUF}, "target_layer_ids"}: DFlash
+    drafters for the tiny K3 target."""
+    d, m = oracle_unit("kimi-k3-drafters")
+    return {"dirs": {v: d / p for v, p in m["dirs"].items()}, "refs": {v: d / e["path"] for v, e in m["refs"].items()},
+            "target_layer_ids": m["target_layer_ids"]}
+
+
+@pytest.fixture(scope="session")
+def kimi_k3_dspark() -> dict:
+    """{"dirs", "refs": {"anchor-conf", "bonus-reduced"}, "target_layer_ids"}: tiny DSpark drafters for the tiny K3
+    target (dspark_drafters.py's recipe, the K3 target's taps) and llama.cpp's f16 conversions."""
+    d, m = oracle_unit("kimi-k3-dspark")
+    return {"dirs": {v: d / p for v, p in m["dirs"].items()}, "refs": {v: d / e["path"] for v, e in m["refs"].items()},
+            "target_layer_ids": m["target_layer_ids"]}
 
 
 @pytest.fixture(scope="session")

@@ -58,7 +58,7 @@ def test_both_profiles_read_the_same_drafter(files, target, context):
         assert (hp.taps, hp.mask_id, hp.block_size, hp.n_layer, hp.n_head, hp.n_head_kv, hp.head_dim, hp.v2) == \
                ((2, 3), 2047, 8, 2, 4, 2, 64, None)
     ha, hb = _block(a, target, context), _block(b, target, context)
-    np.testing.assert_allclose(ha, hb, atol=1e-3)
+    assert np.array_equal(ha, hb)       # both profiles store the same F16 / F32 tensors: the same bits
     assert a.propose(ha[1:], 258).tokens == b.propose(hb[1:], 258).tokens
 
 

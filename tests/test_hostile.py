@@ -114,6 +114,15 @@ ROWS = [
      [], "outside 0..2147483647"),
     ("input/run-prompt-id-outside-vocab", ["run", "--target", "{target}", "--prompt-ids", "5000"], 2, [],
      "target.gguf: prompt token id 5000 is outside the vocabulary of 2048 tokens"),
+    *[(f"input/run-kimi-k3-{case}", ["run", "--target", "{k3_%s}" % case, "--prompt-ids", "1"], 2, [], fragment)
+      for case, fragment in [("kv_heads", "'kimi-k3.attention.head_count_kv' holds [0, 2]"),
+                             ("kv_heads_count", "'kimi-k3.attention.head_count_kv': has 3 entries for 2 layers"),
+                             ("gating", "'kimi-k3.expert_gating_func' is not 2 (sigmoid)"),
+                             ("key_length", "'kimi-k3.attention.key_length' is not kv_lora_rank + rope"),
+                             ("rope", "'kimi-k3.rope.dimension_count' is not below attention.key_length_mla"),
+                             ("situ", "'kimi-k3.activation.situ_beta' is 0"),
+                             ("used", "'kimi-k3.expert_used_count': is 5, above expert_count 4"),
+                             ("no_kda_head_dim", "missing key 'kimi-k3.kda.head_dim'")]],
     *[(f"input/manifest-{name}/validate", ["validate", "--manifest", "{manifest_%s}" % name, "{good}"], 2, [], None)
       for name in HOSTILE_MANIFESTS],
     *[(f"input/manifest-{name}/requant-resume", ["requant-trunk", "{set}", "-o", "{resume_%s}" % name, "--resume",

@@ -8,6 +8,7 @@ from gguf import GGUFWriter
 
 from ggtools import quants
 from ggtools.runtime import ModelError, TargetModel, greedy
+from tests.float_reference import assert_within_reference_rounding
 
 VOCAB, EMBD, FF, HEADS, KV_HEADS, HEAD_DIM, LAYERS = 96, 64, 128, 4, 2, 16, 2
 
@@ -75,13 +76,17 @@ def models(tmp_path_factory):
     }
 
 
-def reference_forward(model: TargetModel, tokens):
-    """Plain float64 transformer with the arch's RoPE pairing; returns (logits, the hidden states
-    entering each layer plus the final normed state)."""
+def reference_forward(model: TargetModel, tokens, dtype=np.float64, f16_cache: bool = False):
+    """Plain transformer in numpy (float64, or float32 to measure float32's rounding) with the arch's RoPE
+    pairing; f16_cache: q, k, v and the attention probabilities rounded to f16 as llama.cpp rounds them over an
+    f16 cache. Returns (logits, the hidden states entering each layer plus the final normed state)."""
     hp = model.hp
 
     def deq(m):
-        return quants.dequantize(m.qtype, m.data, m.n_cols).reshape(m.n_rows, m.n_cols).astype(np.float64)
+        return quants.dequantize(m.qtype, m.data, m.n_cols).reshape(m.n_rows, m.n_cols).astype(dtype)
+
+    def f16(v):
+        return v.astype(np.float16).astype(dtype) if f16_cache else v
 
     def rms(x, w):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + hp.rms_eps) * w
@@ -89,7 +94,7 @@ def reference_forward(model: TargetModel, tokens):
     n = len(tokens)
     x = deq(model.token_embd)[tokens]
     angles = np.arange(n)[:, None] * hp.rope_base ** (-np.arange(0, hp.rope_dims, 2) / hp.rope_dims)
-    cos, sin = np.cos(angles)[:, None], np.sin(angles)[:, None]
+    cos, sin = np.cos(angles).astype(dtype)[:, None], np.sin(angles).astype(dtype)[:, None]
 
     def rope(v):
         out, d = v.copy(), hp.rope_dims
@@ -111,12 +116,12 @@ def reference_forward(model: TargetModel, tokens):
         v = (h @ deq(a.wv).T).reshape(n, hp.n_head_kv, hp.head_dim)
         if a.q_norm.size:
             q, k = rms(q, a.q_norm), rms(k, a.k_norm)
-        q, k = rope(q), rope(k)
+        q, k, v = f16(rope(q)), f16(rope(k)), f16(v)
         k, v = np.repeat(k, hp.n_gqa, axis=1), np.repeat(v, hp.n_gqa, axis=1)
-        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(hp.head_dim)
+        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(dtype(hp.head_dim))
         s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
+        p = f16(p / p.sum(-1, keepdims=True))
         x = x + np.einsum("hts,shd->thd", p, v).reshape(n, -1) @ deq(a.wo).T
         h = rms(x, layer.ffn_norm)
         g, u = h @ deq(layer.ffn.gate).T, h @ deq(layer.ffn.up).T
@@ -131,20 +136,29 @@ PROMPT = [5, 17, 42, 3, 88, 61, 29, 7, 50]
 
 @pytest.mark.parametrize("name", ["llama-f32", "qwen3-f32"])
 def test_forward_and_taps_match_float64_reference(models, name):
+    """f32 weights, f32 cache: float32 rounding only, no further from the float64 reference than the same
+    reference run in float32 is (float_reference.py)."""
     model = TargetModel(models[name], kv_type="f32")
     logits, features = model.forward(PROMPT, taps=[0, 1, 2])
     want_logits, hidden = reference_forward(model, PROMPT)
+    logits32, hidden32 = reference_forward(model, PROMPT, np.float32)
     assert logits.shape == (len(PROMPT), VOCAB) and features.shape == (len(PROMPT), 3, EMBD)
-    assert np.abs(logits - want_logits).max() < 1e-4 * np.abs(want_logits).max()
+    assert_within_reference_rounding(logits, logits32, want_logits, "logits")
     for i, j in enumerate([0, 1, 2]):
-        assert np.abs(features[:, i] - hidden[j]).max() < 1e-4 * np.abs(hidden[j]).max()
+        assert_within_reference_rounding(features[:, i], hidden32[j], hidden[j], f"tap {j}")
 
 
-def test_f16_cache_stays_close_to_reference(models):
-    model = TargetModel(models["qwen3-f32"])
-    logits, _ = model.forward(PROMPT)
-    want, _ = reference_forward(model, PROMPT)
-    assert np.abs(logits - want).max() < 1e-2 * np.abs(want).max()
+def test_f16_cache_rounds_as_llama_cpp(models):
+    """An f16 cache: q, k, v and the attention probabilities are rounded to f16. Against the float64 reference
+    that rounds them at the same places, the logits differ by a small part of what those roundings move them
+    (float32 differences flip an occasional f16 rounding: measured 0.2% on llama, 6% on qwen3; at most a
+    quarter)."""
+    for name in ("llama-f32", "qwen3-f32"):
+        model = TargetModel(models[name])
+        logits, _ = model.forward(PROMPT)
+        plain, _ = reference_forward(model, PROMPT)
+        rounded, _ = reference_forward(model, PROMPT, f16_cache=True)
+        assert np.abs(logits - rounded).max() <= 0.25 * np.abs(rounded - plain).max(), name
 
 
 def test_tap_of_the_last_layer_is_the_normed_output(models):

@@ -111,7 +111,10 @@ def test_acceptance_statistics():
 
 
 def test_demo_pair_acceptance(pair):
-    """tau >= 2 with the f16 drafter on held-out prompts; q8_0 within 2% (relative) of f16's acceptance."""
+    """tau >= 2 with the f16 drafter on held-out prompts; q8_0 within 2% (relative) of f16's acceptance. Not a
+    float tolerance: Q8_0 rounds each drafter weight by up to 1/254 of its block's largest, which changes some
+    drafts; measured: f16 0.2833, q8_0 0.2850 (0.6%). numba's numerics are llama.cpp's on any CPU, so the
+    figures do not move with the machine; 2% is the claim the demo makes about q8_0."""
     target, _, paths = pair
     prompts = [ids for _, ids in held_out_prompts(Tokenizer.from_gguf(target.weights.meta), 8)]
     f16, q8 = (run_speculative(target, paths[v], prompts, 96, ring_cap=256, compare=False) for v in ("f16", "q8_0"))
@@ -121,7 +124,10 @@ def test_demo_pair_acceptance(pair):
 
 @pytest.mark.slow
 def test_demo_pair_acceptance_on_all_held_out_prompts(pair):
-    """The recipe of demo_pair.json (36 held-out windows x 128 tokens): tau as recorded by the torch reference."""
+    """The recipe of demo_pair.json (36 held-out windows x 128 tokens): tau as recorded by the torch reference
+    (3.39: z-lab's loop in torch, bf16 drafter weights, float32 arithmetic). This runs the f16 conversion with
+    llama.cpp's roundings (f16 weights and cache, f16-rounded matmul inputs), which decide some drafts the other
+    way: measured 3.412; 0.15 is 4% of tau for those different roundings."""
     target, _, paths = pair
     prompts = [ids for _, ids in held_out_prompts(Tokenizer.from_gguf(target.weights.meta), 36)]
     run = run_speculative(target, paths["f16"], prompts, 128, ring_cap=None)

@@ -1,6 +1,7 @@
-"""The torch backend's pieces and its selection: DeviceMatrix products against numba's matmul kernels (which are
-llama.cpp's CPU numerics) for every weight type, and --backend / --device / --dtype on the command line and in
-the library (one line naming the extra when torch is missing, exit 2 for what cannot run)."""
+"""The torch backend's pieces and its selection: DeviceMatrix products in float32 against numba's matmul kernels
+(which are llama.cpp's CPU numerics) for every weight type and every summation layout llama.cpp picks, bit for
+bit; ggml's float functions in torch against numba's; and --backend / --device / --dtype on the command line and
+in the library (one line naming the extra when torch is missing, exit 2 for what cannot run)."""
 
 import json
 import subprocess
@@ -19,7 +20,7 @@ from ggtools.jobs.demo import demo_data, held_out_prompts
 from ggtools.jobs.run import run_speculative
 from ggtools.runtime import ModelError, TargetModel, Tokenizer
 from ggtools.runtime.backends import make_ops
-from ggtools.runtime.weights import Matrix
+from ggtools.runtime.weights import Matrix, MatrixGroup
 
 torch = pytest.importorskip("torch")
 from ggtools.runtime.torch_backend.matrix import DeviceMatrix  # noqa: E402
@@ -29,29 +30,106 @@ TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T
          T.MXFP4]
 
 
-def weights_of(qtype, n_rows=48, n_cols=512) -> np.ndarray:
-    w = np.random.default_rng(int(qtype)).standard_normal((n_rows, n_cols)).astype(np.float32) * 0.1
+def weights_of(qtype, n_rows=48, n_cols=512, n_expert=1) -> np.ndarray:
+    w = np.random.default_rng(int(qtype)).standard_normal((n_expert * n_rows, n_cols)).astype(np.float32) * 0.1
     if qtype == T.MXFP4:
         import gguf
-        return gguf.quants.quantize(w, T.MXFP4).view(np.uint8).reshape(n_rows, -1)
+        return gguf.quants.quantize(w, T.MXFP4).view(np.uint8).reshape(n_expert * n_rows, -1)
     return quants.quantize(qtype, w)
 
 
+def matrix_pair(qtype, n_rows, n_cols, n_expert=1):
+    """The same weights as numba's Matrix and as a float32 DeviceMatrix."""
+    buf = np.ascontiguousarray(weights_of(qtype, n_rows, n_cols, n_expert)).reshape(-1)
+    return (Matrix("w", qtype, n_rows, n_cols, buf, n_expert=n_expert),
+            DeviceMatrix.from_buffer("w", qtype, n_rows, n_cols, buf, 0, n_expert, device=torch.device("cpu"),
+                                     dtype=torch.float32))
+
+
+def shapes_of(qtype) -> list[tuple[int, int]]:
+    """(rows, columns) that take each of llama.cpp's layouts for the type: rows a multiple of 8 (Q4_0 and MXFP4
+    repacked) or not and not of 4 (no tinyBLAS: every row dotted alone); an odd number of blocks (MXFP4's last
+    block outside its pairs); float rows with a remainder past the steps of 32 and of 8 (vec_dot's leftover
+    loop, f16's float64 one)."""
+    qk = GGML_QUANT_SIZES[qtype][0]
+    if qk == 256:
+        return [(48, 512), (45, 256)]
+    if qk == 32:
+        return [(48, 512), (45, 480)]
+    return [(48, 512), (45, 520), (44, 516)]
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_matrix_product_matches_numba(qtype):
-    """Same input, same weights: the products differ by summation order only (the input is rounded as
-    llama.cpp's CPU backend rounds it for the type, Q8_1's block sums included)."""
-    data = weights_of(qtype)
-    n_rows, n_cols = data.shape[0], data.shape[1] // GGML_QUANT_SIZES[qtype][1] * GGML_QUANT_SIZES[qtype][0]
-    buf = np.ascontiguousarray(data).reshape(-1)
-    numba_matrix = Matrix("w", qtype, n_rows, n_cols, buf)
-    device_matrix = DeviceMatrix.from_buffer("w", qtype, n_rows, n_cols, buf, 0, device=torch.device("cpu"),
-                                             dtype=torch.float32)
-    x = np.random.default_rng(1).standard_normal((5, n_cols)).astype(np.float32)
-    want = numba_matrix(x)
-    got = device_matrix(torch.from_numpy(x)).numpy()
-    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
-    assert np.array_equal(device_matrix.rows([3, 0]).numpy(), numba_matrix.rows([3, 0]))
+def test_matrix_product_equals_numba(qtype):
+    """Same input, same weights: a float32 DeviceMatrix gives numba's bits (llama.cpp's roundings and summation
+    orders) for a batch, one row, a stepwise batch, and an expert's rows of a stack."""
+    rng = np.random.default_rng(1)
+    for n_rows, n_cols in shapes_of(qtype):
+        numba_matrix, device_matrix = matrix_pair(qtype, n_rows, n_cols)
+        x = rng.standard_normal((5, n_cols)).astype(np.float32)
+        for rows, stepwise in ((x, False), (x[:1], False), (x, True)):
+            want = numba_matrix(rows, stepwise)
+            got = device_matrix(torch.from_numpy(rows), stepwise).numpy()
+            assert np.array_equal(got, want), (n_rows, n_cols, len(rows), stepwise)
+        assert np.array_equal(device_matrix.rows([3, 0]).numpy(), numba_matrix.rows([3, 0]))
+    numba_stack, device_stack = matrix_pair(qtype, 16, shapes_of(qtype)[0][1], n_expert=3)
+    x = rng.standard_normal((4, device_stack.n_cols)).astype(np.float32)
+    (want,) = MatrixGroup(numba_stack).run_experts(x, None, np.array([0, 2]), np.array([0, 3, 4]))
+    got = torch.cat([device_stack.product(torch.from_numpy(x[:3]), 0),
+                     device_stack.product(torch.from_numpy(x[3:]), 2)])
+    assert np.array_equal(got.numpy(), want)
+
+
+def test_ggml_functions_equal_numba():
+    """ggml's vector expf, libm's expf / logf (glibc's), SiLU with its leftovers, sigmoid, softplus, softmax with a
+    sink and rms_norm, in torch, against the numba runtime's (the same bits) on inputs over their ranges,
+    infinities, NaN and zeros included."""
+    from numba import njit
+
+    from ggtools.runtime.kernels import ggmlmath, ops
+    from ggtools.runtime.torch_backend import ggml_math as gm
+
+    @njit
+    def scalar_map(f, x, out):
+        for i in range(x.size):
+            out[i] = f(x[i])
+
+    @njit
+    def exp_of(v):
+        return np.exp(v)
+
+    @njit
+    def log_of(v):
+        return np.log(v)
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(200_000) * 10, rng.uniform(-104, 89, 100_000),
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 88.72, -103.97, 1e-30]]).astype(np.float32)
+    positive = np.concatenate([np.abs(x) + np.float32(1e-3), np.float32(1e-41) * np.arange(1, 100),
+                               [0.0, 1.0, np.inf, -1.0]]).astype(np.float32)
+    for f, numba_f, values in ((gm.v_expf, ggmlmath.expf, x), (gm.expf, exp_of, x), (gm.logf, log_of, positive)):
+        want = np.empty_like(values)
+        scalar_map(numba_f, values, want)
+        assert_same_bits(f(torch.from_numpy(values)).numpy(), want)
+    rows = x[:200_000].reshape(-1, 100)      # 100 per row: 12 blocks of 8 and 4 leftovers
+    want = np.empty_like(rows)
+    ops.silu_rows(rows, want)
+    assert_same_bits(gm.silu(torch.from_numpy(rows)).numpy(), want)
+    ops.sigmoid_rows(rows, want)
+    assert_same_bits(gm.sigmoid(torch.from_numpy(rows)).numpy(), want)
+    assert_same_bits(gm.rms_norm(torch.from_numpy(rows), torch.ones(100), 1e-6).numpy(),
+                     ops.rms_norm(rows, np.ones(100, np.float32), 1e-6))
+    scores = (rows[:64] / 5).copy()
+    scores[:, 90:] = -np.inf
+    sinks = rng.standard_normal(64).astype(np.float32)
+    for row, sink in zip(scores, sinks):
+        ops.soft_max(row, want[0], sink)
+        assert_same_bits(gm.soft_max(torch.from_numpy(row)[None], torch.tensor([sink])).numpy()[0], want[0])
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray):
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), (np.flatnonzero(~same)[:5], got[~same][:5], want[~same][:5])
 
 
 def test_matrix_keeps_the_file_bytes_on_the_cpu():
@@ -84,6 +162,16 @@ def test_run_on_torch_reports_its_backend():
     assert json.loads(numba.stdout)["backend"] == "numba"
 
 
+def test_bf16_reports_that_it_is_not_llama_cpp_arithmetic():
+    """bf16 / f16 multiply in that dtype and round nothing as llama.cpp does: the run report says so (f32's does
+    not need to)."""
+    for dtype, says in (("bf16", True), ("f32", False)):
+        r = CliRunner().invoke(main, ["run", "--target", TARGET, "--prompt", "def main():", "-n", "4", "--backend",
+                                      "torch", "--dtype", dtype, "--threads", "1"])
+        assert r.exit_code == 0, r.output
+        assert (f"({dtype}; {dtype} is not llama.cpp's arithmetic" in r.output) == says, r.output
+
+
 @pytest.mark.parametrize("args, words", [
     (["--backend", "torch", "--device", "cuda:7"], "--device cuda:7"),
     (["--device", "cuda"], "need --backend torch"),
@@ -111,7 +199,7 @@ def test_missing_torch_names_the_extra():
 
 def test_bf16_runs_the_gpu_code_path_on_the_cpu():
     """bf16 compute (the GPU default) on the CPU: the demo pair's speculative output equals its own greedy
-    decoding, and tau stays near f32's."""
+    decoding, and the drafter stays useful (tau above 1.5)."""
     model = TargetModel(TARGET, backend="torch", dtype="bf16", threads=1)
     assert model.layers[0].ffn.gate.product(torch.ones((1, 128))).dtype == torch.bfloat16
     ids = [p for _, p in held_out_prompts(Tokenizer.from_gguf(model.weights.meta), 2)]

@@ -9,7 +9,7 @@ from ggtools.byte_sizes import human_bytes
 from ggtools.errors import GGToolsError
 from ggtools.gguf.outputs import check_output, write_bytes
 from ggtools.jobs.accept import AcceptError, AcceptReport
-from ggtools.runtime import DEFINITIONS
+from ggtools.runtime import DEFINITIONS, numerics_note
 
 SPARK = "▁▂▃▄▅▆▇█"
 HEADERS = ["drafter", "acceptance", "tau", "Δtau", "mean len", "tok/s", "speedup", "draft KV", "= greedy",
@@ -92,7 +92,10 @@ def _trees(report: AcceptReport) -> str:
 def _runs_on(report: AcceptReport) -> str:
     run = report.drafters[0].run
     threads = f"{report.threads} thread(s)"
-    return threads if run.backend == "numba" else f"torch on {run.device} ({run.dtype}), {threads}"
+    if run.backend == "numba":
+        return threads
+    note = numerics_note(run.backend, run.dtype)
+    return f"torch on {run.device} ({run.dtype}{'; ' + note if note else ''}), {threads}"
 
 
 def _n_max(report: AcceptReport) -> str:

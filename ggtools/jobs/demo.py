@@ -37,7 +37,7 @@ from ggtools.jobs.quantize import plan_quantize, quantize
 from ggtools.jobs.requant import plan_requant_trunk, requant_trunk
 from ggtools.jobs.validate import validate
 from ggtools.jobs.run import SpecRun
-from ggtools.runtime import DraftSettings, TargetModel, Tokenizer
+from ggtools.runtime import DraftSettings, TargetModel, Tokenizer, numerics_note
 from ggtools.samples import write_moe_set
 
 SCHEMES = ("q8_0", "q4-mix", "q2_k")
@@ -153,7 +153,8 @@ def run_demo(work_dir, *, prompts: int = 6, n: int = 64, ring_cap: int = 64, thr
         chosen = held_out_prompts(tokenizer, prompts)
         report = DemoReport(str(work), [name for name, _ in chosen], rounds)
         log(f"decoding {len(chosen)} held-out prompts x {n} tokens per variant, draft KV ring of {ring_cap} slots, "
-            f"{model.ops.name} backend on {model.ops.device} ({model.ops.dtype}), "
+            f"{model.ops.name} backend on {model.ops.device} ({model.ops.dtype}"
+            f"{'; ' + note if (note := numerics_note(model.ops.name, model.ops.dtype)) else ''}), "
             f"{threads} thread(s), {rounds} rounds; every output is checked against target-only greedy decoding "
             "(once per prompt and round, shared by the variants)")
         f16 = variants[0]

@@ -25,12 +25,14 @@ from ggtools.dflash.target import OpenTarget
 from ggtools.jobs.errors import JobError, UsageError
 from ggtools.jobs.limits import check_draft_kv, check_threads, longest_token_bytes, too_long_to_fit
 from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, TargetModel, Tokenizer,
-                             acceptance_stats, check_settings, continue_greedy, speculative_generate, tree_top_k)
+                             acceptance_stats, check_settings, continue_greedy, numerics_note, speculative_generate,
+                             tree_top_k)
 
-# DraftSettings (what run_speculative drafts with) and DEFINITIONS (what each of a SpecRun's statistics means) are
-# the runtime's, passed on here so the CLI reaches the runtime only through jobs
+# DraftSettings (what run_speculative drafts with), DEFINITIONS (what each of a SpecRun's statistics means) and
+# numerics_note (whether a backend and dtype compute llama.cpp's arithmetic) are the runtime's, passed on here so
+# the CLI reaches the runtime only through jobs
 __all__ = ["DEFINITIONS", "DraftSettings", "RunError", "RunResult", "SpecRun", "TargetOnly", "measure_drafter",
-           "pair_warnings", "run", "run_speculative", "warm_up"]
+           "numerics_note", "pair_warnings", "run", "run_speculative", "warm_up"]
 
 
 class RunError(JobError):

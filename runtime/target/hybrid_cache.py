@@ -14,14 +14,17 @@ cache's end as it was and logs the tree's rows as one batch; `keep_path` then ad
 path's rows, the same inputs one-token steps along that path would have consumed.
 """
 
+from ggtools.runtime.target.kimi_k3_pieces import KDATensors
 from ggtools.runtime.target.kvcache import HOST_ARRAYS, KVCache, check_path
 from ggtools.runtime.target.pieces import DeltaNetTensors
+
+RECURRENT = (DeltaNetTensors, KDATensors)     # the mixers whose state rolls back through RecurrentState
 
 DEFAULT_WINDOW = 64
 
 
 class RecurrentState:
-    """One Gated DeltaNet layer: its conv rows and delta-rule matrices at the cache's end, the checkpoint, and
+    """One recurrent (Gated DeltaNet or KDA) layer: its conv rows and delta-rule matrices at the cache's end, the checkpoint, and
     the logged inputs since the checkpoint. `mixer.recur(conv, ssm, qkv, g, beta)` advances a state."""
 
     def __init__(self, mixer, arrays=HOST_ARRAYS):
@@ -96,9 +99,10 @@ class HybridCache(KVCache):
 
     @classmethod
     def for_layers(cls, layers, hp, type: str = "f16", arrays=HOST_ARRAYS) -> "HybridCache":
-        """The cache of a model whose layers mix attention and Gated DeltaNet mixers (slots in layer order)."""
+        """The cache of a model whose layers mix attention and recurrent (Gated DeltaNet, KDA) mixers (slots in
+        layer order)."""
         recurrent = [RecurrentState(layer.mixer, arrays) for layer in layers
-                     if isinstance(layer.mixer, DeltaNetTensors)]
+                     if isinstance(layer.mixer, RECURRENT)]
         return cls(len(layers) - len(recurrent), hp.n_head_kv, hp.head_dim, recurrent, type=type, arrays=arrays)
 
     def reserve(self, n_tokens: int) -> None:

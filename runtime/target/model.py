@@ -66,6 +66,7 @@ class TargetModel:
                             np.float32(hp.rope_ext_factor), np.float32(hp.rope_attn_factor),
                             np.array(hp.rope_corr_dims, np.float32))
         self.layers = [self._load_layer(i) for i in range(hp.n_layer)]
+        self.residual = self.arch.residual(ops.pieces, w, hp) if self.arch.residual else None
         kinds = [type(layer.mixer) for layer in self.layers]
         for i, layer in enumerate(self.layers):
             layer.slot = kinds[:i].count(kinds[i])
@@ -123,13 +124,17 @@ class TargetModel:
         backend = self.ops
         features = backend.empty((len(tokens), len(taps), hp.n_embd))
         x = self.token_embd.rows(tokens)
+        bank = self.residual.begin() if self.residual else None     # kimi-k3's banked layer inputs
         self.kv.tree = batch
         try:
             for i in range(hp.n_layer):
                 self._tap(features, taps, i, x)
-                x = self.run_layer(i, x, positions, rope, stepwise)
+                x = bank.run_layer(self, i, x, positions, rope, stepwise) if bank else \
+                    self.run_layer(i, x, positions, rope, stepwise)
         finally:
             self.kv.tree = None
+        if bank:
+            x = bank.final(x)
         self.kv.n_tokens = start + len(tokens)
         self.kv.verified_tree = batch
         out = backend.rms_norm(x, self.output_norm, hp.rms_eps)

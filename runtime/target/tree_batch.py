@@ -34,7 +34,7 @@ class TreeBatch:
             for j in range(self.depths[i], -1, -1):
                 self.paths[i, j] = row
                 row = parents[row]
-        self._visible = {}
+        self._visible, self._layout = {}, None
 
     def __len__(self) -> int:
         return len(self.parents)
@@ -57,3 +57,20 @@ class TreeBatch:
                 visible &= self.positions[:, None] - key_positions[None] < window
             self._visible[window] = visible
         return self._visible[window]
+
+    @property
+    def width(self) -> int:
+        """The keys of the deepest row's one-token step: start + the tree's depth + 1."""
+        return self.start + int(self.depths.max()) + 1
+
+    def path_layout(self) -> np.ndarray:
+        """(rows, width) int64: the cache row at each key position of each row's one-token step (positions
+        0..start-1 the cache's own, start + j its path's row at depth j); 0 beyond the row's own position (a
+        masked key)."""
+        if self._layout is None:
+            layout = np.zeros((len(self), self.width), np.int64)
+            layout[:, :self.start] = np.arange(self.start)
+            for i in range(len(self)):
+                layout[i, self.start:self.start + self.depths[i] + 1] = self.start + self.paths[i, :self.depths[i] + 1]
+            self._layout = layout
+        return self._layout

@@ -23,9 +23,17 @@ def dequantize(qtype, rows: torch.Tensor, n_cols: int) -> torch.Tensor:
     return DECODERS[qtype](blocks).reshape(-1, n_cols)
 
 
-def block_mins(qtype, rows: torch.Tensor) -> torch.Tensor:
-    """Q4_1 / Q5_1 rows (n_rows, row_bytes) -> each block's min m (the f16 at byte 2), float32 (n_rows, n_blocks)."""
-    return _half(rows.reshape(-1, GGML_QUANT_SIZES[T(qtype)][1]), 2).reshape(len(rows), -1)
+def block_values(qtype, rows: torch.Tensor):
+    """Rows (n_rows, row_bytes) of a 32-value block type -> what ggml's integer dots read: the blocks' integer
+    values (n_rows, n_blocks, 32) as float32 (MXFP4: kvalues_mxfp4, the e2m1 values doubled), their scales d
+    (n_rows, n_blocks) float32 (MXFP4: 2^(e - 128), half the E8M0 scale) and, for Q4_1 / Q5_1, their mins m
+    (else None). A block dequantizes to values * d (+ m)."""
+    qtype = T(qtype)
+    blocks = rows.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    values, d = INTEGER_DECODERS[qtype](blocks)
+    n_rows = len(rows)
+    m = _half(blocks, 2).reshape(n_rows, -1) if qtype in (T.Q4_1, T.Q5_1) else None
+    return values.float().reshape(n_rows, -1, 32), d.reshape(n_rows, -1), m
 
 
 def _ints(b: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -54,12 +62,22 @@ def _nibbles(q: torch.Tensor) -> torch.Tensor:
     return torch.cat([q & 15, q >> 4], 1)
 
 
+def _q4_0_ints(b):
+    return _nibbles(_ints(b, 2, 18)) - 8, _half(b, 0)
+
+
 def _q4_0(b):
-    return (_nibbles(_ints(b, 2, 18)) - 8).float() * _half(b, 0)
+    q, d = _q4_0_ints(b)
+    return q.float() * d
+
+
+def _q4_1_ints(b):
+    return _nibbles(_ints(b, 4, 20)), _half(b, 0)
 
 
 def _q4_1(b):
-    return _nibbles(_ints(b, 4, 20)).float() * _half(b, 0) + _half(b, 2)
+    q, d = _q4_1_ints(b)
+    return q.float() * d + _half(b, 2)
 
 
 def _fifth_bits(b, at):
@@ -68,23 +86,43 @@ def _fifth_bits(b, at):
     return ((qh[:, None] >> _maps(b.device)["q5_bit"]) & 1).to(torch.int32) << 4
 
 
+def _q5_0_ints(b):
+    return (_nibbles(_ints(b, 6, 22)) | _fifth_bits(b, 2)) - 16, _half(b, 0)
+
+
 def _q5_0(b):
-    return ((_nibbles(_ints(b, 6, 22)) | _fifth_bits(b, 2)) - 16).float() * _half(b, 0)
+    q, d = _q5_0_ints(b)
+    return q.float() * d
+
+
+def _q5_1_ints(b):
+    return _nibbles(_ints(b, 8, 24)) | _fifth_bits(b, 4), _half(b, 0)
 
 
 def _q5_1(b):
-    return (_nibbles(_ints(b, 8, 24)) | _fifth_bits(b, 4)).float() * _half(b, 0) + _half(b, 2)
+    q, d = _q5_1_ints(b)
+    return q.float() * d + _half(b, 2)
+
+
+def _q8_0_ints(b):
+    return b[:, 2:].contiguous().view(torch.int8), _half(b, 0)
 
 
 def _q8_0(b):
-    return b[:, 2:].contiguous().view(torch.int8).float() * _half(b, 0)
+    q, d = _q8_0_ints(b)
+    return q.float() * d
 
 
-def _mxfp4(b):
+def _mxfp4_ints(b):
     e = b[:, :1].to(torch.int32)
     # ggml_e8m0_to_fp32_half: 2^(e - 128), a denormal for e < 2
     d = torch.where(e < 2, 0x00200000 << e, (e - 1) << 23).view(torch.float32)
-    return _maps(b.device)["mxfp4"][_nibbles(_ints(b, 1, 17))] * d
+    return _maps(b.device)["mxfp4"][_nibbles(_ints(b, 1, 17))], d
+
+
+def _mxfp4(b):
+    q, d = _mxfp4_ints(b)
+    return q * d
 
 
 def _q2_k(b):
@@ -182,3 +220,5 @@ DECODERS = {
     T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
 }
 SUPPORTED_TYPES = frozenset(DECODERS)
+INTEGER_DECODERS = {T.Q4_0: _q4_0_ints, T.Q4_1: _q4_1_ints, T.Q5_0: _q5_0_ints, T.Q5_1: _q5_1_ints,
+                    T.Q8_0: _q8_0_ints, T.MXFP4: _mxfp4_ints}

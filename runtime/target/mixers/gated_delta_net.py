@@ -93,12 +93,15 @@ def decay_and_beta(alpha, beta_in, dt_bias, a, g, beta):
 def delta_rule_heads(q, k, v, g, beta, state, head_dim, out, counter):
     """The gated delta rule over T tokens, one task per v-head; state (n_v_heads, S, S) holds S transposed
     and is updated in place. q, k: (T, n_k_heads * S); v, out: (T, n_v_heads * S); out may be empty
-    (replaying inputs only to rebuild the state)."""
+    (replaying inputs only to rebuild the state). g: (T, n_v_heads), one decay per head, or (T, n_v_heads * S),
+    one per key channel (KDA: ggml_gated_delta_net's kda mode, S[i][:] *= exp(g[i]))."""
     n_tokens = v.shape[0]
     n_v_heads = state.shape[0]
     n_k_heads = q.shape[1] // head_dim
+    per_channel = g.shape[1] != n_v_heads
     scale = F32(1.0) / np.sqrt(F32(head_dim))
     delta = np.empty(head_dim, np.float32)
+    decays = np.empty(head_dim, np.float32)
     kt = np.empty((1, head_dim), np.float32)     # contiguous copies of the head's k and q rows
     qt = np.empty((1, head_dim), np.float32)
     enter(counter)
@@ -111,9 +114,17 @@ def delta_rule_heads(q, k, v, g, beta, state, head_dim, out, counter):
         hk = h % n_k_heads
         for t in range(n_tokens):
             kt[0] = k[t, hk * head_dim:(hk + 1) * head_dim]
-            decay = np.exp(g[t, h])
-            for i in range(flat.size):
-                flat[i] = flat[i] * decay
+            if per_channel:
+                for i in range(head_dim):
+                    decays[i] = np.exp(g[t, h * head_dim + i])
+                for j in range(head_dim):
+                    row = m[j]
+                    for i in range(head_dim):
+                        row[i] = row[i] * decays[i]
+            else:
+                decay = np.exp(g[t, h])
+                for i in range(flat.size):
+                    flat[i] = flat[i] * decay
             for j in range(head_dim):
                 delta[j] = (v[t, h * head_dim + j] - dot_one_row(m[j], kt, 0, False)) * beta[t, h]
             for j in range(head_dim):
