@@ -7,10 +7,11 @@ written to cache rows start + i while the batch runs; `keep_path` (KVCache, Hybr
 path's rows at positions start, start + 1, ... and the recurrent states after them.
 
 A mixer that can run a tree batch says so with `tree_verify = True` and reads the batch from `kv.tree` (None for a
-sequence batch): attention masks by path (numba lays each row's keys out as a one-token step would see them, so
-the sums run in the same order); a recurrent mixer (Gated DeltaNet; KDA when it comes) runs each row from its
-parent's state (hybrid_cache.RecurrentState.walk_tree) and logs the rows' inputs so that keep_path can rebuild the
-accepted path's state.
+sequence batch): attention (and MLA over its latent cache) masks by path, each row's keys laid out as a one-token
+step would see them (`path_layout`; numba's tree_attention_rows, torch's float32 attention), so the sums run in the
+same order; a recurrent mixer (Gated DeltaNet, KDA) runs each row from its parent's state
+(hybrid_cache.RecurrentState.walk_tree) and logs the rows' inputs so that keep_path can rebuild the accepted path's
+state.
 """
 
 import numpy as np
