@@ -1,10 +1,11 @@
 """Tree verify in the target (TargetModel.forward(..., tree=parents), kv.keep_path): on every architecture the
 runtime runs (llama, qwen3, qwen3moe, gpt-oss with its sliding window and sinks, the Gated DeltaNet hybrids qwen35
-and qwen35moe), a DDTree's rows give, bit for bit, the logits and feature taps of one-token steps along each
-row's path (numba), and keeping a path then decoding on equals never having left it (the recurrent states
-rebuilt from the path's rows). The truth is the runtime's own one-token step, which the parity tests prove bit for
-bit against libllama. The refusals of a misused tree batch, and the torch backend in float32 (numba's arithmetic:
-its rows bit-identical to its own one-token steps and to numba's rows).
+and qwen35moe, kimi-k3 with KDA, MLA over its latent cache and the cross-layer residual attention), a DDTree's rows
+give, bit for bit, the logits and feature taps of one-token steps along each row's path (numba), and keeping a path
+then decoding on equals never having left it (the recurrent states rebuilt from the path's rows). The truth is the
+runtime's own one-token step, which the parity tests prove bit for bit against libllama. The refusals of a misused
+tree batch, and the torch backend in float32 (numba's arithmetic: its rows bit-identical to its own one-token steps
+and to numba's rows).
 """
 
 import numpy as np
@@ -109,10 +110,10 @@ def test_misuse_is_refused(demo_target):
 
 def test_a_mixer_without_tree_support_is_refused(demo_target):
     model = demo_target
-    model.no_tree_verify = ["KimiDeltaAttention"]
+    model.no_tree_verify = ["FutureMixer"]     # every mixer the runtime has runs trees; a new one may not
     try:
         model.kv.clear()
-        with pytest.raises(ModelError, match="KimiDeltaAttention mixer cannot verify a draft tree"):
+        with pytest.raises(ModelError, match="FutureMixer mixer cannot verify a draft tree"):
             model.forward([1, 2], tree=[-1, 0])
     finally:
         model.no_tree_verify = []
@@ -131,16 +132,22 @@ def targets(request):
         "qwen35-q8_0": lambda: get("qwen35_target").gguf["q8_0"],
         "qwen35moe-mxfp4_moe": lambda: get("qwen35moe_target").gguf["mxfp4_moe"],
         "llama-smollm2-q4_1": lambda: get("smollm2_path"),
+        "kimi-k3-f16": lambda: get("kimi_k3_target").gguf["f16"],
+        "kimi-k3-q8_0": lambda: get("kimi_k3_target").gguf["q8_0"],
+        "kimi-k3-plain-f32": lambda: get("kimi_k3_target").gguf["plain-f32"],
     }
 
 
 @pytest.mark.oracle
 @pytest.mark.parametrize("name", ["qwen3-f16", "qwen3moe-Q8_0", "gpt-oss-MXFP4_MOE", "qwen35-f16",
-                                  "qwen35moe-mxfp4_moe", "llama-smollm2-q4_1",
+                                  "qwen35moe-mxfp4_moe", "llama-smollm2-q4_1", "kimi-k3-q8_0", "kimi-k3-plain-f32",
+                                  pytest.param("kimi-k3-f16", marks=pytest.mark.slow),
                                   pytest.param("gpt-oss-f16", marks=pytest.mark.slow),
                                   pytest.param("qwen35-q8_0", marks=pytest.mark.slow)])
 def test_every_arch_rows_equal_one_token_steps(targets, name):
-    """Prompts of 40 tokens: past gpt-oss's sliding window of 16 (a path's rows near the window's edge)."""
+    """Prompts of 40 tokens: past gpt-oss's sliding window of 16 (a path's rows near the window's edge) and one
+    whole 32 positions of the cache (the lanes every row shares). kimi-k3-q8_0: Q8_0 trunk, MXFP4 experts;
+    plain-f32: no q_lora, no latent experts, softplus decay, no residual attention."""
     model = TargetModel(targets[name](), threads=2)
     try:
         check_rows_equal_one_token_steps(model, prompt_of(3, 40, model.n_vocab), random_tree(4))
@@ -171,3 +178,26 @@ def test_torch_tree_rows_equal_one_token_steps(demo_target):
         assert np.array_equal(rows[0][0], rows[1][0]) and np.array_equal(rows[0][1], rows[1][1])
     finally:
         model.close()
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("name", ["kimi-k3-q8_0", "kimi-k3-plain-f32", "qwen35-f16"])
+def test_torch_hybrid_rows_equal_one_token_steps_and_numba(targets, name):
+    """torch's KDA, MLA and Gated DeltaNet in float32: tree rows bit-identical to torch's one-token steps along their
+    paths, keep_path as on numba, and the rows equal to numba's."""
+    pytest.importorskip("torch")
+    path = targets[name]()
+    model, numba = TargetModel(path, backend="torch", threads=1), TargetModel(path, threads=2)
+    try:
+        prompt = prompt_of(3, 40, model.n_vocab)
+        tree = random_tree(4)
+        check_rows_equal_one_token_steps(model, prompt, tree)
+        rows = []
+        for on in (model, numba):
+            on.kv.clear()
+            on.forward(prompt, logits="none")
+            rows.append(on.forward([5] + tree.tokens, taps=TAPS, stepwise=True, tree=tree.parents))
+        assert np.array_equal(rows[0][0], rows[1][0]) and np.array_equal(rows[0][1], rows[1][1])
+    finally:
+        model.close()
+        numba.close()
