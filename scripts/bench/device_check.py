@@ -9,7 +9,8 @@
    float functions (vector expf, glibc's expf / logf, SiLU, softmax, rms_norm), the demo target's logits in
    F16 and requantized here to Q8_0, Q4_0 (repacked), Q4_1 and Q5_1, the demo drafters' block logits (f16, q8_0,
    q4-mix, q2_k: K-quants) and the fixture cache's quantized MoE / hybrid targets when it has them (Q8_0 and
-   MXFP4 experts, Gated DeltaNet); the demo pair's speculative steps and tau in f32 equal numba's.
+   MXFP4 experts, Gated DeltaNet, kimi-k3's KDA and MLA), each target's logits as a batch, as one-token steps
+   and as a draft tree's rows; the demo pair's speculative steps and tau in f32 equal numba's.
 3. The demo pair (drafters converted and quantized on the fly) and the largest pair available, on the GPU in
    the compute dtype: speculative and target-only tok/s, the speedup, tau (z-lab's), outputs equal to greedy.
    The largest pair is --target/--draft when given, else the largest fixture pair in the cache.
@@ -163,16 +164,24 @@ def quantized_fixture_targets() -> list[tuple[str, str]]:
     found = []
     for unit, file in (("qwen35", "tiny-qwen35-Q8_0.gguf"), ("qwen3moe-target", "tiny-qwen3moe-Q8_0.gguf"),
                        ("gpt-oss-target", "tiny-gpt-oss-MXFP4_MOE.gguf"),
-                       ("qwen35moe", "tiny-qwen35moe-MXFP4_MOE.gguf")):
+                       ("qwen35moe", "tiny-qwen35moe-MXFP4_MOE.gguf"),
+                       ("kimi-k3", "tiny-kimi-k3-Q8_0-MXFP4.gguf")):
         paths = sorted(Path(cache_root(), "artifacts").glob(f"{unit}-*/{file}"))
         if paths:
             found.append((file.removesuffix(".gguf"), str(paths[-1])))
     return found
 
 
+def draft_tree():
+    """A DDTree of 22 nodes from random distributions (a chain and side branches)."""
+    from ggtools.runtime.ddtree import build_tree, top_k_log_probs
+    rng = np.random.default_rng(4)
+    return build_tree(*top_k_log_probs((rng.standard_normal((7, 1000)) * 2).astype(np.float32), 4), 22)
+
+
 def targets_against_numba(device, work: Path) -> dict:
     """{name: relative max |logit difference|} of targets in float32 on the device against numba (a prompt as
-    one batch, then one-token steps), and whether each was bit for bit."""
+    one batch, then one-token steps, then a draft tree's rows after it), and whether each was bit for bit."""
     from ggtools.jobs.demo import demo_data
     from ggtools.jobs.quantize import plan_quantize, quantize
     from ggtools.runtime import TargetModel
@@ -193,7 +202,12 @@ def targets_against_numba(device, work: Path) -> dict:
             want, got = numba.forward(ids, stepwise=stepwise)[0], on_device.forward(ids, stepwise=stepwise)[0]
             diffs.append(float(np.abs(got - want).max() / np.abs(want).max()))
             equal &= same_bits(got, want)
-        out[name] = {"rel_logit_diff": max(diffs), "bit_for_bit": equal}
+        tree = draft_tree()
+        want, got = (model.forward([5] + [t + 3 for t in tree.tokens], stepwise=True, tree=tree.parents)[0]
+                     for model in (numba, on_device))
+        diffs.append(float(np.abs(got - want).max() / np.abs(want).max()))
+        out[name] = {"rel_logit_diff": max(diffs), "bit_for_bit": equal and same_bits(got, want),
+                     "tree_bit_for_bit": same_bits(got, want)}
     return out
 
 
