@@ -207,7 +207,8 @@ def _aliases(c, j):
     os.symlink(c["set2"], os.path.join(c["outdir_link"], os.path.basename(c["set2"])))
 
 
-# kimi-k3 files whose keys contradict each other (kimi_k3_hparams refuses them): case -> key edits (None: removed)
+# kimi-k3 files whose keys contradict each other (hparam_rules/kimi_k3.py refuses them): case -> key edits
+# (None: removed)
 KIMI_K3_CASES = {
     "kv_heads": {"attention.head_count_kv": [0, 2]}, "kv_heads_count": {"attention.head_count_kv": [0, 1, 1]},
     "gating": {"expert_gating_func": 1}, "key_length": {"attention.key_length": 40},

@@ -114,15 +114,19 @@ ROWS = [
      [], "outside 0..2147483647"),
     ("input/run-prompt-id-outside-vocab", ["run", "--target", "{target}", "--prompt-ids", "5000"], 2, [],
      "target.gguf: prompt token id 5000 is outside the vocabulary of 2048 tokens"),
-    *[(f"input/run-kimi-k3-{case}", ["run", "--target", "{k3_%s}" % case, "--prompt-ids", "1"], 2, [], fragment)
-      for case, fragment in [("kv_heads", "'kimi-k3.attention.head_count_kv' holds [0, 2]"),
-                             ("kv_heads_count", "'kimi-k3.attention.head_count_kv': has 3 entries for 2 layers"),
-                             ("gating", "'kimi-k3.expert_gating_func' is not 2 (sigmoid)"),
-                             ("key_length", "'kimi-k3.attention.key_length' is not kv_lora_rank + rope"),
-                             ("rope", "'kimi-k3.rope.dimension_count' is not below attention.key_length_mla"),
-                             ("situ", "'kimi-k3.activation.situ_beta' is 0"),
-                             ("used", "'kimi-k3.expert_used_count': is 5, above expert_count 4"),
-                             ("no_kda_head_dim", "missing key 'kimi-k3.kda.head_dim'")]],
+    # kimi-k3's own keys (hparam_rules/kimi_k3.py): run refuses them (exit 2), validate reports them (exit 1)
+    *[row for case, fragment in [
+        ("kv_heads", "'kimi-k3.attention.head_count_kv': holds [2]: a kimi-k3 layer has 0 KV heads (KDA) or 1"),
+        ("kv_heads_count", "'kimi-k3.attention.head_count_kv': has 3 entries for 2 layers"),
+        ("gating", "'kimi-k3.expert_gating_func': is 1: kimi-k3 routes its experts by sigmoid (2"),
+        ("key_length", "'kimi-k3.attention.key_length': is 40: kimi-k3's MLA cache holds kv_lora_rank + "
+                       "rope.dimension_count = 32 + 16"),
+        ("rope", "'kimi-k3.rope.dimension_count': is 40, not below attention.key_length_mla 32"),
+        ("situ", "'kimi-k3.activation.situ_beta': is 0: situ divides the gate by it"),
+        ("used", "'kimi-k3.expert_used_count': is 5, above expert_count 4"),
+        ("no_kda_head_dim", "'kimi-k3.kda.head_dim': missing (llama.cpp's loader requires it)")]
+      for row in ((f"input/run-kimi-k3-{case}", ["run", "--target", "{k3_%s}" % case, "--prompt-ids", "1"], 2, [],
+                   fragment), (f"input/validate-kimi-k3-{case}", ["validate", "{k3_%s}" % case], 1, [], None))],
     *[(f"input/manifest-{name}/validate", ["validate", "--manifest", "{manifest_%s}" % name, "{good}"], 2, [], None)
       for name in HOSTILE_MANIFESTS],
     *[(f"input/manifest-{name}/requant-resume", ["requant-trunk", "{set}", "-o", "{resume_%s}" % name, "--resume",

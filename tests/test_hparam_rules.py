@@ -22,7 +22,7 @@ from ggtools.runtime.drafter.hparams import read_draft_hparams
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.target.archs import arch_of
 from ggtools.runtime.target.hparams import read_hparams
-from tests.hostile_corpus import DEMO, HPARAM_VARIANTS, NAN
+from tests.hostile_corpus import DEMO, HPARAM_VARIANTS, NAN, _kimi_k3
 from tests.test_convert_support import make_checkpoint, make_dspark_checkpoint, make_target_gguf, rewrite_gguf
 from tests.tiny_targets import DEMO_TARGET, write_gpt_oss, write_qwen35
 
@@ -38,6 +38,7 @@ def models(tmp_path_factory):
     convert_dflash(f"{DEMO}/drafter", m["lucebox"], profile="lucebox")
     convert_dflash(make_checkpoint(d / "c2", 2), m["v2"], profile="llama.cpp",
                    target=make_target_gguf(d / "t2.gguf"))
+    m["k3"] = _kimi_k3(d / "k3.gguf", {})       # kimi-k3's keys as its converter writes them, no layer tensors
     m["swa"] = str(rewrite_gguf(m["drafter"], d / "swa.gguf", set_keys=[
         ("dflash.attention.sliding_window", U32, 4, None),
         ("dflash.attention.sliding_window_pattern", ARR, [True, False], BOOL)]))
@@ -77,10 +78,14 @@ def keys_read(f, read) -> set[str]:
     return f.kv.read - {"general.architecture"}
 
 
-@pytest.mark.parametrize("name", ["target", "q35", "oss", "drafter", "lucebox", "v2", "swa", "dspark", "dsred"])
+TARGETS = ("target", "q35", "oss", "k3")
+MODELS = (*TARGETS, "drafter", "lucebox", "v2", "swa", "dspark", "dsred")
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_the_runtime_reads_no_key_the_rules_do_not_check(models, name):
     with GGUFFile(models[name]) as f:
-        if name in ("target", "q35", "oss"):
+        if name in TARGETS:
             runtime = keys_read(f, lambda g: read_hparams(g, 100, arch_of(g)))
             rules = keys_read(f, target_violations)
         else:
@@ -91,7 +96,7 @@ def test_the_runtime_reads_no_key_the_rules_do_not_check(models, name):
     assert runtime <= rules, sorted(runtime - rules)
 
 
-@pytest.mark.parametrize("name", ["target", "q35", "oss", "drafter", "lucebox", "v2", "swa", "dspark", "dsred"])
+@pytest.mark.parametrize("name", MODELS)
 def test_good_models_break_no_rule(models, name):
     with GGUFFile(models[name]) as f:
         assert model_violations(f) == [] and dspark_violations(f) == []
@@ -135,6 +140,14 @@ MORE = [
     ("swa", [("dflash.attention.sliding_window_pattern", ARR, [True], BOOL)], "sliding_window_pattern",
      "1 entries for 2"),
     ("lucebox", [(f"{LUCEBOX.arch}.dflash.block_size", I32, -3, None)], "block_size", "negative"),
+    ("k3", [("kimi-k3.expert_weights_norm", U32, 1, None)], "expert_weights_norm", "llama.cpp requires BOOL"),
+    ("k3", [("kimi-k3.activation.situ_linear_beta", U32, 0, None)], "situ_linear_beta", "requires FLOAT32"),
+    ("k3", [("kimi-k3.kda.gate_lower_bound", F32, NAN, None)], "gate_lower_bound", "finite"),
+    ("k3", [("kimi-k3.attention.kv_lora_rank", U32, 0, None)], "kv_lora_rank", "is 0"),
+    ("k3", [("kimi-k3.ssm.conv_kernel", U32, 0, None)], "conv_kernel", "is 0"),
+    ("k3", [("kimi-k3.attention.head_count_kv", ARR, [0.0, 1.0], F32)], "head_count_kv", "array of integers"),
+    ("k3", [("kimi-k3.leading_dense_block_count", U32, 1, None)], "feed_forward_length", "leading dense layers"),
+    ("k3", [("kimi-k3.attention.key_length", VT.UINT64, 48, None)], "key_length", "requires UINT32"),
     ("lucebox", [(f"{LUCEBOX.arch}.embedding_length", F32, 128.0, None)], "embedding_length", "an integer type"),
 ]
 CASES = {f"{name}": (base, keys, keys[0][0].rpartition(".")[2], "") for name, (base, keys) in

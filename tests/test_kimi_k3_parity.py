@@ -94,6 +94,17 @@ def test_libllama_loads_every_fixture(kimi_k3_target):
     assert loads["q8_0"]["desc"] == "kimi-k3 ?B MXFP4 MoE"
 
 
+def test_the_converters_files_break_no_model_file_rule(kimi_k3_target):
+    """What libllama loads passes the model-file rules (kimi-k3's keys: hparam_rules/kimi_k3.py), so validate and
+    doctor pass it and the runtime refuses none of it."""
+    from ggtools.gguf import GGUFFile
+    from ggtools.hparam_rules import model_violations
+
+    for encoding in ENCODINGS:
+        with GGUFFile(kimi_k3_target.gguf[encoding]) as f:
+            assert model_violations(f) == [], encoding
+
+
 def test_q8_0_fixture_has_the_field_reports_layout(kimi_k3_target):
     """The converter's q8_0 output of the MXFP4 checkpoint: routed experts MXFP4 (repacked from compressed-tensors,
     the same values as the bf16 checkpoint's: the F16 file's experts), the other matrices Q8_0 but the router,
@@ -290,16 +301,17 @@ def test_kv_b_instead_of_k_b_v_b_is_split_at_load(files, models, tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    ("kimi-k3.attention.head_count_kv=i32[]:0,0,2,0,0,1", "'kimi-k3.attention.head_count_kv' holds [0, 1, 2]"),
+    ("kimi-k3.attention.head_count_kv=i32[]:0,0,2,0,0,1", "'kimi-k3.attention.head_count_kv': holds [2]: a kimi-k3 layer has 0 KV heads (KDA) or 1"),
     ("kimi-k3.attention.head_count_kv=i32[]:0,1", "'kimi-k3.attention.head_count_kv': has 2 entries for 6 layers"),
-    ("kimi-k3.expert_gating_func=u32:1", "'kimi-k3.expert_gating_func' is not 2 (sigmoid)"),
-    ("kimi-k3.attention.key_length=u32:100", "'kimi-k3.attention.key_length' is not kv_lora_rank + rope"),
-    ("kimi-k3.activation.situ_beta=f32:0", "'kimi-k3.activation.situ_beta' is 0"),
+    ("kimi-k3.expert_gating_func=u32:1", "'kimi-k3.expert_gating_func': is 1: kimi-k3 routes its experts by sigmoid (2"),
+    ("kimi-k3.attention.key_length=u32:100", "'kimi-k3.attention.key_length': is 100: kimi-k3's MLA cache holds kv_lora_rank + "
+                                                "rope.dimension_count"),
+    ("kimi-k3.activation.situ_beta=f32:0", "'kimi-k3.activation.situ_beta': is 0: situ divides the gate by it"),
     ("kimi-k3.expert_used_count=u32:9", "'kimi-k3.expert_used_count': is 9, above expert_count 8"),
 ])
 def test_inconsistent_k3_keys_are_one_line_errors(files, tmp_path, edit, message):
-    """A K3 GGUF whose keys contradict each other or the runtime: `ggtools run` names the file and the rule in one
-    line and exits 2, no traceback; the input is not modified."""
+    """A K3 GGUF whose keys contradict each other (the model-file rules, hparam_rules/kimi_k3.py): `ggtools run`
+    names the file and the rule in one line and exits 2, no traceback; the input is not modified."""
     from click.testing import CliRunner
 
     from ggtools.cli import main as cli
