@@ -53,7 +53,7 @@ def test_layouts_from_the_files(dspark_drafters, target):
         d = _drafter(dspark_drafters, target, variant)
         spec = recipe[variant]
         assert d.family == "dspark"
-        assert d.anchor_first == (spec["layout"] == "deepspec")
+        assert d.anchor_first == (spec["layout"] == "flat")
         assert d.max_drafts == (8 if d.anchor_first else 7) == dspark_drafters.manifest["block_size"] - (not d.anchor_first)
         assert (d.markov.conf is not None) == d.hp.dspark.confidence_head == spec["confidence"]
         assert d.markov.rank == dspark_drafters.manifest["markov_rank"]
