@@ -76,6 +76,10 @@ class WeightFile:
         """The tensor's ne (ne[0] the row length)."""
         return [int(n) for n in self._lookup(name)[1].ne]
 
+    def locate(self, name: str):
+        """(GGUFFile, TensorInfo) of the tensor: the file of the set it lies in; None when absent."""
+        return self._where.get(name)
+
     def _lookup(self, name):
         try:
             return self._where[name]

@@ -207,7 +207,8 @@ def _aliases(c, j):
     os.symlink(c["set2"], os.path.join(c["outdir_link"], os.path.basename(c["set2"])))
 
 
-# kimi-k3 files whose keys contradict each other (kimi_k3_hparams refuses them): case -> key edits (None: removed)
+# kimi-k3 files whose keys contradict each other (hparam_rules/kimi_k3.py refuses them): case -> key edits
+# (None: removed)
 KIMI_K3_CASES = {
     "kv_heads": {"attention.head_count_kv": [0, 2]}, "kv_heads_count": {"attention.head_count_kv": [0, 1, 1]},
     "gating": {"expert_gating_func": 1}, "key_length": {"attention.key_length": 40},
@@ -298,7 +299,7 @@ def _prompt_files(c, j):
         c[key] = write(j("prompts", name), data)
 
 
-U32, I32, F32_KV, STR = VT.UINT32, VT.INT32, VT.FLOAT32, VT.STRING
+U32, I32_KV, F32_KV, STR = VT.UINT32, VT.INT32, VT.FLOAT32, VT.STRING
 NAN = float("nan")
 # name -> (base model, keys set (key, type, value, element type), keys dropped): models with broken hyperparameters
 # (issue 21 section 2), the first six the original reproductions (memory corruption before the model-file rules)
@@ -319,7 +320,7 @@ HPARAM_VARIANTS = {
     "oss_yarn_attn_nan": ("oss", [("gpt-oss.rope.scaling.attn_factor", F32_KV, NAN, None)]),
     "t_scale_nan": ("target", [("qwen3.attention.scale", F32_KV, NAN, None)]),
     "t_layers0": ("target", [("qwen3.block_count", U32, 0, None)]),
-    "t_layers_neg": ("target", [("qwen3.block_count", I32, -1, None)]),
+    "t_layers_neg": ("target", [("qwen3.block_count", I32_KV, -1, None)]),
     "t_layers_f32": ("target", [("qwen3.block_count", F32_KV, 4.0, None)]),
     "q35_nextn": ("q35", [("qwen35.nextn_predict_layers", U32, 9, None)]),
     "t_heads_str": ("target", [("qwen3.attention.head_count", STR, "4", None)]),
@@ -328,7 +329,7 @@ HPARAM_VARIANTS = {
     "q35_interval0": ("q35", [("qwen35.full_attention_interval", U32, 0, None)]),
     "q35_groups0": ("q35", [("qwen35.ssm.group_count", U32, 0, None)]),
     "d_ids_str": ("drafter", [("dflash.target_layers", VT.ARRAY, ["2", "3"], STR)]),
-    "d_mask_i32": ("drafter", [("tokenizer.ggml.mask_token_id", I32, -1, None)]),
+    "d_mask_i32": ("drafter", [("tokenizer.ggml.mask_token_id", I32_KV, -1, None)]),
     "d_block0": ("drafter", [("dflash.block_size", U32, 0, None)]),
     "d_base_nan": ("drafter", [("dflash.rope.freq_base", F32_KV, NAN, None)]),
 }

@@ -14,8 +14,9 @@ import shutil
 import numpy as np
 import pytest
 
-from ggtools.runtime import TargetModel, greedy
-from tests.llama_runner import LlamaCpp, assert_prompt_logits_identical, avx2_llama_cpp
+from ggtools.runtime import TargetModel
+from tests.llama_runner import LlamaCpp, assert_greedy_identical, assert_prompt_logits_identical, avx2_llama_cpp
+from tests.target_checks import assert_crop_equals_never_going_further, assert_run_refuses_patched
 
 pytestmark = pytest.mark.oracle
 
@@ -69,29 +70,23 @@ def models(files):
         model.close()
 
 
-def our_greedy_path(model: TargetModel, ids, n):
-    """Greedy tokens and the logits row each was chosen from (the prompt's logits all computed, as llama.cpp's
-    logits_all does)."""
-    logits, _ = model.forward(ids, logits="all")
-    tokens, rows = [], []
-    for _ in range(n):
-        rows.append(logits[-1])
-        tokens.append(int(logits[-1].argmax()))
-        logits, _ = model.forward([tokens[-1]], logits="last")
-    return tokens, np.array(rows)
-
-
-def top2_margin(rows) -> float:
-    top = np.sort(rows, axis=1)[:, -2:]
-    return float((top[:, 1] - top[:, 0]).min())
-
-
 def test_libllama_loads_every_fixture(kimi_k3_target):
     """The oracle exists: libllama 0.3.36 loads each of the converter's kimi-k3 files (the fixture build records
     it; decoding is what the tests below do)."""
     loads = kimi_k3_target.manifest["loads"]
     assert all(loads[k]["ok"] for k in ENCODINGS), loads
     assert loads["q8_0"]["desc"] == "kimi-k3 ?B MXFP4 MoE"
+
+
+def test_the_converters_files_break_no_model_file_rule(kimi_k3_target):
+    """What libllama loads passes the model-file rules (kimi-k3's keys: hparam_rules/kimi_k3.py), so validate and
+    doctor pass it and the runtime refuses none of it."""
+    from ggtools.gguf import GGUFFile
+    from ggtools.hparam_rules import model_violations
+
+    for encoding in ENCODINGS:
+        with GGUFFile(kimi_k3_target.gguf[encoding]) as f:
+            assert model_violations(f) == [], encoding
 
 
 def test_q8_0_fixture_has_the_field_reports_layout(kimi_k3_target):
@@ -128,16 +123,7 @@ def test_prompt_logits_are_bit_identical(files, models, llama_cpp, encoding):
 def test_greedy_tokens_are_identical(files, models, llama_cpp, encoding):
     oracle, model = K3Oracle(llama_cpp, files[encoding]), models(encoding)
     for seed in PROMPT_SEEDS:
-        ids = prompt(seed)
-        want, want_rows = oracle.greedy_logits(ids, N_GREEDY)
-        model.kv.clear()
-        ours, rows = our_greedy_path(model, ids, N_GREEDY)
-        margin = top2_margin(want_rows)
-        print(f"kimi-k3 {encoding} seed {seed}: {len(ids)} + {N_GREEDY} tokens, min top-1/top-2 margin {margin:.4f}, "
-              f"max abs logit difference {np.abs(rows - want_rows).max()}")
-        assert margin >= MIN_MARGIN, "the prompt no longer has a clear margin on llama.cpp's path: choose another"
-        assert ours == want
-        assert np.array_equal(rows, want_rows)
+        assert_greedy_identical(oracle, model, prompt(seed), N_GREEDY, MIN_MARGIN, f"kimi-k3 {encoding} seed {seed}")
 
 
 def test_q4_k_trunk_stays_within_float_rounding_of_libllama(files, models, llama_cpp):
@@ -184,24 +170,7 @@ def test_feature_taps_are_the_layer_inputs(kimi_k3_target, models, encoding, hf)
 def test_crop_then_generate_equals_never_going_further(models, encoding):
     """Crop back into the generated tokens and into the prompt (the KDA states roll back with the latent cache),
     then go on: the same logits, bit for bit, as a fresh run that made the same calls up to there."""
-    model = models(encoding)
-    ids = prompt(PROMPT_SEEDS[0])
-    generated, _ = greedy(model, ids, 12)
-
-    def run_to(keep):
-        model.kv.clear()
-        model.forward(ids[:keep], logits="none")
-        for token in generated[:max(0, keep - len(ids))]:
-            model.forward([token], logits="none")
-
-    for keep in (len(ids) + 5, len(ids) - 3, 2):
-        model.kv.crop(keep)
-        after_crop = model.forward([7, 8, 9])[0]
-        continued, _ = greedy(model, [10], 6)
-        run_to(keep)
-        assert np.array_equal(after_crop, model.forward([7, 8, 9])[0])
-        assert continued == greedy(model, [10], 6)[0]
-        run_to(len(ids) + 11)
+    assert_crop_equals_never_going_further(models(encoding), prompt(PROMPT_SEEDS[0]))
 
 
 @pytest.mark.parametrize("encoding", ["f16", "q8_0"])
@@ -290,27 +259,15 @@ def test_kv_b_instead_of_k_b_v_b_is_split_at_load(files, models, tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    ("kimi-k3.attention.head_count_kv=i32[]:0,0,2,0,0,1", "'kimi-k3.attention.head_count_kv' holds [0, 1, 2]"),
+    ("kimi-k3.attention.head_count_kv=i32[]:0,0,2,0,0,1", "'kimi-k3.attention.head_count_kv': holds [2]: a kimi-k3 layer has 0 KV heads (KDA) or 1"),
     ("kimi-k3.attention.head_count_kv=i32[]:0,1", "'kimi-k3.attention.head_count_kv': has 2 entries for 6 layers"),
-    ("kimi-k3.expert_gating_func=u32:1", "'kimi-k3.expert_gating_func' is not 2 (sigmoid)"),
-    ("kimi-k3.attention.key_length=u32:100", "'kimi-k3.attention.key_length' is not kv_lora_rank + rope"),
-    ("kimi-k3.activation.situ_beta=f32:0", "'kimi-k3.activation.situ_beta' is 0"),
+    ("kimi-k3.expert_gating_func=u32:1", "'kimi-k3.expert_gating_func': is 1: kimi-k3 routes its experts by sigmoid (2"),
+    ("kimi-k3.attention.key_length=u32:100", "'kimi-k3.attention.key_length': is 100: kimi-k3's MLA cache holds kv_lora_rank + "
+                                                "rope.dimension_count"),
+    ("kimi-k3.activation.situ_beta=f32:0", "'kimi-k3.activation.situ_beta': is 0: situ divides the gate by it"),
     ("kimi-k3.expert_used_count=u32:9", "'kimi-k3.expert_used_count': is 9, above expert_count 8"),
 ])
 def test_inconsistent_k3_keys_are_one_line_errors(files, tmp_path, edit, message):
-    """A K3 GGUF whose keys contradict each other or the runtime: `ggtools run` names the file and the rule in one
-    line and exits 2, no traceback; the input is not modified."""
-    from click.testing import CliRunner
-
-    from ggtools.cli import main as cli
-
-    source = files["q8_0"]
-    before = source.stat().st_mtime_ns
-    bad = tmp_path / "bad.gguf"
-    patched = CliRunner().invoke(cli, ["patch", "set", str(source), edit, "-o", str(bad)])
-    assert patched.exit_code == 0, patched.output
-    result = CliRunner().invoke(cli, ["run", "--target", str(bad), "--prompt-ids", "1,2,3", "-n", "2"])
-    assert result.exit_code == 2, result.output
-    assert message in result.output and str(bad) in result.output and "Traceback" not in result.output
-    assert len(result.output.strip().splitlines()) == 1
-    assert source.stat().st_mtime_ns == before
+    """A K3 GGUF whose keys contradict each other (the model-file rules, hparam_rules/kimi_k3.py): `ggtools run`
+    names the file and the rule in one line and exits 2, no traceback; the input is not modified."""
+    assert_run_refuses_patched(files["q8_0"], edit, message, tmp_path)

@@ -10,60 +10,44 @@ converter."""
 import numpy as np
 import pytest
 
-from ggtools.runtime import TargetModel, greedy
+from ggtools.runtime import TargetModel
 from ggtools.runtime.drafter import Drafter
 from ggtools.runtime.speculative import speculative_generate
-from tests.test_runtime_moe import KnowingDrafter
+from tests.speculative_checks import assert_output_equals_greedy, assert_rollback_to_every_prefix, speculative_pair
 
 pytestmark = pytest.mark.oracle
 
 N = 48       # prompts + output exceed the recurrent rollback window (64): the checkpoint moves mid-run
+DSPARK_VARIANTS = ["anchor-conf", "bonus-reduced"]
 
 
 @pytest.fixture(scope="module", params=["f16", "q8_0"])
-def pair(request, kimi_k3_target, kimi_k3_drafters):
-    model = TargetModel(kimi_k3_target.gguf[request.param], threads=2)
-    drafters = {v: Drafter(path, model) for v, path in kimi_k3_drafters["refs"].items()}
-    prompts = [[1] + np.random.default_rng(seed).integers(3, 1000, 6 + 11 * seed).tolist() for seed in range(3)]
-    reference = []
-    for ids in prompts:
-        model.kv.clear()
-        reference.append(greedy(model, ids, N)[0])
-    yield model, drafters, prompts, reference
-    for d in drafters.values():
-        d.close()
-    model.close()
+def pair(request, kimi_k3_target, kimi_k3_drafters, kimi_k3_dspark):
+    """The K3 target with its DFlash v1 / DFlash2 drafters ("v1", "v2") and DSpark drafters ("dspark-<variant>")."""
+    paths = dict(kimi_k3_drafters["refs"]) | {f"dspark-{v}": kimi_k3_dspark["refs"][v] for v in DSPARK_VARIANTS}
+    pair = speculative_pair(kimi_k3_target.gguf[request.param], paths, N)
+    yield pair
+    pair.close()
 
 
-def test_drafters_tap_the_targets_layers(pair, kimi_k3_drafters):
-    model, drafters, _, _ = pair
+def test_drafters_tap_the_targets_layers(pair, kimi_k3_drafters, kimi_k3_dspark):
     taps = [j + 1 for j in kimi_k3_drafters["target_layer_ids"]]      # HF id j: the input of layer j + 1
-    assert [model.hp.recurrent_layers[j] for j in taps] == [True, False]    # a KDA layer's and an MLA layer's
-    for drafter in drafters.values():
+    assert [pair.model.hp.recurrent_layers[j] for j in taps] == [True, False]    # a KDA layer's and an MLA layer's
+    assert taps == [j + 1 for j in kimi_k3_dspark["target_layer_ids"]]
+    for name, drafter in pair.drafters.items():
         assert drafter.taps == taps
+        assert (drafter.family == "dspark") == name.startswith("dspark-")
 
 
 @pytest.mark.parametrize("name, ring_cap", [("v1", 8), ("v2", 8), ("v2", None),
-                                            pytest.param("v1", None, marks=pytest.mark.slow)])
+                                            pytest.param("v1", None, marks=pytest.mark.slow),
+                                            *[(f"dspark-{v}", cap) for v in DSPARK_VARIANTS for cap in (8, None)]])
 def test_output_equals_greedy(pair, name, ring_cap):
-    model, drafters, prompts, reference = pair
-    kv = drafters[name].new_kv(ring_cap)
-    outs = [speculative_generate(model, drafters[name], kv, ids, N) for ids in prompts]
-    assert [o.tokens for o in outs] == reference
-    steps = [s for o in outs for s in o.steps]
-    assert all(sum(s.produced for s in o.steps) + 1 == len(o.tokens) for o in outs)
-    assert sum(s.drafted > s.accepted for s in steps) > len(steps) // 2     # rollbacks in most steps
+    assert_output_equals_greedy(pair, name, ring_cap)
 
 
 def test_partial_acceptance_rolls_the_kda_state_back_to_every_prefix(pair):
-    model, drafters, prompts, reference = pair
-    accepted = set()
-    for ids, want in zip(prompts, reference):
-        knowing = KnowingDrafter(drafters["v2"], len(ids), want, wrong=lambda i: i % 5 < 2)
-        out = speculative_generate(model, knowing, drafters["v2"].new_kv(8), ids, N)
-        assert out.tokens == want
-        accepted |= {s.accepted for s in out.steps}
-    assert 0 in accepted and max(accepted) >= 3, accepted
+    assert_rollback_to_every_prefix(pair, "v2")
 
 
 def llama_layer_inputs(path, layer: int, tokens):
@@ -111,45 +95,20 @@ def test_doctor_says_the_pair_runs_in_ggtools_and_asserts_in_llama_cpp(kimi_k3_t
     assert "fix: no fix in the file: run the pair in a runtime that taps this arch (ggtools)" in result.output
 
 
-@pytest.mark.parametrize("variant", ["anchor-conf", "bonus-reduced"])
-@pytest.mark.parametrize("ring_cap", [8, None])
-def test_dspark_output_equals_greedy(pair, kimi_k3_dspark, variant, ring_cap):
-    model, _, prompts, reference = pair
-    drafter = Drafter(kimi_k3_dspark["refs"][variant], model)
-    assert drafter.family == "dspark" and drafter.taps == [j + 1 for j in kimi_k3_dspark["target_layer_ids"]]
-    outs = [speculative_generate(model, drafter, drafter.new_kv(ring_cap), ids, N) for ids in prompts]
-    assert [o.tokens for o in outs] == reference
-    steps = [s for o in outs for s in o.steps]
-    assert sum(s.drafted > s.accepted for s in steps) > len(steps) // 2
-    drafter.close()
-
-
-@pytest.mark.parametrize("variant", ["anchor-conf", "bonus-reduced"])
+@pytest.mark.parametrize("variant", DSPARK_VARIANTS)
 def test_dspark_drafts_equal_libllamas_dspark_graph(kimi_k3_target, kimi_k3_dspark, variant):
     """What llama.cpp would draft once its kimi-k3 graph exposes the layer inputs: libllama's own DSpark graph
     (tests/dspark_replay.py), fed the K3 layer inputs ggtools taps and the blocks of the runtime's speculative runs,
     gives the runtime's Markov-biased logits, drafted tokens and confidences (as test_dspark_runtime checks them on
     the qwen3 target)."""
-    from tests.dspark_replay import CONFIDENCE_ATOL, agreeing_rows, libllama_blocks, logit_bound, record_run
+    from tests.dspark_replay import assert_drafts_equal_libllama, record_run
 
     target = TargetModel(kimi_k3_target.gguf["f32"], threads=1, kv_type="f32")
-    path = kimi_k3_dspark["refs"][variant]
-    d = Drafter(path, target)
+    d = Drafter(kimi_k3_dspark["refs"][variant], target)
     runs = []
     for ids in ([1] + list(range(5, 30)), [1, 141, 59, 26, 535, 897, 93, 238, 462, 643, 383]):
         target.kv.clear()
         runs.append(record_run(lambda *a, **k: speculative_generate(target, *a, **k), d, d.new_kv(None, "f16"),
                                ids, 24)[1])
-    compared = rows = 0
-    for rec, ref in zip(runs, libllama_blocks(target.path, path, runs)):
-        for b, (logits, conf) in zip(rec.blocks, ref):
-            bound = logit_bound(logits)
-            n = agreeing_rows(b.chain.tokens, b.biased, logits, bound)
-            same_prev = slice(0, n + 1)
-            finite = np.isfinite(logits[same_prev])
-            assert np.abs(logits[same_prev][finite] - b.biased[same_prev][finite]).max() <= bound
-            if d.markov.conf is not None:
-                assert np.abs(np.asarray(b.chain.confidence)[same_prev] - conf[same_prev]).max() <= CONFIDENCE_ATOL
-            compared, rows = compared + n, rows + len(b.biased)
-    assert compared >= 0.95 * rows, (compared, rows)
+    assert_drafts_equal_libllama(target.path, d, runs)
     d.close()

@@ -9,6 +9,7 @@ import pytest
 
 from ggtools.runtime import Drafter, TargetModel, greedy, speculative_generate
 from tests.backend_parity import logit_parity, random_prompt
+from tests.llama_runner import greedy_logits
 
 torch = pytest.importorskip("torch")
 
@@ -32,25 +33,14 @@ def test_prompt_logits_equal_numba(kimi_k3_target, encoding, kv_type):
     assert p.equal, p
 
 
-def greedy_rows(model, ids, n):
-    model.kv.clear()
-    logits, _ = model.forward(ids, logits="last")
-    tokens, rows = [], []
-    for _ in range(n):
-        rows.append(logits[-1])
-        tokens.append(int(logits[-1].argmax()))
-        logits, _ = model.forward([tokens[-1]], logits="last")
-    return tokens, np.array(rows)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_greedy_equals_numba(kimi_k3_target, encoding):
     numba, on_torch = pair(kimi_k3_target, encoding)
     for seed in (37, 56):
         ids = random_prompt(numba, seed, 16)
-        want, want_rows = greedy_rows(numba, ids, N_GREEDY)
-        got, rows = greedy_rows(on_torch, ids, N_GREEDY)
+        want, want_rows = greedy_logits(numba, ids, N_GREEDY, prompt_logits="last")
+        got, rows = greedy_logits(on_torch, ids, N_GREEDY, prompt_logits="last")
         assert got == want and np.array_equal(rows, want_rows)
 
 

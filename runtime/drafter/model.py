@@ -93,7 +93,8 @@ class Drafter:
         self.path = str(path)
         self.ops = ops = target.ops
         self.weights = w = ops.open_weights(path)
-        self.hp = hp = read_draft_hparams(w.meta, w.names, mask_id)
+        self.n_vocab = target.n_vocab
+        self.hp = hp = read_draft_hparams(w.meta, w.names, mask_id, self.n_vocab, w.locate)
         self.target = target
         self._check_target(target)
         H = hp.n_embd
@@ -107,29 +108,21 @@ class Drafter:
         if not 0 <= hp.mask_id < self.embedding.n_rows:
             raise ModelError(f"{self.path}: mask token id {hp.mask_id} is outside the {self.embedding.n_rows}-token "
                              "embedding")
-        self.n_vocab = target.n_vocab
-        self.d2t = self._draft_vocabulary(w)
+        self.d2t = w.id_vector("d2t") if w.has("d2t") else None     # its ids checked by the model-file rules
+        self._check_head()
         self.selector = Selector(w, hp, ops.host) if hp.v2 else None
         self.markov = MarkovHead(w, hp, ops, self.n_vocab, self.d2t) if hp.dspark else None
         self.scale = float(np.float32(1.0) / np.sqrt(np.float32(hp.head_dim)))
         self.freq_factors = np.zeros(0, np.float32)
 
-    def _draft_vocabulary(self, w) -> np.ndarray | None:
-        """d2t, checked: one distinct target id per row of the drafter's own output head."""
-        if not w.has("d2t"):
-            if self.head.n_rows != self.n_vocab:
-                raise ModelError(f"{self.path}: the output head has {self.head.n_rows} rows for a {self.n_vocab}-token "
-                                 "target vocabulary and there is no d2t table")
-            return None
-        d2t = w.id_vector("d2t")
-        if not w.has("output.weight") or self.head.n_rows != len(d2t):
-            raise ModelError(f"{self.path}: a reduced draft vocabulary (d2t of {len(d2t)} ids) needs the drafter's own "
-                             f"output.weight with {len(d2t)} rows")
-        if len(d2t) and (d2t.min() < 0 or d2t.max() >= self.n_vocab):
-            raise ModelError(f"{self.path}: d2t holds target ids outside 0..{self.n_vocab - 1}")
-        if len(np.unique(d2t)) != len(d2t):
-            raise ModelError(f"{self.path}: d2t maps two draft rows to one target id")
-        return d2t
+    def _check_head(self):
+        """One row of the output head per target token, or per id of the draft vocabulary (d2t)."""
+        if self.d2t is None and self.head.n_rows != self.n_vocab:
+            raise ModelError(f"{self.path}: the output head has {self.head.n_rows} rows for a {self.n_vocab}-token "
+                             "target vocabulary and there is no d2t table")
+        if self.d2t is not None and self.head.n_rows != len(self.d2t):
+            raise ModelError(f"{self.path}: the output head has {self.head.n_rows} rows for the {len(self.d2t)} ids "
+                             "of the d2t table")
 
     def _check_target(self, target):
         hp, th = self.hp, target.hp

@@ -12,10 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggtools.runtime.errors import ModelError
 from ggtools.runtime.target.hparams import HParams, _get, _one_value
-
-SIGMOID_GATING = 2       # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, the only gating K3's converter writes
 
 
 @dataclass(frozen=True)
@@ -42,9 +39,9 @@ class KimiK3Shape:
 
 
 def read_kimi_k3_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
-    """The HParams of a kimi-k3 GGUF (shard 1 of a split model), after the model-file rules (ggtools.hparam_rules:
-    types, per-layer lengths, expert counts); ModelError for kimi-k3's keys that are missing or contradict each
-    other."""
+    """The HParams of a kimi-k3 GGUF (shard 1 of a split model), after the model-file rules (ggtools.hparam_rules,
+    hparam_rules/kimi_k3.py: every key's type and range, the KV heads of a KDA and an MLA layer, the MLA sizes'
+    relations, sigmoid gating, situ's beta)."""
     arch = gguf.architecture
 
     def key(name, default=None, required=False):
@@ -55,32 +52,21 @@ def read_kimi_k3_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
 
     n_layer = uint("block_count", required=True)
     n_embd, n_head = uint("embedding_length", required=True), uint("attention.head_count", required=True)
-    kv_heads = key("attention.head_count_kv", required=True)     # per layer (its length: the model-file rules)
+    kv_heads = key("attention.head_count_kv", required=True)     # per layer: 0 (KDA) or 1 (MLA)
     kv_heads = [int(v) for v in kv_heads] if hasattr(kv_heads, "__len__") else [int(kv_heads)] * n_layer
-    if any(h not in (0, 1) for h in kv_heads):
-        raise ModelError(f"{gguf.path}: '{arch}.attention.head_count_kv' holds {sorted(set(kv_heads))}; kimi-k3 "
-                         "layers have 0 (KDA) or 1 (MLA as MQA)")
     shape = KimiK3Shape(
         kda_head_dim=uint("kda.head_dim", required=True), conv_kernel=uint("ssm.conv_kernel", required=True),
         gate_lower_bound=float(key("kda.gate_lower_bound", -math.inf)),
         q_lora_rank=uint("attention.q_lora_rank", 0), kv_lora_rank=uint("attention.kv_lora_rank", required=True),
         key_length_mla=uint("attention.key_length_mla", required=True),
         value_length_mla=uint("attention.value_length_mla", required=True),
-        rope_dims=uint("rope.dimension_count", 0), n_dense_lead=uint("leading_dense_block_count", 0),
+        rope_dims=uint("rope.dimension_count", required=True), n_dense_lead=uint("leading_dense_block_count", 0),
         n_expert_shared=uint("expert_shared_count", required=True), n_expert_latent=uint("expert_latent_length", 0),
         weights_norm=bool(key("expert_weights_norm", False)),
         situ_beta=float(key("activation.situ_beta", required=True)),
         situ_linear_beta=float(key("activation.situ_linear_beta", required=True)),
         attn_res_block_size=uint("attn_res.block_size", required=True))
-    key_length = shape.kv_lora_rank + shape.rope_dims
-    if uint("attention.key_length", key_length) != key_length:
-        raise ModelError(f"{gguf.path}: '{arch}.attention.key_length' is not kv_lora_rank + rope.dimension_count")
-    if not 0 <= shape.rope_dims < shape.key_length_mla:
-        raise ModelError(f"{gguf.path}: '{arch}.rope.dimension_count' is not below attention.key_length_mla")
-    if uint("expert_gating_func", required=True) != SIGMOID_GATING:
-        raise ModelError(f"{gguf.path}: '{arch}.expert_gating_func' is not 2 (sigmoid); kimi-k3 routes by sigmoid")
-    if shape.situ_beta == 0.0:
-        raise ModelError(f"{gguf.path}: '{arch}.activation.situ_beta' is 0")
+    key_length = shape.kv_lora_rank + shape.rope_dims     # attention.key_length (the rules hold them equal)
     n_expert, n_expert_used = uint("expert_count", required=True), uint("expert_used_count", required=True)
     n_ff_exp = uint("expert_feed_forward_length", required=True)
     return HParams(

@@ -20,7 +20,7 @@ from numba import njit
 from ggtools.runtime.kernels import ops
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.dense import DenseFFN
-from ggtools.runtime.target.ffn.moe import WEIGHTS_SUM_MIN, RoutedExperts, combine_rows
+from ggtools.runtime.target.ffn.moe import RoutedExperts, combine_rows, normalize_and_scale, top_k
 from ggtools.runtime.target.kimi_k3_pieces import LatentMoETensors, SituFFNTensors
 from ggtools.runtime.weights import MatrixGroup
 
@@ -39,25 +39,10 @@ def route_sigmoid_rows(logits, selection_bias, k, normalize, scale, experts, wei
         for e in range(n_expert):
             probs[e] = ops.sigmoid(logits[t, e])
             selection[e] = probs[e] + selection_bias[e]
-        taken = np.zeros(n_expert, np.bool_)
+        top_k(selection, k, experts[t])
         for j in range(k):
-            best = -1
-            for e in range(n_expert):
-                if not taken[e] and (best < 0 or selection[e] > selection[best]):
-                    best = e
-            taken[best] = True
-            experts[t, j] = best
-            weights[t, j] = probs[best]
-        if normalize:
-            total = np.float64(0.0)
-            for j in range(k):
-                total += np.float64(weights[t, j])
-            norm = max(np.float32(total), WEIGHTS_SUM_MIN)
-            for j in range(k):
-                weights[t, j] = weights[t, j] / norm
-        if scale != F32(0.0) and scale != F32(1.0):
-            for j in range(k):
-                weights[t, j] = weights[t, j] * scale
+            weights[t, j] = probs[experts[t, j]]
+        normalize_and_scale(weights[t], normalize, scale)
 
 
 def situ(gate: np.ndarray, up: np.ndarray, beta: float, linear_beta: float) -> np.ndarray:
