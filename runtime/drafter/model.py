@@ -21,7 +21,8 @@ Context rows use `stepwise` matmuls, so a row's K/V are the same bits whatever b
 
 import numpy as np
 
-from ggtools.runtime.drafter.chain import DraftChain, Selector, chain_v1
+from ggtools.runtime.ddtree import top_k_log_probs
+from ggtools.runtime.drafter.chain import DraftChain, Selector, chain_v1, lattice_top_k
 from ggtools.runtime.drafter.dspark import MarkovHead
 from ggtools.runtime.drafter.hparams import DraftHParams, read_draft_hparams
 from ggtools.runtime.drafter.draft_kv import DraftKV, FullKV, RingKV
@@ -268,22 +269,55 @@ class Drafter:
     def draft(self, kv: DraftKV, anchor: int, n_drafts: int) -> DraftChain:
         """n_drafts drafts (1 .. max_drafts) for positions kv.committed + 1 ... from the block [anchor, MASK, ...]:
         n_drafts rows anchor-first, else n_drafts + 1 rows of which rows 1.. draft."""
+        hidden, block = self._drafting_rows(kv, anchor, n_drafts)
+        return self.propose(hidden, anchor, block)
+
+    def _drafting_rows(self, kv: DraftKV, anchor: int, n_drafts: int):
+        """(the drafting rows' hidden states, the block's ids) of the block for n_drafts drafts."""
         first = 0 if self.anchor_first else 1
         block = [anchor] + [self.hp.mask_id] * (n_drafts + first - 1)
-        return self.propose(self.forward_block(kv, block)[first:], anchor, block)
+        return self.forward_block(kv, block)[first:], block
 
     def propose(self, hidden, anchor: int, block=None) -> DraftChain:
         """The drafting rows' hidden states -> the draft chain; NonFiniteError when their logits are not finite
         (block: the block's ids, to name an embedding row that made them)."""
-        logits = self.draft_logits(hidden)
-        if not np.isfinite(logits).all():
-            raise nonfinite.drafter_error(self, block if block is not None else [anchor])
-        logits = self.to_target_vocab(logits)
+        logits = self._checked_logits(hidden, block if block is not None else [anchor])
         if self.selector:
             return self.selector.walk(logits, hidden, anchor)
         if self.markov:
             return self.markov.walk(logits, hidden, anchor)
         return chain_v1(logits)
+
+    def _checked_logits(self, hidden, block) -> np.ndarray:
+        logits = self.draft_logits(hidden)
+        if not np.isfinite(logits).all():
+            raise nonfinite.drafter_error(self, block)
+        return self.to_target_vocab(logits)
+
+    @property
+    def tree_top_k_limit(self) -> int:
+        """The most ranks per position a draft tree can read: DFlash2's candidates per row (only they have a
+        score), else the tokens of the draft vocabulary (the others have no probability)."""
+        if self.selector:
+            return min(self.selector.top_k, self.n_vocab)
+        return self.n_vocab if self.d2t is None else len(self.d2t)
+
+    def draft_top_k(self, kv: DraftKV, anchor: int, n_drafts: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """What a draft tree (runtime/ddtree.py) reads from the block draft() runs: for each of the n_drafts
+        positions, the k most likely tokens and their log-probabilities, (L, k) float32 and ids, rank 0 the chain's
+        draft. DFlash v1: the log-softmax of each drafting row's logits (in the target vocabulary). DSpark: of its
+        Markov-biased logits along the chain (each row biased by the chain's token before it, as draft() walks
+        it). DFlash2: of the lattice scores of each row of the walk (its candidates only; k <= the selector's
+        top_k)."""
+        if not 1 <= k <= self.tree_top_k_limit:
+            raise ValueError(f"k must lie in 1..{self.tree_top_k_limit}")
+        hidden, block = self._drafting_rows(kv, anchor, n_drafts)
+        logits = self._checked_logits(hidden, block)
+        if self.selector:
+            return lattice_top_k(self.selector.lattice(logits, hidden, anchor), k)
+        if self.markov:
+            logits, _ = self.markov.chain_logits(logits, anchor)
+        return top_k_log_probs(logits, k)
 
     def close(self):
         self.weights.close()

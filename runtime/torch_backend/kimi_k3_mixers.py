@@ -15,6 +15,8 @@ In float32 both are numba's operations in numba's order (the conv a chain of sep
 ggml's SiLU per projection, rms_norm(eps / n) then 1 / sqrt(n) for the L2 norms, libm's sigmoid / softplus / exp,
 vec_dot's 4x8 dots and fma updates for the recurrence; MLA's per-head k_b / v_b in llama.cpp's unrepacked order,
 F32 k_b row by row, llama.cpp's attention over the f16 cache), so they give its bits. In bf16 / f16 torch's own.
+A draft tree's rows (tree_batch.py): KDA runs each from its parent row's state (RecurrentState.walk_tree), MLA
+attends over the latent cache and each row's own path (attention.cache_attention).
 """
 
 import torch
@@ -23,7 +25,7 @@ from gguf import GGMLQuantizationType as T
 
 from ggtools.runtime.target.kimi_k3_pieces import KDATensors, MLATensors
 from ggtools.runtime.torch_backend import ggml_math as gm, tensor_math
-from ggtools.runtime.torch_backend.attention import causal_visibility, ggml_attention
+from ggtools.runtime.torch_backend.attention import cache_attention
 from ggtools.runtime.torch_backend.matrix import DeviceGroup
 from ggtools.runtime.torch_backend.vectors import device_vector
 
@@ -31,6 +33,8 @@ NO_SINKS = torch.zeros(0)
 
 
 class KDA(KDATensors):
+    tree_verify = True
+
     def __post_init__(self):
         self.inputs = DeviceGroup(self.wq, self.wk, self.wv, self.wf_a, self.wbeta, self.wg)
         device = self.wq.blocks.device
@@ -43,10 +47,11 @@ class KDA(KDATensors):
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> torch.Tensor:
         """The mixer interface: kv is a HybridCache and slot this layer's index among its recurrent states."""
-        return self.mix(h, kv.recurrent[slot], stepwise)
+        return self.mix(h, kv.recurrent[slot], stepwise, kv.tree)
 
-    def mix(self, h: torch.Tensor, state, stepwise: bool = False) -> torch.Tensor:
-        """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens."""
+    def mix(self, h: torch.Tensor, state, stepwise: bool = False, tree=None) -> torch.Tensor:
+        """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens (a tree batch,
+        tree_batch.TreeBatch: each row from its parent row's state, the state itself left as it is)."""
         q, k, v, f_a, beta_in, gate = self.inputs(h, stepwise)
         qkv = torch.cat([q, k, v], 1).float()
         g = self.wf_b(f_a, stepwise).float() + self.dt_bias
@@ -58,7 +63,15 @@ class KDA(KDATensors):
             g = (gm.softplus(g) if exact else F.softplus(g, threshold=20.0)) * self.a_channels
         beta = sigmoid(beta_in.float())
         state.append(qkv, g, beta)
-        core = self.recur(state.conv, state.ssm, qkv, g, beta)
+        if tree is None:
+            core = self.recur(state.conv, state.ssm, qkv, g, beta)
+        else:
+            core = torch.empty((len(h), self.d_inner), dtype=torch.float32, device=h.device)
+
+            def advance(conv, ssm, i):
+                core[i:i + 1] = self.recur(conv, ssm, qkv[i:i + 1], g[i:i + 1], beta[i:i + 1])
+
+            state.walk_tree(tree.parents, advance)
         heads = core.reshape(len(h), self.n_v_heads, self.head_dim)
         normed = tensor_math.rms_norm(heads, self.norm, self.eps) * sigmoid(gate.float()).reshape(heads.shape)
         return self.wo(normed.reshape(len(h), -1).to(h.dtype), stepwise)
@@ -100,6 +113,8 @@ class KDA(KDATensors):
 
 
 class MLA(MLATensors):
+    tree_verify = True
+
     def __post_init__(self):
         first = [self.wq_a if self.wq is None else self.wq, self.wkv_a] + ([self.wgate] if self.wgate else [])
         self.inputs = DeviceGroup(*first)
@@ -126,13 +141,9 @@ class MLA(MLATensors):
         start, n_ctx = int(positions[0]), int(positions[0]) + n_tokens
         keys = kv.k[slot]
         keys[0, start:n_ctx] = torch.cat([latent, kv_a[:, lora:]], -1).to(keys.dtype)
-        visible = causal_visibility(positions, n_ctx, 0, h.device)
         # V is K's first kv_lora values: attend over K as values, keep those (each output dim its own dot)
-        if h.dtype == torch.float32:
-            mixed = ggml_attention(query, keys[:, :n_ctx], keys[:, :n_ctx].transpose(1, 2), visible, hp.attn_scale,
-                                   NO_SINKS.to(h.device), one_row=n_tokens == 1 or stepwise)
-        else:
-            mixed = tensor_math.attend(query, keys[:, :n_ctx], keys[:, :n_ctx], visible, hp.attn_scale)
+        mixed = cache_attention(query, keys, keys.transpose(1, 2), positions, 0, hp.attn_scale, NO_SINKS.to(h.device),
+                                n_tokens == 1 or stepwise, kv.tree)
         mixed = mixed.reshape(n_tokens, n_head, -1)[..., :lora]
         out = torch.cat([self.wv_b[i](mixed[:, i].contiguous(), stepwise) for i in range(n_head)], -1)
         if gate:

@@ -153,15 +153,19 @@ def gated_norm_heads(x, weight, z, eps, out):
 
 
 class GatedDeltaNet(DeltaNetTensors):
+    tree_verify = True
+
     def __post_init__(self):
         self.inputs = MatrixGroup(self.wqkv, self.wgate, self.wbeta, self.walpha)
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         """The mixer interface: kv is a HybridCache and slot this layer's index among its recurrent states."""
-        return self.mix(h, kv.recurrent[slot], stepwise)
+        return self.mix(h, kv.recurrent[slot], stepwise, kv.tree)
 
-    def mix(self, h: np.ndarray, state, stepwise: bool) -> np.ndarray:
-        """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens."""
+    def mix(self, h: np.ndarray, state, stepwise: bool, tree=None) -> np.ndarray:
+        """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens (a tree batch,
+        tree_batch.TreeBatch: each row from its parent row's state, one row at a time, the state itself left as it
+        is)."""
         qkv, z, beta_in, alpha = self.inputs(h, stepwise)
         qkv = np.ascontiguousarray(qkv)     # a column view of the group's output; the log keeps only these
         g = np.empty_like(alpha)
@@ -169,7 +173,11 @@ class GatedDeltaNet(DeltaNetTensors):
         decay_and_beta(alpha, beta_in, self.dt_bias, self.a, g, beta)
         core = np.empty((len(h), self.n_v_heads * self.head_dim), np.float32)
         state.append(qkv, g, beta)
-        self.recur(state.conv, state.ssm, qkv, g, beta, core)
+        if tree is None:
+            self.recur(state.conv, state.ssm, qkv, g, beta, core)
+        else:
+            state.walk_tree(tree.parents, lambda conv, ssm, i: self.recur(conv, ssm, qkv[i:i + 1], g[i:i + 1],
+                                                                         beta[i:i + 1], core[i:i + 1]))
         normed = np.empty_like(core)
         gated_norm_heads(core, self.norm, z, F32(self.eps), normed)
         return self.wout(normed, stepwise)

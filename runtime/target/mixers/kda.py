@@ -15,7 +15,9 @@ Per token, with d = n_head * S channels (S = kda.head_dim):
 Each step is one ggml op rounded to float32, in the graph's order (scale by -1 and the products separately;
 libm expf, logf, sigmoid). The recurrence is gated_delta_net.delta_rule_heads (its per-channel decay), the
 conv the same per-channel chain as qwen35's; the recurrence runs per token whatever the batch, so a verify
-batch gives one-token steps' bits and the rollback (hybrid_cache.RecurrentState) replays the logged inputs.
+batch gives one-token steps' bits and the rollback (hybrid_cache.RecurrentState) replays the logged inputs. A draft
+tree's rows (tree_batch.py) run as Gated DeltaNet's do: each from its parent row's state (RecurrentState.walk_tree),
+the accepted path's rows replayed by keep_path.
 """
 
 import numpy as np
@@ -67,16 +69,20 @@ def conv_silu_l2_parts(conv_state, qkv, weight, d, head_dim, eps, conv, qk):
 
 
 class KDA(KDATensors):
+    tree_verify = True
+
     def __post_init__(self):
         self.inputs = MatrixGroup(self.wq, self.wk, self.wv, self.wf_a, self.wbeta, self.wg)
         self.lower_bound = F32(self.gate_lower_bound)
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         """The mixer interface: kv is a HybridCache and slot this layer's index among its recurrent states."""
-        return self.mix(h, kv.recurrent[slot], stepwise)
+        return self.mix(h, kv.recurrent[slot], stepwise, kv.tree)
 
-    def mix(self, h: np.ndarray, state, stepwise: bool) -> np.ndarray:
-        """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens."""
+    def mix(self, h: np.ndarray, state, stepwise: bool, tree=None) -> np.ndarray:
+        """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens (a tree batch,
+        tree_batch.TreeBatch: each row from its parent row's state, one row at a time, the state itself left as it
+        is)."""
         q, k, v, f_a, beta_in, gate = self.inputs(h, stepwise)
         qkv = np.concatenate([q, k, v], axis=1)
         g = self.wf_b(f_a, stepwise)
@@ -85,7 +91,11 @@ class KDA(KDATensors):
         sigmoid_rows(beta_in, beta)
         core = np.empty((len(h), self.d_inner), np.float32)
         state.append(qkv, g, beta)
-        self.recur(state.conv, state.ssm, qkv, g, beta, core)
+        if tree is None:
+            self.recur(state.conv, state.ssm, qkv, g, beta, core)
+        else:
+            state.walk_tree(tree.parents, lambda conv, ssm, i: self.recur(conv, ssm, qkv[i:i + 1], g[i:i + 1],
+                                                                         beta[i:i + 1], core[i:i + 1]))
         normed = np.empty_like(core)
         sigmoid_gated_norm_heads(core, self.norm, gate, F32(self.eps), normed)
         return self.wo(normed, stepwise)

@@ -15,7 +15,8 @@ type first, so its tinyBLAS batch layout applies as usual except for F32 weights
 so take vec_dot row by row. Where every row is a one-row dot anyway (one token, stepwise, 32-value block types
 whose batch kernel has the one-row shape, F32 k_b), all heads go through one kernel call as a stack. V is the
 cache's first kv_lora values (a view of K, the same f16 values), transposed for the product with the
-probabilities.
+probabilities. A draft tree's rows (tree_batch.py) attend over the latent cache and their own path, laid out as a
+one-token step along it has them (attention.tree_attention); nothing else in the layer mixes tokens.
 """
 
 import numpy as np
@@ -26,7 +27,7 @@ from gguf import GGMLQuantizationType as T
 from ggtools.runtime.kernels import matmul, ops
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16
 from ggtools.runtime.target.kimi_k3_pieces import MLATensors
-from ggtools.runtime.target.mixers.attention import attention
+from ggtools.runtime.target.mixers.attention import attention, tree_attention
 from ggtools.runtime.weights import Matrix, MatrixGroup
 
 
@@ -62,6 +63,8 @@ def head_stack(slices: list) -> MatrixGroup | None:
 
 
 class MLA(MLATensors):
+    tree_verify = True
+
     def __post_init__(self):
         first = [self.wq_a if self.wq is None else self.wq, self.wkv_a] + ([self.wgate] if self.wgate else [])
         self.inputs = MatrixGroup(*first)
@@ -97,8 +100,12 @@ class MLA(MLATensors):
         query[:, :, self.kv_lora:] = heads[:, :, self.qk_nope:]
         start = int(positions[0])
         write_latent(latent, np.ascontiguousarray(kv_a[:, self.kv_lora:]), kv.k[slot], kv.v[slot], start, kv.f16)
-        mixed = attention(query, kv.k[slot], kv.v[slot], positions, start + n_tokens, hp.attn_scale, kv.f16, stepwise,
-                          d_v=self.kv_lora)
+        if kv.tree is None:
+            mixed = attention(query, kv.k[slot], kv.v[slot], positions, start + n_tokens, hp.attn_scale, kv.f16,
+                              stepwise, d_v=self.kv_lora)
+        else:
+            mixed = tree_attention(query, kv.k[slot], kv.v[slot], kv.tree, hp.attn_scale, kv.f16, stepwise,
+                                   d_v=self.kv_lora)
         out = self.per_head(self.wv_b, self.v_b_stack, mixed.reshape(n_tokens, n_head, self.kv_lora),
                             stepwise).reshape(n_tokens, -1)
         if gate:
