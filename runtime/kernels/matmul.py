@@ -35,12 +35,13 @@ import functools
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
-from numba import njit
+from numba import carray, cfunc, literal_unroll, njit, types
 
 from ggtools.quants.block32 import KVALUES_MXFP4
 from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, nearest_int
 from ggtools.runtime.kernels import workers
-from ggtools.runtime.kernels.workers import claim, enter, leave
+from ggtools.runtime.kernels.workers import (ARGS, CONTROL_SIZE, Job, array_1d, array_2d, claim, close_job, enter,
+                                             leave, publish, put_array)
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
 from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_4x8_stored_1,
                                   dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
@@ -618,6 +619,86 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, 
     leave(counter)
 
 
+# ---- the matmuls on the workers' fast path (workers.py): arguments through the control array -------------
+
+ENTRY_SIGNATURE = types.void(types.CPointer(types.int64))
+CFUNC = dict(cache=True, error_model="numpy")
+XQ_DTYPE = np.int8 if HAVE_AVX2 else np.float32     # the block32 input's values (PreparedInput)
+
+
+@njit(**EXACT)
+def contiguous(*arrays):
+    ok = True
+    for a in literal_unroll(arrays):
+        ok = ok and a.flags.c_contiguous
+    return ok
+
+
+@njit(**EXACT)
+def matmul_block32_post(control, entry, qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups):
+    if not contiguous(buf, xq, xd, xs, out, tasks, experts, groups):
+        matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, np.zeros(2, np.int64))
+        return
+    control[ARGS], control[ARGS + 1], control[ARGS + 2] = qtype, np.int64(block_bytes), np.int64(row_bytes)
+    i = put_array(control, put_array(control, put_array(control, ARGS + 3, xd), xs), out)
+    i = put_array(control, put_array(control, i, buf), xq)
+    i = put_array(control, put_array(control, put_array(control, i, tasks), experts), groups)
+    publish(control, entry)
+    matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, control[0:2])
+    close_job(control)
+
+
+@cfunc(ENTRY_SIGNATURE, **CFUNC)
+def matmul_block32_entry(address):
+    control = carray(address, (CONTROL_SIZE,))
+    qtype, block_bytes, row_bytes = control[ARGS], U(control[ARGS + 1]), U(control[ARGS + 2])
+    xd, i = array_2d(control, ARGS + 3, np.float32)
+    xs, i = array_2d(control, i, np.float32)
+    out, i = array_2d(control, i, np.float32)
+    buf, i = array_1d(control, i, np.uint8)
+    xq, i = array_2d(control, i, XQ_DTYPE)
+    tasks, i = array_2d(control, i, np.int64)
+    experts, i = array_1d(control, i, np.int64)
+    groups, i = array_1d(control, i, np.int64)
+    matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, control[0:2])
+
+
+@njit(**EXACT)
+def matmul_float_post(control, entry, qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, experts, groups,
+                      one_row_structure, f16_tail):
+    if not contiguous(buf, x_all, out_all, tasks, experts, groups):
+        matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, experts, groups,
+                     one_row_structure, f16_tail, np.zeros(2, np.int64))
+        return
+    control[ARGS], control[ARGS + 1], control[ARGS + 2] = qtype, np.int64(qk), np.int64(block_bytes)
+    control[ARGS + 3], control[ARGS + 4], control[ARGS + 5] = np.int64(row_bytes), one_row_structure, f16_tail
+    i = put_array(control, put_array(control, ARGS + 6, x_all), out_all)
+    i = put_array(control, put_array(control, put_array(control, put_array(control, i, buf), tasks), experts), groups)
+    publish(control, entry)
+    matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, experts, groups, one_row_structure,
+                 f16_tail, control[0:2])
+    close_job(control)
+
+
+@cfunc(ENTRY_SIGNATURE, **CFUNC)
+def matmul_float_entry(address):
+    control = carray(address, (CONTROL_SIZE,))
+    qtype, qk, block_bytes, row_bytes = control[ARGS], U(control[ARGS + 1]), U(control[ARGS + 2]), U(control[ARGS + 3])
+    one_row_structure, f16_tail = control[ARGS + 4] != 0, control[ARGS + 5] != 0
+    x_all, i = array_2d(control, ARGS + 6, np.float32)
+    out_all, i = array_2d(control, i, np.float32)
+    buf, i = array_1d(control, i, np.uint8)
+    tasks, i = array_2d(control, i, np.int64)
+    experts, i = array_1d(control, i, np.int64)
+    groups, i = array_1d(control, i, np.int64)
+    matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, experts, groups, one_row_structure,
+                 f16_tail, control[0:2])
+
+
+MATMUL_BLOCK32 = Job(matmul_block32, matmul_block32_post, matmul_block32_entry)
+MATMUL_FLOAT = Job(matmul_float, matmul_float_post, matmul_float_entry)
+
+
 @njit(**EXACT)
 def decode_rows(qtype, qk, block_bytes, row_bytes, data, rows, out):
     """out[i] = dequantized row rows[i] (embedding lookups)."""
@@ -706,10 +787,10 @@ class MatmulPlan:
             column += layout.n_rows
         self.n_rows, self.tasks = column, np.array(tasks, np.int64)
         if first.block32:
-            self.kernel, self.weight_args = matmul_block32, (first.kernel_id, first.block_bytes, first.row_bytes, buf)
+            self.job, self.weight_args = MATMUL_BLOCK32, (first.kernel_id, first.block_bytes, first.row_bytes, buf)
         else:
-            self.kernel, self.weight_args = matmul_float, (first.type_id, first.qk, first.block_bytes, first.row_bytes,
-                                                           buf)
+            self.job, self.weight_args = MATMUL_FLOAT, (first.type_id, first.qk, first.block_bytes, first.row_bytes,
+                                                        buf)
 
     def run(self, a: PreparedInput, stepwise: bool = False) -> list:
         """(rows, n_cols) input prepared for the plan's activation kind -> one (rows, n_rows) output
@@ -730,10 +811,10 @@ class MatmulPlan:
         out = np.empty((n_in, self.n_rows), np.float32)
         split = (len(self.tasks) * len(experts), n_in * self.n_rows * layout.n_cols, workers.MATMUL_MIN_WORK)
         if layout.block32:
-            workers.run(self.kernel, *split, *self.weight_args, a.xq, a.xd, a.xs, out, self.tasks, experts, groups)
+            workers.run_job(self.job, *split, *self.weight_args, a.xq, a.xd, a.xs, out, self.tasks, experts, groups)
         else:
-            workers.run(self.kernel, *split, *self.weight_args, a.xq, out, self.tasks, experts, groups,
-                        layout.float_type and one_row, layout.qtype != T.F32)
+            workers.run_job(self.job, *split, *self.weight_args, a.xq, out, self.tasks, experts, groups,
+                            layout.float_type and one_row, layout.qtype != T.F32)
         if len(self.columns) == 1:
             return [out]
         return [out[:, lo:hi] for lo, hi in self.columns]
