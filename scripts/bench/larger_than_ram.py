@@ -232,7 +232,8 @@ def run(args, work: Path) -> dict:
     geometry = geometry_for(size, trunk)
     path = work / "synthetic-moe.gguf"
     mem = meminfo()
-    print(f"writing a {target_bytes(geometry) / GB:.1f} GB target ({geometry['layers']} layers x {geometry['experts']} experts) "
+    print(f"writing a {target_bytes(geometry) / GB:.1f} GB target ({geometry['layers']} layers x "
+          f"{geometry['experts']} experts) "
           f"into {work}; MemTotal {mem['MemTotal'] / GB:.1f} GB, MemAvailable {mem['MemAvailable'] / GB:.1f} GB"
           + (f"; {note}" if note else ""), file=sys.stderr)
     if args.keep and path.exists():
@@ -240,6 +241,9 @@ def run(args, work: Path) -> dict:
     else:
         write_seconds = write_target(path, geometry)
     file_bytes = path.stat().st_size
+    if file_bytes <= mem["MemAvailable"]:
+        note = "; ".join(filter(None, [note, f"the {file_bytes / GB:.1f} GB file fits in the available memory "
+                                             f"({mem['MemAvailable'] / GB:.1f} GB): this run is not larger than RAM"]))
     drafter = make_drafter(work, str(path), geometry) if args.spec_tokens else None
     compile_kernels(work, geometry, drafter is not None, args.threads)
     drop_from_page_cache(path)
@@ -253,6 +257,8 @@ def run(args, work: Path) -> dict:
            "runs": []}
     greedy_tokens = None
     for mode in args.paging.split(","):
+        print(f"expert paging {mode}: load, {args.tokens} greedy tokens"
+              + (f", {args.spec_tokens} speculative" if drafter else "") + " from a cold page cache", file=sys.stderr)
         drop_from_page_cache(path)
         one = run_ours(path, drafter, mode, args)
         gc.collect()        # the model's arrays and with them its mapping: the file's pages can be dropped again
