@@ -12,6 +12,7 @@ and so are torch's in f32 (torch_backend/ggml_math.py); torch in bf16 / f16 is n
     drafter = Drafter("drafter.gguf", model)              # DFlash v1 / DFlash2, llama.cpp or lucebox profile
     out = speculative_generate(model, drafter, drafter.new_kv(ring_cap=4096), ids, 64)   # = greedy output
     acceptance_stats([out.steps], drafter.block_size)    # the statistics, named as in stats.DEFINITIONS
+    speculative_generate(..., settings=DraftSettings(tree_budget=22))   # verify a draft tree (DDTree, ddtree.py)
 
 The runtime computes: forward, greedy decoding, speculative decoding, statistics. Loading a pair from paths,
 warming up, timing and measuring memory is the jobs' work (ggtools.jobs.run: run, run_speculative).
@@ -22,7 +23,8 @@ from ggtools.runtime.drafter import Drafter
 from ggtools.runtime.drafter.draft_kv import FullKV, RingKV
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.greedy_decoding import continue_greedy, greedy
-from ggtools.runtime.speculative import DraftSettings, SpecOutput, Step, check_settings, speculative_generate
+from ggtools.runtime.speculative import (DraftSettings, SpecOutput, Step, check_settings, speculative_generate,
+                                         tree_top_k)
 from ggtools.runtime.stats import DEFINITIONS, acceptance_stats
 from ggtools.runtime.target.hparams import HParams
 from ggtools.runtime.target.kvcache import KVCache
@@ -31,4 +33,4 @@ from ggtools.runtime.tokenizer import Tokenizer, TokenizerError
 
 __all__ = ["DEFINITIONS", "DraftSettings", "Drafter", "FullKV", "HParams", "KVCache", "ModelError", "RingKV",
            "SpecOutput", "Step", "TargetModel", "Tokenizer", "TokenizerError", "acceptance_stats", "check_settings",
-           "continue_greedy", "greedy", "numerics_note", "speculative_generate"]
+           "continue_greedy", "greedy", "numerics_note", "speculative_generate", "tree_top_k"]

@@ -9,8 +9,14 @@
                 commit anchor + acc drafts; crop the target cache; the bonus is the next anchor
     stop at a stop token (kept) or after n tokens; the last blocks shrink to fit n (z-lab)
 
-Verification rows are bit-identical to one-token steps and prefill is the same call as plain greedy
-decoding's, so the output equals `greedy(target, prompt, n)` exactly, whatever the drafter proposes.
+With a tree budget (DDTree, runtime/ddtree.py) a step drafts a tree instead of a chain: the same block gives each
+position's top-K distribution (Drafter.draft_top_k), build_tree spends the budget on the most likely paths, the
+target verifies the flattened tree in one batch (each row seeing its own path only), the accepted path follows the
+target's argmax from the root (follow_verified_tree), and the cache keeps that path (kv.keep_path).
+
+Verification rows are bit-identical to one-token steps (a tree's rows to one-token steps along their paths) and
+prefill is the same call as plain greedy decoding's, so the output equals `greedy(target, prompt, n)` exactly,
+whatever the drafter proposes.
 """
 
 import time
@@ -18,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ggtools.runtime.ddtree import DraftTree, build_tree, default_top_k, follow_verified_tree
 from ggtools.runtime.drafter.chain import cut_length
 from ggtools.runtime.drafter.draft_kv import DraftKV
 from ggtools.runtime.errors import SettingsError
@@ -33,10 +40,21 @@ class DraftSettings:
     cut: str = "none"            # "none" | "prob" | "margin" | "confidence"
     p_min: float = 0.0
     n_min: int = 0
+    tree_budget: int | None = None   # verify a draft tree of this many nodes (DDTree) instead of a chain
+    tree_top_k: int | None = None    # ranks per position the tree reads (default: lucebox's, default_top_k)
+
+
+def tree_top_k(drafter, settings: DraftSettings, n_max: int) -> int:
+    """The K a tree reads: settings.tree_top_k, else lucebox's (8 when the budget exceeds the block's drafts n_max,
+    else 1: the tree is the chain) within what the drafter has (Drafter.tree_top_k_limit)."""
+    if settings.tree_top_k is not None:
+        return settings.tree_top_k
+    return min(default_top_k(settings.tree_budget, n_max), drafter.tree_top_k_limit)
 
 
 def check_settings(drafter, settings: DraftSettings) -> None:
     """Refuse draft settings the drafter cannot draft with, in the words of the option that set them."""
+    _check_tree(drafter, settings)
     n_max = settings.n_max
     if n_max is not None and not 0 <= n_max <= drafter.max_drafts:
         layout = ", the anchor's row included" if drafter.anchor_first else ""
@@ -54,9 +72,34 @@ def check_settings(drafter, settings: DraftSettings) -> None:
                                 "conf_proj.weight")
 
 
+def _check_tree(drafter, settings: DraftSettings) -> None:
+    budget, k = settings.tree_budget, settings.tree_top_k
+    if budget is None:
+        if k is not None:
+            raise SettingsError(f"--tree-top-k {k}: needs --tree-budget (a draft tree)")
+        return
+    if budget < 1:
+        raise SettingsError(f"--tree-budget {budget}: a draft tree needs at least one node")
+    if settings.cut != "none" or settings.n_min:
+        raise SettingsError(f"--tree-budget {budget} with --cut {settings.cut} / --n-min {settings.n_min}: a cut stops "
+                            "a chain at its first unsure draft; a tree spends its budget by the drafts' probabilities "
+                            "(and a DSpark confidence belongs to the chain's tokens, not a branch's): use one or the "
+                            "other")
+    limit = drafter.tree_top_k_limit
+    if k is not None and not 1 <= k <= limit:
+        why = (f"{drafter.path} is a DFlash2 drafter: its lattice scores {limit} candidates per position (the "
+               "selector's top_k), the other tokens have no probability" if drafter.selector else
+               f"{drafter.path} drafts from a vocabulary of {limit} tokens")
+        raise SettingsError(f"--tree-top-k {k}: must lie in 1..{limit}: {why}")
+    blocked = drafter.target.no_tree_verify
+    if blocked:
+        raise SettingsError(f"--tree-budget: {drafter.target.path}: the {', '.join(blocked)} mixer cannot verify a "
+                            "draft tree yet")
+
+
 @dataclass
 class Step:
-    drafted: int                 # drafts offered for verification
+    drafted: int                 # drafts offered for verification (a tree's nodes)
     accepted: int                # of them accepted (excluding the bonus; capped at a stop)
     produced: int                # tokens committed this step (accepted + bonus, capped at a stop)
 
@@ -80,6 +123,7 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
     n_max = drafter.max_drafts if s.n_max is None else s.n_max
     if not 0 <= n_max <= drafter.max_drafts:
         raise ValueError(f"n_max must lie in 0..{drafter.max_drafts} (the block size is {drafter.block_size})")
+    top_k = None if s.tree_budget is None else tree_top_k(drafter, s, n_max)
     target.kv.clear()
     kv.reset()
     out = SpecOutput(tokens=[], stop="length")
@@ -96,19 +140,21 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
     while len(out.tokens) < n and out.tokens[-1] not in stop_ids:
         anchor = out.tokens[-1]
         n_drafts = min(n_max, n - len(out.tokens))
-        drafts = []
+        drafts, tree = [], None if s.tree_budget is None else DraftTree.root_only()
         if n_drafts > 0:
             td = time.perf_counter()
             kv.begin_step(committed, pending.reshape(len(pending), -1))
-            chain = drafter.draft(kv, anchor, n_drafts)
-            drafts = chain.tokens[:cut_length(chain, s.cut, s.p_min, s.n_min)]
+            if tree is None:
+                chain = drafter.draft(kv, anchor, n_drafts)
+                drafts = chain.tokens[:cut_length(chain, s.cut, s.p_min, s.n_min)]
+            else:
+                tree = build_tree(*drafter.draft_top_k(kv, anchor, n_drafts, top_k), s.tree_budget)
+                drafts = tree.tokens
             out.draft_seconds += time.perf_counter() - td
-        logits, features = target.forward([anchor] + drafts, taps=drafter.taps, logits="all", stepwise=True)
-        posterior = np.argmax(logits, axis=1)
-        acc = 0
-        while acc < len(drafts) and drafts[acc] == posterior[acc]:
-            acc += 1
-        new = drafts[:acc] + [int(posterior[acc])]
+        as_tree = {} if tree is None else {"tree": tree.parents}
+        logits, features = target.forward([anchor] + drafts, taps=drafter.taps, logits="all", stepwise=True, **as_tree)
+        rows, bonus = accepted_rows(logits, drafts, tree)
+        new = [drafts[r - 1] for r in rows[1:]] + [bonus]
         new = new[:n - len(out.tokens)]
         stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
         if stop_at is not None:
@@ -118,9 +164,27 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
             progress(len(new))
         out.steps.append(Step(drafted=len(drafts), accepted=len(new) - 1, produced=len(new)))
         committed += len(new)
-        target.kv.crop(committed)
-        pending = features[:len(new)]
+        rows = rows[:len(new)]           # the anchor and the accepted drafts the cache keeps (the bonus is not in it)
+        if tree is None:
+            target.kv.crop(committed)
+            pending = features[:len(new)]
+        else:
+            target.kv.keep_path(rows)
+            pending = features[rows]
     out.stop = "end-of-generation" if out.tokens[-1] in stop_ids else "length"
     out.decode_seconds = time.perf_counter() - t1
     out.draft_kv_bytes = kv.nbytes
     return out
+
+
+def accepted_rows(logits, drafts: list, tree: DraftTree | None) -> tuple[list[int], int]:
+    """The verified batch's accepted rows (row 0, the anchor, first; row i + 1 is draft i) and the bonus token: a
+    chain's longest prefix of drafts equal to the target's argmax one row earlier, or a tree's path by the target's
+    argmax from the root."""
+    posterior = np.argmax(logits, axis=1)
+    if tree is not None:
+        return follow_verified_tree(tree, posterior)
+    acc = 0
+    while acc < len(drafts) and drafts[acc] == posterior[acc]:
+        acc += 1
+    return list(range(acc + 1)), int(posterior[acc])

@@ -9,7 +9,7 @@ DEFINITIONS = {
     "sequences": "prompts decoded",
     "steps": "verify passes (llama.cpp n_call_accept)",
     "generated_tokens": "tokens committed by the verify steps (the first token of each sequence comes from prefill)",
-    "drafted_tokens": "sum of drafts offered per step (llama.cpp #gen tokens)",
+    "drafted_tokens": "sum of drafts offered per step (llama.cpp #gen tokens; with a draft tree, its nodes)",
     "accepted_tokens": "sum of accepted drafts, excluding the bonus (llama.cpp #acc tokens)",
     "acceptance_rate": "accepted_tokens / drafted_tokens (llama-server draft acceptance)",
     "mean_accepted_length_incl_bonus": "1 + accepted_tokens / steps (llama.cpp mean acc len)",
@@ -19,7 +19,7 @@ DEFINITIONS = {
     "accept_length_histogram": "[k-1] = fraction of steps with accepted + 1 = k (z-lab histogram)",
     "lucebox_accept_rate": "sum(min(1 + accepted, produced)) / (steps * block), block = n_max + 1 (lucebox "
                            "accept_rate, about tau / block)",
-    "verified_per_step": "tokens in the verify batch per step: 1 + drafted",
+    "verified_per_step": "tokens in the verify batch per step: 1 + drafted (a tree's root and nodes)",
     "accepted_per_step": "accepted_tokens / steps",
     "avg_commit_per_step": "generated tokens / steps (lucebox avg_commit)",
 }

@@ -140,6 +140,10 @@ class WeightFile:
         """The tensor's ne (ne[0] the row length)."""
         return [int(n) for n in self._lookup(name)[1].ne]
 
+    def locate(self, name: str):
+        """(GGUFFile, TensorInfo) of the tensor: the file of the set it lies in; None when absent."""
+        return self._where.get(name)
+
     def _lookup(self, name):
         try:
             return self._where[name]
@@ -168,6 +172,15 @@ class WeightFile:
             return Matrix(name, qtype, int(ne[1]), int(ne[0]), self._buffer(f), t.data_start, int(ne[2]), paged=True)
         return self.make_matrix(name, qtype, int(ne[1]), int(ne[0]), self._buffer(f), t.data_start,
                                 int(ne[2]) if n_expert is not None else 1)
+
+    def slices(self, name: str, n_cols: int, n_rows: int, n: int) -> list:
+        """A 3-D weight (ne [n_cols, n_rows, n]) as n matrices of n_rows x n_cols over its bytes, one per slice
+        (a weight llama.cpp multiplies with the slice as a batch dimension: MLA's per-head attn_k_b / attn_v_b)."""
+        stack = self.matrix(name, n_cols, n_rows, n)
+        f, t = self._lookup(name)
+        step = t.nbytes // n
+        return [self.make_matrix(name, stack.qtype, n_rows, n_cols, self._buffer(f), t.data_start + h * step, 1)
+                for h in range(n)]
 
     def _buffer(self, f) -> np.ndarray:
         """The whole mapped file as one uint8 array (matrices are addressed by offset into it)."""

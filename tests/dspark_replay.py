@@ -155,3 +155,24 @@ def accepted_lengths(outputs: list, prompt_len: int, blocks: list, drafts: list,
         stop = next((i for i, t in enumerate(new) if t in stop_ids), None)
         accepted.append(len(new[:stop + 1] if stop is not None else new) - 1)
     return accepted
+
+
+def assert_drafts_equal_libllama(target, drafter, recordings: list[Recording]) -> None:
+    """Every recorded block against libllama's decoding of it (target: the target GGUF): the -inf pattern of the
+    drafting rows' logits exactly (d2t: -inf outside the draft vocabulary), their logits and confidences within the
+    bounds on the rows both chains drafted from the same prev, and at least 95% of the rows compared (near-ties
+    rare)."""
+    compared = rows = 0
+    for rec, ref in zip(recordings, libllama_blocks(target, drafter.path, recordings)):
+        for b, (logits, conf) in zip(rec.blocks, ref):
+            assert logits.shape == b.biased.shape
+            assert (np.isfinite(logits) == np.isfinite(b.biased)).all()
+            bound = logit_bound(logits)
+            n = agreeing_rows(b.chain.tokens, b.biased, logits, bound)
+            same_prev = slice(0, n + 1)          # rows whose Markov bias both chains computed from the same prev
+            finite = np.isfinite(logits[same_prev])
+            assert np.abs(logits[same_prev][finite] - b.biased[same_prev][finite]).max() <= bound
+            if drafter.markov.conf is not None:
+                assert np.abs(np.asarray(b.chain.confidence)[same_prev] - conf[same_prev]).max() <= CONFIDENCE_ATOL
+            compared, rows = compared + n, rows + len(b.biased)
+    assert compared >= 0.95 * rows, (compared, rows)

@@ -171,6 +171,8 @@ def build_corpus(root) -> dict[str, str]:
     c["nan_q8_copy"] = write(j("nan_q8_copy.gguf"), dense([       # 128-wide: copied by requant-trunk
         ("blk.0.attn_k_b.weight", [128, 4], Q8_0, q8_blocks(16, rng, bad_block=5))]))
     c["notok"] = write(j("notok.gguf"), _without_tokenizer(c["target"]))
+    for case, edits in KIMI_K3_CASES.items():
+        c[f"k3_{case}"] = _kimi_k3(j(f"k3_{case}.gguf"), edits)
     c["drafter"] = _drafter(c, j("drafter.gguf"))
     c["drafter_huge_block"] = _patched(c["drafter"], j("drafter_huge_block.gguf"), "dflash.block_size=u32:4294967295")
     _model_variants(c, j)
@@ -203,6 +205,49 @@ def _aliases(c, j):
     c["outdir_link"] = j("outdir_link")
     os.makedirs(c["outdir_link"])
     os.symlink(c["set2"], os.path.join(c["outdir_link"], os.path.basename(c["set2"])))
+
+
+# kimi-k3 files whose keys contradict each other (hparam_rules/kimi_k3.py refuses them): case -> key edits
+# (None: removed)
+KIMI_K3_CASES = {
+    "kv_heads": {"attention.head_count_kv": [0, 2]}, "kv_heads_count": {"attention.head_count_kv": [0, 1, 1]},
+    "gating": {"expert_gating_func": 1}, "key_length": {"attention.key_length": 40},
+    "rope": {"rope.dimension_count": 40, "attention.key_length": 72}, "situ": {"activation.situ_beta": 0.0},
+    "used": {"expert_used_count": 5}, "no_kda_head_dim": {"kda.head_dim": None},
+}
+
+
+def _kimi_k3(path, edits) -> str:
+    """A 2-layer kimi-k3 file (KDA, MLA) with the keys its loader reads, the token embedding and output norm only
+    (keys are checked before any layer tensor is looked up), with `edits` applied to the keys."""
+    import gguf
+
+    keys = {"block_count": 2, "context_length": 64, "embedding_length": 32, "attention.head_count": 2,
+            "attention.head_count_kv": [0, 1], "attention.layer_norm_rms_epsilon": 1e-6, "kda.head_dim": 16,
+            "ssm.conv_kernel": 4, "attention.kv_lora_rank": 32, "attention.key_length": 48,
+            "rope.dimension_count": 16, "attention.key_length_mla": 32, "attention.value_length_mla": 16,
+            "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 16, "expert_shared_count": 1,
+            "expert_gating_func": 2, "activation.situ_beta": 1.0, "activation.situ_linear_beta": 0.0,
+            "attn_res.block_size": 0}
+    keys.update(edits)
+    w = gguf.GGUFWriter(path, "kimi-k3")
+    for key, value in keys.items():
+        if value is None:
+            continue
+        if isinstance(value, list):
+            w.add_array(f"kimi-k3.{key}", value)
+        elif isinstance(value, float):
+            w.add_float32(f"kimi-k3.{key}", value)
+        else:
+            w.add_uint32(f"kimi-k3.{key}", value)
+    rng = np.random.default_rng(3)
+    w.add_tensor("token_embd.weight", rng.standard_normal((64, 32)).astype(np.float32))
+    w.add_tensor("output_norm.weight", np.ones(32, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
 
 
 def _without_tokenizer(path) -> bytes:
@@ -254,7 +299,7 @@ def _prompt_files(c, j):
         c[key] = write(j("prompts", name), data)
 
 
-U32, I32, F32_KV, STR = VT.UINT32, VT.INT32, VT.FLOAT32, VT.STRING
+U32, I32_KV, F32_KV, STR = VT.UINT32, VT.INT32, VT.FLOAT32, VT.STRING
 NAN = float("nan")
 # name -> (base model, keys set (key, type, value, element type), keys dropped): models with broken hyperparameters
 # (issue 21 section 2), the first six the original reproductions (memory corruption before the model-file rules)
@@ -275,7 +320,7 @@ HPARAM_VARIANTS = {
     "oss_yarn_attn_nan": ("oss", [("gpt-oss.rope.scaling.attn_factor", F32_KV, NAN, None)]),
     "t_scale_nan": ("target", [("qwen3.attention.scale", F32_KV, NAN, None)]),
     "t_layers0": ("target", [("qwen3.block_count", U32, 0, None)]),
-    "t_layers_neg": ("target", [("qwen3.block_count", I32, -1, None)]),
+    "t_layers_neg": ("target", [("qwen3.block_count", I32_KV, -1, None)]),
     "t_layers_f32": ("target", [("qwen3.block_count", F32_KV, 4.0, None)]),
     "q35_nextn": ("q35", [("qwen35.nextn_predict_layers", U32, 9, None)]),
     "t_heads_str": ("target", [("qwen3.attention.head_count", STR, "4", None)]),
@@ -284,7 +329,7 @@ HPARAM_VARIANTS = {
     "q35_interval0": ("q35", [("qwen35.full_attention_interval", U32, 0, None)]),
     "q35_groups0": ("q35", [("qwen35.ssm.group_count", U32, 0, None)]),
     "d_ids_str": ("drafter", [("dflash.target_layers", VT.ARRAY, ["2", "3"], STR)]),
-    "d_mask_i32": ("drafter", [("tokenizer.ggml.mask_token_id", I32, -1, None)]),
+    "d_mask_i32": ("drafter", [("tokenizer.ggml.mask_token_id", I32_KV, -1, None)]),
     "d_block0": ("drafter", [("dflash.block_size", U32, 0, None)]),
     "d_base_nan": ("drafter", [("dflash.rope.freq_base", F32_KV, NAN, None)]),
 }

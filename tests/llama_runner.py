@@ -47,3 +47,37 @@ def assert_prompt_logits_identical(oracle: LlamaCpp, model, prompts, label: str)
         want = oracle.prompt_logits(ids)
         print(f"{label}: {len(ids)} prompt tokens, max abs logit difference {np.abs(ours - want).max()}")
         assert np.array_equal(ours, want)
+
+
+def greedy_logits(model, ids, n: int, prompt_logits: str = "all") -> tuple[list[int], np.ndarray]:
+    """The runtime's side of LlamaCpp.greedy_logits: greedy tokens by one-token steps after the prompt (a fresh
+    cache) and the logits row each was chosen from; prompt_logits "all" computes every prompt row, as llama.cpp's
+    logits_all does (a one-row output matmul of float weights has other bits than a batch's)."""
+    model.kv.clear()
+    logits, _ = model.forward(ids, logits=prompt_logits)
+    tokens, rows = [], []
+    for _ in range(n):
+        rows.append(logits[-1])
+        tokens.append(int(logits[-1].argmax()))
+        logits, _ = model.forward([tokens[-1]], logits="last")
+    return tokens, np.array(rows)
+
+
+def top2_margin(rows) -> float:
+    """The smallest top-1 minus top-2 logit over the rows."""
+    top = np.sort(rows, axis=1)[:, -2:]
+    return float((top[:, 1] - top[:, 0]).min())
+
+
+def assert_greedy_identical(oracle: LlamaCpp, model, ids, n: int, min_margin: float, label: str) -> None:
+    """The runtime's greedy tokens and each step's logits equal llama.cpp's, bit for bit, on a prompt whose
+    llama.cpp path keeps a top-1/top-2 margin of min_margin (so no float-level difference could decide a token);
+    the margin and the largest difference are printed."""
+    want, want_rows = oracle.greedy_logits(ids, n)
+    ours, rows = greedy_logits(model, ids, n)
+    margin = top2_margin(want_rows)
+    print(f"{label}: {len(ids)} + {n} tokens, min top-1/top-2 margin {margin:.4f}, "
+          f"max abs logit difference {np.abs(rows - want_rows).max()}")
+    assert margin >= min_margin, "the prompt no longer has a clear margin on llama.cpp's path: choose another"
+    assert ours == want
+    assert np.array_equal(rows, want_rows)

@@ -33,6 +33,11 @@ def oracle_unit(unit: str) -> tuple[Path, dict]:
         pytest.skip(f"oracle missing: {e}")
 
 
+def _paths(d: Path, entries: dict) -> dict[str, Path]:
+    """{key: file} of a unit manifest's file entries (paths relative to the unit's directory d)."""
+    return {k: d / e["path"] for k, e in entries.items()}
+
+
 # ----------------------------------------------------------------------------------------------------------
 # libllama helpers
 
@@ -162,6 +167,16 @@ class MoeTarget:
 
 
 @dataclass
+class KimiK3Target:
+    """The tiny Kimi K3 target (kimi_k3_targets.py): HF dirs (bf16; MXFP4 experts; the plain variant) and llama.cpp's
+    converter GGUFs "f32", "f16", "q8_0" (Q8_0 trunk, MXFP4 experts, F32 norms) and "plain-f32"."""
+    hf_dir: Path
+    hf_dir_mxfp4: Path
+    gguf: dict[str, Path]
+    manifest: dict = field(repr=False)
+
+
+@dataclass
 class DSparkDrafters:
     """Tiny random DSpark drafters for the tiny qwen3 target (scripts/fixtures/dspark_drafters.py): HF dirs by
     variant ("anchor-conf", "anchor-noconf", "bonus-reduced", "bonus-full") and llama.cpp's conversions, called
@@ -207,7 +222,7 @@ def tiny_tokenizer() -> Path:
 def tiny_target() -> TinyTarget:
     d, m = oracle_unit("target")
     return TinyTarget(hf_dir=d / m["hf_dir"], tokenizer_model=d / m["hf_dir"] / "tokenizer.model",
-                      gguf={k: d / e["path"] for k, e in m["gguf"].items()}, manifest=m)
+                      gguf=_paths(d, m["gguf"]), manifest=m)
 
 
 @pytest.fixture(scope="session")
@@ -221,20 +236,20 @@ def tiny_drafters() -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def ref_drafter_gguf() -> DrafterRefs:
     d, m = oracle_unit("drafter-refs")
-    return DrafterRefs(paths={k: d / e["path"] for k, e in m["refs"].items()}, manifest=m)
+    return DrafterRefs(paths=_paths(d, m["refs"]), manifest=m)
 
 
 @pytest.fixture(scope="session")
 def ref_drafter_quant() -> DrafterQuants:
     d, m = oracle_unit("drafter-quants")
-    return DrafterQuants(paths={k: d / e["path"] for k, e in m["quants"].items()}, loads=m["loads"], manifest=m)
+    return DrafterQuants(paths=_paths(d, m["quants"]), loads=m["loads"], manifest=m)
 
 
 @pytest.fixture(scope="session")
 def dspark_drafters() -> DSparkDrafters:
     d, m = oracle_unit("dspark-drafters")
     return DSparkDrafters(dirs={k: d / p for k, p in m["dirs"].items()},
-                          paths={k: d / e["path"] for k, e in m["refs"].items()}, manifest=m)
+                          paths=_paths(d, m["refs"]), manifest=m)
 
 
 @pytest.fixture(scope="session")
@@ -242,13 +257,13 @@ def dspark_demo() -> dict[str, Path]:
     """llama.cpp's f16 conversions of the trained DSpark drafters of the demo target (ggtools/data/demo/dspark-*):
     {"dspark-anchor", "dspark-speculators", and each "<name>-no-markov" (its Markov head zeroed)}: Path."""
     d, m = oracle_unit("dspark-demo")
-    return {k: d / e["path"] for k, e in m["refs"].items()}
+    return _paths(d, m["refs"])
 
 
 @pytest.fixture(scope="session")
 def qwen35moe_set() -> Qwen35MoeSet:
     d, m = oracle_unit("qwen35moe")
-    f = {k: d / e["path"] for k, e in m["files"].items()}
+    f = _paths(d, m["files"])
     return Qwen35MoeSet(hf_dir=d / m["hf_dir"], f16=f["f16"], mxfp4_moe=f["mxfp4_moe"], surgical=f["surgical"],
                         split=[d / e["path"] for e in m["split"]],
                         split_surgical=[d / e["path"] for e in m["split_surgical"]], loads=m["loads"], manifest=m)
@@ -258,7 +273,7 @@ def qwen35moe_set() -> Qwen35MoeSet:
 def qwen35_target() -> HybridTarget:
     """Tiny dense qwen35: 6 layers (linear, full, linear, linear, linear, full), f32 / f16 / q8_0 GGUFs."""
     d, m = oracle_unit("qwen35")
-    return _hybrid_target("qwen35", d / m["hf_dir"], {k: d / e["path"] for k, e in m["gguf"].items()})
+    return _hybrid_target("qwen35", d / m["hf_dir"], _paths(d, m["gguf"]))
 
 
 @pytest.fixture(scope="session")
@@ -272,7 +287,7 @@ def qwen35moe_target(qwen35moe_set) -> HybridTarget:
 
 def _moe_target(arch: str) -> MoeTarget:
     d, m = oracle_unit(f"{arch}-target")
-    return MoeTarget(arch=arch, hf_dir=d / m["hf_dir"], gguf={k: d / e["path"] for k, e in m["gguf"].items()},
+    return MoeTarget(arch=arch, hf_dir=d / m["hf_dir"], gguf=_paths(d, m["gguf"]),
                      manifest=m)
 
 
@@ -295,6 +310,34 @@ def moe_drafters() -> dict[str, dict[str, Path]]:
 
 
 @pytest.fixture(scope="session")
+def kimi_k3_target() -> KimiK3Target:
+    d, m = oracle_unit("kimi-k3")
+    return KimiK3Target(hf_dir=d / m["hf_dir"], hf_dir_mxfp4=d / m["hf_dir_mxfp4"],
+                        gguf=_paths(d, m["gguf"]), manifest=m)
+
+
+@pytest.fixture(scope="session")
+def kimi_k3_drafters() -> dict:
+    """{"dirs": {"v1", "v2": z-lab HF dir}, "refs": {"v1", "v2": llama.cpp's f16 GGUF}, "target_layer_ids"}: DFlash
+    drafters for the tiny K3 target."""
+    return _converted_drafters("kimi-k3-drafters")
+
+
+@pytest.fixture(scope="session")
+def kimi_k3_dspark() -> dict:
+    """{"dirs", "refs": {"anchor-conf", "bonus-reduced"}, "target_layer_ids"}: tiny DSpark drafters for the tiny K3
+    target (dspark_drafters.py's recipe, the K3 target's taps) and llama.cpp's f16 conversions."""
+    return _converted_drafters("kimi-k3-dspark")
+
+
+def _converted_drafters(unit: str) -> dict:
+    """{"dirs": HF dirs, "refs": llama.cpp's conversions, "target_layer_ids"} of a unit of drafters for a target."""
+    d, m = oracle_unit(unit)
+    return {"dirs": {v: d / p for v, p in m["dirs"].items()}, "refs": _paths(d, m["refs"]),
+            "target_layer_ids": m["target_layer_ids"]}
+
+
+@pytest.fixture(scope="session")
 def dspark_checkpoints() -> dict[str, Path]:
     """{variant: HF dir} of the tiny DSpark checkpoints (scripts/fixtures/dspark_checkpoints.py; numpy only)."""
     d, m = oracle_unit("dspark-checkpoints")
@@ -306,5 +349,5 @@ def dspark_checkpoint_refs(dspark_checkpoints) -> DSparkCheckpointRefs:
     """llama.cpp's converter on the tiny DSpark checkpoints (f32 / f16 / bf16 / q8_0), what it says refusing the
     broken ones, and libllama's load results."""
     d, m = oracle_unit("dspark-checkpoint-refs")
-    return DSparkCheckpointRefs(dirs=dspark_checkpoints, paths={k: d / e["path"] for k, e in m["refs"].items()},
+    return DSparkCheckpointRefs(dirs=dspark_checkpoints, paths=_paths(d, m["refs"]),
                       refusals=m["refusals"], loads=m["loads"], manifest=m)

@@ -11,6 +11,7 @@ import numpy as np
 from gguf import GGUFValueType as VT
 
 from ggtools.gguf import GGUFFile, GGUFWriter
+from scripts.fixtures import dspark_checkpoints as DS
 
 H, NH, NKV, HD, FF, NL, VOCAB = 64, 2, 1, 32, 128, 2, 128
 V2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 2}
@@ -61,35 +62,16 @@ def random_tensors(cfg, seed=0) -> dict[str, np.ndarray]:
     return out
 
 
-def to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+to_bf16_bits = DS.bf16_bits
 
 
 def from_bf16_bits(b: np.ndarray) -> np.ndarray:
     return (b.astype(np.uint32) << 16).view(np.float32)
 
 
-def encode(x: np.ndarray, dtype: str) -> bytes:
-    if dtype == "BF16":
-        return to_bf16_bits(x).tobytes()
-    return np.ascontiguousarray(x, dtype={"F16": "<f2", "F32": "<f4", "F64": "<f8"}[dtype]).tobytes()
-
-
 def write_safetensors(path, tensors: dict[str, tuple[str, np.ndarray]]):
-    """tensors: name -> (safetensors dtype, float values). Header in name order, data in the same order."""
-    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, (dtype, x) in tensors.items():
-        blob = encode(x, dtype)
-        header[name] = {"dtype": dtype, "shape": list(x.shape), "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as fh:
-        fh.write(len(raw).to_bytes(8, "little") + raw)
-        for b in blobs:
-            fh.write(b)
+    """tensors: name -> (safetensors dtype, values), written in the order given (the fixtures' writer)."""
+    DS.write_safetensors(path, tensors, sort=False)
 
 
 def make_checkpoint(directory, version=1, *, dtype="BF16", config=None, tensors=None, shards=1, prefix="",
@@ -129,8 +111,6 @@ def make_dspark_checkpoint(path, *, arch="Qwen3DSparkModel", layout="flat", conf
                            extra=None, drop=()) -> Path:
     """A DSpark drafter of this module's shapes (rank 32; reduced: 64 of the 128 tokens), written by the fixture
     maker's numpy writer (scripts/fixtures/dspark_checkpoints.py)."""
-    from scripts.fixtures import dspark_checkpoints as DS
-
     vd = DSPARK_DRAFT_VOCAB if reduced else None
     cfg = DS.dspark_config(arch, layout, dict(DSPARK_BACKBONE), draft_vocab=vd, rank=DSPARK_RANK,
                            mask_token_id=DSPARK_MASK, extra=extra)

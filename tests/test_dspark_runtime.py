@@ -16,8 +16,8 @@ from ggtools.jobs.run import run_speculative
 from ggtools.runtime import DEFINITIONS, DraftSettings, Drafter, TargetModel, check_settings, greedy
 from ggtools.runtime.errors import SettingsError
 from ggtools.runtime.speculative import NO_CONFIDENCE_HEAD, speculative_generate
-from tests.dspark_replay import (CONFIDENCE_ATOL, accepted_lengths, agreeing_rows, libllama_blocks,
-                                 llama_cpp_drafts, logit_bound, record_run)
+from tests.dspark_replay import (CONFIDENCE_ATOL, accepted_lengths, agreeing_rows, assert_drafts_equal_libllama,
+                                 libllama_blocks, llama_cpp_drafts, logit_bound, record_run)
 
 pytestmark = pytest.mark.oracle
 
@@ -53,7 +53,7 @@ def test_layouts_from_the_files(dspark_drafters, target):
         d = _drafter(dspark_drafters, target, variant)
         spec = recipe[variant]
         assert d.family == "dspark"
-        assert d.anchor_first == (spec["layout"] == "deepspec")
+        assert d.anchor_first == (spec["layout"] == "flat")
         assert d.max_drafts == (8 if d.anchor_first else 7) == dspark_drafters.manifest["block_size"] - (not d.anchor_first)
         assert (d.markov.conf is not None) == d.hp.dspark.confidence_head == spec["confidence"]
         assert d.markov.rank == dspark_drafters.manifest["markov_rank"]
@@ -71,20 +71,7 @@ def test_drafts_equal_libllama(dspark_drafters, target, greedy_outputs, variant,
     for p in PROMPTS:
         out, rec = record_run(lambda *a, **k: speculative_generate(target, *a, **k), d, d.new_kv(None, "f16"), p, N)
         runs.append(rec)
-    compared = rows = 0
-    for rec, ref in zip(runs, libllama_blocks(target.path, path, runs)):
-        for b, (logits, conf) in zip(rec.blocks, ref):
-            assert logits.shape == b.biased.shape
-            assert (np.isfinite(logits) == np.isfinite(b.biased)).all()     # d2t: -inf outside the draft vocabulary
-            bound = logit_bound(logits)
-            n = agreeing_rows(b.chain.tokens, b.biased, logits, bound)
-            same_prev = slice(0, n + 1)          # rows whose Markov bias both chains computed from the same prev
-            finite = np.isfinite(logits[same_prev])
-            assert np.abs(logits[same_prev][finite] - b.biased[same_prev][finite]).max() <= bound
-            if d.markov.conf is not None:
-                assert np.abs(np.asarray(b.chain.confidence)[same_prev] - conf[same_prev]).max() <= CONFIDENCE_ATOL
-            compared, rows = compared + n, rows + len(b.biased)
-    assert compared >= 0.95 * rows, (compared, rows)
+    assert_drafts_equal_libllama(target.path, d, runs)
     d.close()
 
 

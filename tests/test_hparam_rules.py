@@ -8,12 +8,13 @@
   child process: its asserts abort), and the unbroken models run there.
 """
 
+import numpy as np
 import pytest
 from gguf import GGUFValueType as VT
 
 from ggtools.dflash.profiles import LUCEBOX
 from ggtools.gguf import GGUFFile
-from ggtools.hparam_rules import drafter_violations, model_violations, target_violations
+from ggtools.hparam_rules import drafter_violations, dspark_violations, model_violations, target_violations
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.doctor import doctor
 from ggtools.jobs.validate import validate
@@ -21,8 +22,8 @@ from ggtools.runtime.drafter.hparams import read_draft_hparams
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.target.archs import arch_of
 from ggtools.runtime.target.hparams import read_hparams
-from tests.hostile_corpus import DEMO, HPARAM_VARIANTS, NAN
-from tests.test_convert_support import make_checkpoint, make_target_gguf, rewrite_gguf
+from tests.hostile_corpus import DEMO, HPARAM_VARIANTS, NAN, _kimi_k3
+from tests.test_convert_support import make_checkpoint, make_dspark_checkpoint, make_target_gguf, rewrite_gguf
 from tests.tiny_targets import DEMO_TARGET, write_gpt_oss, write_qwen35
 
 U32, I32, F32, STR, BOOL, ARR = VT.UINT32, VT.INT32, VT.FLOAT32, VT.STRING, VT.BOOL, VT.ARRAY
@@ -37,9 +38,16 @@ def models(tmp_path_factory):
     convert_dflash(f"{DEMO}/drafter", m["lucebox"], profile="lucebox")
     convert_dflash(make_checkpoint(d / "c2", 2), m["v2"], profile="llama.cpp",
                    target=make_target_gguf(d / "t2.gguf"))
+    m["k3"] = _kimi_k3(d / "k3.gguf", {})       # kimi-k3's keys as its converter writes them, no layer tensors
     m["swa"] = str(rewrite_gguf(m["drafter"], d / "swa.gguf", set_keys=[
         ("dflash.attention.sliding_window", U32, 4, None),
         ("dflash.attention.sliding_window_pattern", ARR, [True, False], BOOL)]))
+    target = make_target_gguf(d / "t.gguf")
+    for name, ckpt in (("dspark", make_dspark_checkpoint(d / "cds")),
+                       ("dsred", make_dspark_checkpoint(d / "cdsred", arch="DSparkSpeculator", layout="speculators",
+                                                        reduced=True))):
+        m[name] = str(d / f"{name}.gguf")
+        convert_dflash(ckpt, m[name], profile="llama.cpp", target=target)
     m["dir"] = d
     return m
 
@@ -70,24 +78,28 @@ def keys_read(f, read) -> set[str]:
     return f.kv.read - {"general.architecture"}
 
 
-@pytest.mark.parametrize("name", ["target", "q35", "oss", "drafter", "lucebox", "v2", "swa"])
+TARGETS = ("target", "q35", "oss", "k3")
+MODELS = (*TARGETS, "drafter", "lucebox", "v2", "swa", "dspark", "dsred")
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_the_runtime_reads_no_key_the_rules_do_not_check(models, name):
     with GGUFFile(models[name]) as f:
-        if name in ("target", "q35", "oss"):
+        if name in TARGETS:
             runtime = keys_read(f, lambda g: read_hparams(g, 100, arch_of(g)))
             rules = keys_read(f, target_violations)
         else:
             names = {t.name for t in f.tensors}
             runtime = keys_read(f, lambda g: read_draft_hparams(g, names))
-            rules = keys_read(f, drafter_violations)
+            rules = keys_read(f, lambda g: drafter_violations(g) + dspark_violations(g))
     assert runtime, name
     assert runtime <= rules, sorted(runtime - rules)
 
 
-@pytest.mark.parametrize("name", ["target", "q35", "oss", "drafter", "lucebox", "v2", "swa"])
+@pytest.mark.parametrize("name", MODELS)
 def test_good_models_break_no_rule(models, name):
     with GGUFFile(models[name]) as f:
-        assert model_violations(f) == []
+        assert model_violations(f) == [] and dspark_violations(f) == []
     assert validate([models[name]]).exit_code == 0
 
 
@@ -128,6 +140,14 @@ MORE = [
     ("swa", [("dflash.attention.sliding_window_pattern", ARR, [True], BOOL)], "sliding_window_pattern",
      "1 entries for 2"),
     ("lucebox", [(f"{LUCEBOX.arch}.dflash.block_size", I32, -3, None)], "block_size", "negative"),
+    ("k3", [("kimi-k3.expert_weights_norm", U32, 1, None)], "expert_weights_norm", "llama.cpp requires BOOL"),
+    ("k3", [("kimi-k3.activation.situ_linear_beta", U32, 0, None)], "situ_linear_beta", "requires FLOAT32"),
+    ("k3", [("kimi-k3.kda.gate_lower_bound", F32, NAN, None)], "gate_lower_bound", "finite"),
+    ("k3", [("kimi-k3.attention.kv_lora_rank", U32, 0, None)], "kv_lora_rank", "is 0"),
+    ("k3", [("kimi-k3.ssm.conv_kernel", U32, 0, None)], "conv_kernel", "is 0"),
+    ("k3", [("kimi-k3.attention.head_count_kv", ARR, [0.0, 1.0], F32)], "head_count_kv", "array of integers"),
+    ("k3", [("kimi-k3.leading_dense_block_count", U32, 1, None)], "feed_forward_length", "leading dense layers"),
+    ("k3", [("kimi-k3.attention.key_length", VT.UINT64, 48, None)], "key_length", "requires UINT32"),
     ("lucebox", [(f"{LUCEBOX.arch}.embedding_length", F32, 128.0, None)], "embedding_length", "an integer type"),
 ]
 CASES = {f"{name}": (base, keys, keys[0][0].rpartition(".")[2], "") for name, (base, keys) in
@@ -155,6 +175,57 @@ def test_each_rule_is_worded_the_same_by_the_runtime_validate_and_doctor(models,
         assert report.exit_code == 1
         said = [f.says("ggtools") for f in report.findings if f.severity == "error"]
         assert str(refused.value).removesuffix(more) in said
+
+
+def _d2t_ids(path) -> np.ndarray:
+    with GGUFFile(path) as f:
+        return f.tensor_data(f.tensor["d2t"]).view("<i8").copy()
+
+
+def _with_d2t(ids):
+    return lambda m: {"retype": {"d2t": (27, np.asarray(ids(m), "<i8").tobytes())}}
+
+
+# (base, edits, the place the first broken rule names, its finding class, a fragment of its rule): DSpark's rules
+DSPARK = {
+    "no-block-size": ("dspark", lambda m: {"drop_keys": ["dflash.block_size"]}, "key 'dflash.block_size'",
+                      "block_size", "Markov head asserts it"),
+    "anchor-u8": ("dspark", lambda m: {"set_keys": [("dflash.sample_from_anchor", VT.UINT8, 1, None)]},
+                  "key 'dflash.sample_from_anchor'", "sample_from_anchor", "is 1, expected a boolean"),
+    "confidence-str": ("dspark", lambda m: {"set_keys": [("dflash.has_confidence_head", STR, "true", None)]},
+                       "key 'dflash.has_confidence_head'", "confidence_head", "is 'true', expected a boolean"),
+    "d2t-i32": ("dsred", lambda m: {"retype": {"d2t": (26, _d2t_ids(m["dsred"]).astype("<i4").tobytes())}},
+                "tensor 'd2t'", "d2t", "is I32, expected I64"),
+    "d2t-outside": ("dsred", _with_d2t(lambda m: np.r_[_d2t_ids(m["dsred"])[:-1], 128]), "tensor 'd2t'", "d2t",
+                    "row 63 maps to 128, outside the target ids 0..127"),
+    "d2t-repeated": ("dsred", _with_d2t(lambda m: np.r_[_d2t_ids(m["dsred"])[:-1], _d2t_ids(m["dsred"])[5]]),
+                     "tensor 'd2t'", "d2t", "maps two draft rows to one target id (rows 5 and 63"),
+    "d2t-no-head": ("dsred", lambda m: {"drop_tensors": ["output.weight"]}, "tensor 'd2t'", "d2t",
+                    "needs its own output.weight with 64 rows: the target's output head gives 128 logits"),
+}
+
+
+@pytest.mark.parametrize("case", list(DSPARK))
+def test_each_dspark_rule_is_worded_the_same_by_the_runtime_validate_and_doctor(models, case, tmp_path):
+    """DSpark's rules (hparam_rules/dspark.py): the drafter loader refuses the file in their words, validate
+    reports them as DSpark problems and doctor as llama.cpp findings of the class the rule names, quoting what
+    llama.cpp says."""
+    base, edits, where, check, fragment = DSPARK[case]
+    path = str(rewrite_gguf(models[base], tmp_path / "m.gguf", **edits(models)))
+    with GGUFFile(path) as f:
+        assert drafter_violations(f) == []
+        (v, *more) = dspark_violations(f)
+        assert (v.where, v.check) == (where, check) and fragment in v.rule, v
+        with pytest.raises(ModelError) as refused:
+            read_draft_hparams(f, {t.name for t in f.tensors})
+    assert str(refused.value).startswith(f"{path}: {v}")
+    report = validate([path])
+    assert report.exit_code == 1
+    assert any(p.where == f"DSpark {check}" and p.rule.startswith(str(v)) for p in report.problems), report.problems
+    found = [x for x in doctor(path).findings if x.check == check and x.message == str(v)]
+    assert found and found[0].severity == "error" and found[0].says("llama.cpp") == v.says
+    said = [x.says("ggtools") for x in doctor(path, runtimes=["ggtools"]).findings if x.severity == "error"]
+    assert str(refused.value) in said
 
 
 def test_a_mask_id_given_replaces_the_stored_one(models, tmp_path):

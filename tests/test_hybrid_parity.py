@@ -12,7 +12,8 @@ import pytest
 
 from ggtools.runtime import TargetModel, greedy
 from tests.float_reference import assert_within_reference_rounding, hf_hidden_states
-from tests.llama_runner import LlamaCpp, assert_prompt_logits_identical, avx2_llama_cpp
+from tests.llama_runner import LlamaCpp, assert_greedy_identical, assert_prompt_logits_identical, avx2_llama_cpp
+from tests.target_checks import assert_crop_equals_never_going_further, assert_run_refuses_patched
 
 pytestmark = pytest.mark.oracle
 
@@ -56,24 +57,6 @@ def models(targets):
         model.close()
 
 
-def our_greedy_path(model: TargetModel, ids, n):
-    """Greedy tokens and the logits row each was chosen from, as LlamaCpp.greedy_logits gives them; the prompt's
-    logits are all computed, as llama.cpp's logits_all does (a one-row output matmul of float weights has
-    other bits than a batch's)."""
-    logits, _ = model.forward(ids, logits="all")
-    tokens, rows = [], []
-    for _ in range(n):
-        rows.append(logits[-1])
-        tokens.append(int(logits[-1].argmax()))
-        logits, _ = model.forward([tokens[-1]], logits="last")
-    return tokens, np.array(rows)
-
-
-def top2_margin(rows) -> float:
-    top = np.sort(rows, axis=1)[:, -2:]
-    return float((top[:, 1] - top[:, 0]).min())
-
-
 @pytest.mark.parametrize("arch, encoding", ENCODINGS)
 def test_prompt_logits_are_bit_identical(targets, models, llama_cpp, arch, encoding):
     oracle, model = LlamaCpp(llama_cpp, targets[arch].gguf[encoding]), models(arch, encoding)
@@ -86,16 +69,7 @@ def test_prompt_logits_are_bit_identical(targets, models, llama_cpp, arch, encod
 def test_greedy_tokens_are_identical(targets, models, llama_cpp, arch, encoding):
     oracle, model = LlamaCpp(llama_cpp, targets[arch].gguf[encoding]), models(arch, encoding)
     for seed in PROMPT_SEEDS[arch]:
-        ids = prompt(seed)
-        want, want_rows = oracle.greedy_logits(ids, N_GREEDY)
-        model.kv.clear()
-        ours, rows = our_greedy_path(model, ids, N_GREEDY)
-        margin = top2_margin(want_rows)
-        print(f"{arch} {encoding} seed {seed}: {len(ids)} + {N_GREEDY} tokens, min top-1/top-2 margin {margin:.4f}, "
-              f"max abs logit difference {np.abs(rows - want_rows).max()}")
-        assert margin >= MIN_MARGIN, "the prompt no longer has a clear margin on llama.cpp's path: choose another"
-        assert ours == want
-        assert np.array_equal(rows, want_rows)
+        assert_greedy_identical(oracle, model, prompt(seed), N_GREEDY, MIN_MARGIN, f"{arch} {encoding} seed {seed}")
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
@@ -118,24 +92,7 @@ def test_feature_taps_equal_transformers_hidden_states(targets, models, arch):
 def test_crop_then_generate_equals_never_going_further(models, arch, encoding):
     """Crop back into the generated tokens and into the prompt (the recurrent state rolls back with the KV
     cache), then go on: the same logits, bit for bit, as a fresh run that made the same calls up to there."""
-    model = models(arch, encoding)
-    ids = prompt(PROMPT_SEEDS[arch][0])
-    generated, _ = greedy(model, ids, 12)     # the prompt as one batch, then one-token steps
-
-    def run_to(keep):
-        model.kv.clear()
-        model.forward(ids[:keep], logits="none")
-        for token in generated[:max(0, keep - len(ids))]:
-            model.forward([token], logits="none")
-
-    for keep in (len(ids) + 5, len(ids) - 3, 2):
-        model.kv.crop(keep)
-        after_crop = model.forward([7, 8, 9])[0]
-        continued, _ = greedy(model, [10], 6)
-        run_to(keep)
-        assert np.array_equal(after_crop, model.forward([7, 8, 9])[0])
-        assert continued == greedy(model, [10], 6)[0]
-        run_to(len(ids) + 11)
+    assert_crop_equals_never_going_further(models(arch, encoding), prompt(PROMPT_SEEDS[arch][0]))
 
 
 def test_split_target_runs_from_its_first_shard(targets, models):
@@ -160,16 +117,4 @@ def test_split_target_runs_from_its_first_shard(targets, models):
 def test_inconsistent_hybrid_keys_are_one_line_errors(targets, tmp_path, edit, message):
     """A qwen35 GGUF whose Gated DeltaNet keys disagree with its tensors: `ggtools run` names the file and the
     rule in one line and exits 2, no traceback; the input is not modified."""
-    from click.testing import CliRunner
-
-    from ggtools.cli import main as cli
-
-    source = targets["qwen35"].gguf["q8_0"]
-    before = source.stat().st_mtime_ns
-    bad = tmp_path / "bad.gguf"
-    assert CliRunner().invoke(cli, ["patch", "set", str(source), edit, "-o", str(bad)]).exit_code == 0
-    result = CliRunner().invoke(cli, ["run", "--target", str(bad), "--prompt-ids", "1,2,3", "-n", "2"])
-    assert result.exit_code == 2, result.output
-    assert message in result.output and str(bad) in result.output and "Traceback" not in result.output
-    assert len(result.output.strip().splitlines()) == 1
-    assert source.stat().st_mtime_ns == before
+    assert_run_refuses_patched(targets["qwen35"].gguf["q8_0"], edit, message, tmp_path)

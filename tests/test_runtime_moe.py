@@ -12,7 +12,6 @@ scripts/fixtures/moe_targets.py in every encoding (f32, f16, and Q8_0 / MXFP4_MO
 """
 
 import json
-import types
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from ggtools.jobs.convert import convert_dflash
 from ggtools.runtime import Drafter, TargetModel, greedy, speculative_generate
 from tests.float_reference import assert_within_reference_rounding, hf_hidden_states
 from tests.llama_runner import LlamaCpp, avx2_llama_cpp
+from tests.speculative_checks import KnowingDrafter
 
 pytestmark = pytest.mark.oracle
 
@@ -140,22 +140,6 @@ def test_crop_then_generate_equals_never_going_further(targets, arch, kind):
     for i, t in enumerate(first[:8]):
         step, _ = model.forward([t], logits="last")
         assert np.array_equal(step[0], batch[i])
-
-
-class KnowingDrafter:
-    """Drafts the target's known greedy continuation, wrong at a fixed scatter of positions, so that
-    verification accepts lengths from 0 up and the target cache is cropped after most steps. wrong(i): whether
-    the draft for output position i is wrong."""
-
-    def __init__(self, drafter, prompt_len, want, wrong=lambda i: i * 5 % 7 < 2):
-        self.taps, self.block_size, self.max_drafts = drafter.taps, drafter.block_size, drafter.max_drafts
-        self.prompt_len, self.want, self.wrong = prompt_len, want, wrong
-
-    def draft(self, kv, anchor, n_drafts):
-        start = kv.committed - self.prompt_len + 1
-        tokens = [(t + 1) % 1000 if self.wrong(start + j) else t
-                  for j, t in enumerate(self.want[start:start + n_drafts])]
-        return types.SimpleNamespace(tokens=tokens)
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,15 @@ import sys
 import click
 
 from ggtools.cli.backend_options import backend_options
-from ggtools.cli.draft_options import draft_options, draft_setup
+from ggtools.cli.draft_options import draft_options, draft_setup, tree_options
 from ggtools.cli.params import FiniteFloatRange
 from ggtools.cli.render import emit_json, table
 from ggtools.gguf.outputs import same_file
 from ggtools.jobs.accept import DEFAULT_MAX_DROP, accept, input_files
 from ggtools.jobs.accept_plot import check_plot_path, write_plot
-from ggtools.jobs.accept_report import (ALIGN, HEADERS, check_destination, definition_lines, failure_lines,
-                                        setting_line, summary_rows, verdict_line, write_markdown)
+from ggtools.jobs.accept_report import (ALIGN, HEADERS, TREE_ALIGN, TREE_HEADERS, check_destination, definition_lines,
+                                        failure_lines, setting_line, summary_rows, tree_definition_lines, tree_rows,
+                                        verdict_line, write_markdown)
 
 
 @click.command("accept")
@@ -28,6 +29,7 @@ from ggtools.jobs.accept_report import (ALIGN, HEADERS, check_destination, defin
               help="Fail a drafter whose tau falls more than this (relative) below the baseline's.")
 @click.option("--min-tau", type=FiniteFloatRange(min=0), help="Fail a drafter whose tau is below this.")
 @draft_options
+@tree_options(many=True)
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores; at most 4 per core).")
 @backend_options
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at an end-of-generation token.")
@@ -37,7 +39,7 @@ from ggtools.jobs.accept_report import (ALIGN, HEADERS, check_destination, defin
 @click.option("--force", is_flag=True, help="Overwrite an existing --report or --plot file.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, full_kv, n_max, cut, p_min, n_min,
-            threads, backend, device, dtype, ignore_eos, as_json, report, plot, force, quiet):
+            tree_budgets, tree_top_k, threads, backend, device, dtype, ignore_eos, as_json, report, plot, force, quiet):
     """Acceptance gate: decode a prompt set with each drafter against the target and judge every drafter
     against a baseline. Every output is checked against target-only greedy decoding, which runs once per
     prompt for all drafters.
@@ -54,8 +56,11 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
       ggtools accept --target target.gguf --draft a.gguf --draft b.gguf --baseline b.gguf --full-kv --json
       ggtools accept --target target.gguf --draft drafter-f16.gguf --draft drafter-q4-mix.gguf --backend torch \\
           --device cuda:0 --dtype bf16
+      ggtools accept --target target.gguf --draft drafter.gguf --draft dspark.gguf --tree-budget 4,22,64
     """
-    ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
+    if tree_top_k is not None and not tree_budgets:
+        raise click.UsageError("--tree-top-k needs --tree-budget")
+    ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min, tree_top_k=tree_top_k)
     inputs = input_files(target, drafts, prompts)
     if report:
         check_destination(report, "--report", inputs, force=force)
@@ -65,7 +70,8 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
         check_plot_path(plot, inputs, force=force)
     result = accept(target, list(drafts), prompts=prompts, n=n, baseline=baseline, max_drop=max_drop, min_tau=min_tau,
                     ring_cap=ring_cap, settings=settings, threads=threads,
-                    stop_at_eog=not ignore_eos, progress=not quiet, backend=backend, device=device, dtype=dtype)
+                    stop_at_eog=not ignore_eos, progress=not quiet, backend=backend, device=device, dtype=dtype,
+                    tree_budgets=tree_budgets or [])
     if report:
         write_markdown(result, report, inputs, force=force)
     if plot:
@@ -84,7 +90,11 @@ def _show(result):
     click.echo()
     click.echo(table(summary_rows(result), HEADERS, ALIGN))
     click.echo()
-    for line in definition_lines():
+    if result.tree_budgets:
+        click.echo("Draft tree (DDTree) beside each drafter's chain:")
+        click.echo(table(tree_rows(result), TREE_HEADERS, TREE_ALIGN))
+        click.echo()
+    for line in definition_lines() + (tree_definition_lines() if result.tree_budgets else []):
         click.echo(f"  {line}")
     click.echo()
     for line in failure_lines(result):

@@ -1,5 +1,5 @@
 """The speculative-decoding options `run --draft` and `accept` share: draft KV (ring or full), drafts per step, early
-cut."""
+cut, draft tree (`--tree-budget`: one for run, a list for accept; `--tree-top-k`)."""
 
 import click
 
@@ -27,19 +27,63 @@ DRAFT_OPTIONS = [
 ]
 
 
+TREE_BUDGET_HELP = ("Verify a draft tree (DDTree, as lucebox builds it: best-first from each position's top-K, "
+                    "top-1 chain first) of N nodes instead of a chain; lucebox's default is 22.")
+TREE_TOP_K = click.option("--tree-top-k", type=click.IntRange(min=1),
+                          help="Ranks per position the draft tree reads (default lucebox's: 8 when the budget exceeds "
+                               "--n-max, else 1, which makes the tree the chain; DFlash2: at most its selector's "
+                               "top_k).")
+
+
+class BudgetList(click.ParamType):
+    """N[,M...]: distinct positive tree budgets."""
+
+    name = "N[,M...]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            budgets = [int(v) for v in value.replace(" ", "").split(",")]
+        except ValueError:
+            self.fail(f"{value!r}: expected node counts separated by commas, e.g. 4,22,64", param, ctx)
+        bad = next((b for b in budgets if b < 1), None)
+        if bad is not None:
+            self.fail(f"{bad}: a draft tree needs at least one node", param, ctx)
+        if len(set(budgets)) != len(budgets):
+            self.fail(f"{value!r}: a budget given twice", param, ctx)
+        return budgets
+
+
+def tree_options(many: bool):
+    """--tree-budget (run: one budget; accept, many=True: a list measured beside the chain) and --tree-top-k."""
+    if many:
+        budget = click.option("--tree-budget", "tree_budgets", type=BudgetList(),
+                              help="Also decode with draft trees (DDTree) of these node budgets, e.g. 4,22,64, and "
+                                   "report each beside the drafter's chain: AL, tau, nodes verified per step "
+                                   "(a tree is never cut; the cut applies to the chain).")
+    else:
+        budget = click.option("--tree-budget", type=click.IntRange(min=1), help=TREE_BUDGET_HELP)
+
+    def decorate(f):
+        return budget(TREE_TOP_K(f))
+    return decorate
+
+
 def draft_options(f):
     for option in reversed(DRAFT_OPTIONS):
         f = option(f)
     return f
 
 
-def draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min) -> tuple[int | None, DraftSettings]:
+def draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min, tree_budget=None,
+                tree_top_k=None) -> tuple[int | None, DraftSettings]:
     """(the draft KV's ring cap, None for a full draft KV; the draft settings) from the options."""
     if ring_cap and full_kv:
         raise click.UsageError("give at most one of --ring-cap and --full-kv")
-    return (None if full_kv else ring_cap or DEFAULT_RING_CAP), DraftSettings(n_max=n_max, cut=cut, p_min=p_min,
-                                                                              n_min=n_min)
+    return (None if full_kv else ring_cap or DEFAULT_RING_CAP), DraftSettings(
+        n_max=n_max, cut=cut, p_min=p_min, n_min=n_min, tree_budget=tree_budget, tree_top_k=tree_top_k)
 
 
-def draft_options_given(ring_cap, full_kv, n_max, cut) -> bool:
-    return bool(ring_cap or full_kv or n_max is not None or cut != "none")
+def draft_options_given(ring_cap, full_kv, n_max, cut, tree_budget=None, tree_top_k=None) -> bool:
+    return bool(ring_cap or full_kv or n_max is not None or cut != "none" or tree_budget or tree_top_k)

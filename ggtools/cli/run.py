@@ -4,7 +4,7 @@ import click
 from tqdm import tqdm
 
 from ggtools.cli.backend_options import backend_options, runs_on
-from ggtools.cli.draft_options import draft_options, draft_options_given, draft_setup
+from ggtools.cli.draft_options import draft_options, draft_options_given, draft_setup, tree_options
 from ggtools.cli.params import FiniteFloatRange
 from ggtools.cli.render import emit_json, human_bytes
 from ggtools.jobs.run import DEFINITIONS, pair_warnings, run, run_speculative
@@ -37,6 +37,7 @@ def _progress_bar(total, as_json):
 @click.option("--prompt-ids", help="Prompt as token ids, e.g. '1,415,2936' (any vocabulary).")
 @click.option("-n", "--n-predict", "n", default=64, show_default=True, type=click.IntRange(min=0), help="Tokens to generate.")
 @draft_options
+@tree_options(many=False)
 @click.option("--min-acceptance", type=FiniteFloatRange(0, 1), help="Exit 1 when acceptance (accepted/drafted) is below this.")
 @click.option("--no-baseline", is_flag=True, help="Skip target-only decoding (no speedup, no output check).")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores; at most 4 per core).")
@@ -45,8 +46,8 @@ def _progress_bar(total, as_json):
 @backend_options
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at an end-of-generation token.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut, p_min, n_min, min_acceptance,
-            no_baseline, threads, n_ctx, backend, device, dtype, ignore_eos, as_json):
+def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut, p_min, n_min, tree_budget, tree_top_k,
+            min_acceptance, no_baseline, threads, n_ctx, backend, device, dtype, ignore_eos, as_json):
     """Greedily continue a prompt with a target model, alone or drafted by a DFlash or DSpark drafter; report speed,
     memory and (with --draft) acceptance. numba runs it on the CPU (the default); --backend torch on the CPU or
     a CUDA GPU (--device cuda).
@@ -64,19 +65,21 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
           --n-min 1 --min-acceptance 0.2
       ggtools run --target target.gguf --draft drafter.gguf --prompt 'def main():' --backend torch --device cuda
       ggtools run --target target.gguf --draft dspark.gguf --prompt 'def main():' --cut confidence --p-min 0.5
+      ggtools run --target target.gguf --draft drafter.gguf --prompt 'def main():' --tree-budget 22
     """
     if (prompt is None) == (prompt_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-ids")
     ids = _parse_ids(prompt_ids) if prompt_ids is not None else None
     if draft is None:
-        if draft_options_given(ring_cap, full_kv, n_max, cut) or min_acceptance is not None:
-            raise click.UsageError("--ring-cap, --full-kv, --n-max, --cut and --min-acceptance need --draft")
+        if draft_options_given(ring_cap, full_kv, n_max, cut, tree_budget, tree_top_k) or min_acceptance is not None:
+            raise click.UsageError("--ring-cap, --full-kv, --n-max, --cut, --tree-budget, --tree-top-k and "
+                                   "--min-acceptance need --draft")
         with _progress_bar(n, as_json) as bar:
             result = run(target, prompt=prompt, prompt_ids=ids, n=n, threads=threads, stop_at_eog=not ignore_eos,
                          n_ctx=n_ctx, progress=bar.update, backend=backend, device=device, dtype=dtype)
         _show_target_only(result, as_json)
         return
-    ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min)
+    ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min, tree_budget, tree_top_k)
     warnings = pair_warnings(target)
     if not as_json:
         for w in warnings:
@@ -121,9 +124,12 @@ def _show_target_only(result, as_json):
 def _show_speculative(r, failures):
     click.echo(r.texts[0] if r.texts else " ".join(map(str, r.outputs[0])))
     err = lambda line: click.echo(line, err=True)  # noqa: E731
+    verify = (f"cut {r.settings['cut']} (p_min {r.settings['p_min']}, n_min {r.settings['n_min']})"
+              if r.settings["tree_budget"] is None else
+              f"draft tree of {r.settings['tree_budget']} nodes, top-K {r.settings['tree_top_k']} (DDTree: 'drafted' "
+              "counts its nodes)")
     err(f"drafter: {r.draft} ({r.profile} profile, {r.drafter_kind}), draft KV {r.draft_kv}, "
-        f"n_max {r.settings['n_max']}, cut {r.settings['cut']} (p_min {r.settings['p_min']}, n_min {r.settings['n_min']}); "
-        f"{runs_on(r)}")
+        f"n_max {r.settings['n_max']}, {verify}; {runs_on(r)}")
     for name, value in r.stats.items():
         shown = "[" + ", ".join(f"{v:.3f}" for v in value) + "]" if isinstance(value, list) else (
             f"{value:.4f}" if isinstance(value, float) else str(value))

@@ -3,25 +3,19 @@ findings quoting what each prints.
 
 llama.cpp (src/models/dflash.cpp, common/speculative.cpp): the heads are taken when `markov_w1.weight` exists,
 with the rank from its ne[0]: markov_w1 {R, n_vocab}, markov_w2 {R, n_vocab_draft} (+ scale {1}), conf_proj
-{n_embd + R, 1} (+ bias {1}); d2t {n_vocab_draft} (I64, one target id per draft row, asserted in the graph),
-the drafter's own output {n_embd, n_vocab_draft}; `dflash.block_size` asserted by the Markov head;
-`dflash.sample_from_anchor` and `dflash.has_confidence_head` read as the strings "true" / "false".
+{n_embd + R, 1} (+ bias {1}); d2t {n_vocab_draft}, the drafter's own output {n_embd, n_vocab_draft}. What its graph
+asserts or misreads (d2t, the block size, the two flags' types) are model-file rules (ggtools.hparam_rules.dspark,
+which ggtools' drafter loader applies too): here they become llama.cpp findings, beside the confidence flag against
+the tensors.
 lucebox (server/src/draft/draft_gguf_loader.cpp, server/src/common/dspark_head.cpp): `dflash.dspark.markov.{w1,w2}`
 both {R, V}, the confidence weight {C, 1} only with its bias {1}; the chain scores C = n_embd + R (or n_embd).
 """
 
-import numpy as np
-from gguf import GGMLQuantizationType as T
-
 from ggtools.dflash.draftfile import DraftFile
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, ok
 from ggtools.dflash.profiles import CONF_B, CONF_W, LLAMACPP, LUCEBOX, MARKOV_W1, MARKOV_W2
+from ggtools.hparam_rules.dspark import dspark_violations
 
-BLOCK_SIZE_ASSERT = ('GGML_ASSERT(it != model.gguf_kv.end() && "DSpark draft requires \'dflash.block_size\' in GGUF '
-                     'metadata") failed')
-BLOCK_SIZE_POSITIVE = "GGML_ASSERT(block_size > 0) failed"
-D2T_TYPE_ASSERT = "GGML_ASSERT(model.d2t->type == GGML_TYPE_I64) failed"
-D2T_HEAD_ASSERT = "GGML_ASSERT(model.d2t->ne[0] == n_draft_vocab) failed"
 NO_CONFIDENCE_HEAD = "DSpark draft has no confidence head: please set --spec-draft-p-min 0"
 LB_MARKOV_INCOMPLETE = "draft GGUF: incomplete DSpark Markov tensors"
 LB_CONF_INCOMPLETE = "draft GGUF: incomplete DSpark confidence tensors"
@@ -47,84 +41,44 @@ def _llama(check, message, says, fix, symptom=None, severity=ERROR) -> Finding:
 
 
 def llamacpp_findings(d: DraftFile) -> list[Finding]:
-    """The graph-time rules (the loader's shapes are checked with the other tensors): d2t, block size, the
-    confidence flag and the block layout key."""
-    out = _d2t(d)
+    """The graph-time rules (the loader's shapes are checked with the other tensors): the DSpark model-file rules
+    (d2t, block size, the flags' types) and the confidence flag against the tensors."""
+    out = [_llama(v.check, str(v), v.says, _fix(d, v.check), v.symptom) for v in dspark_violations(d.file)]
     if d.file.tensor.get("markov_w1.weight") is None:
         return out
-    out += _block_size(d) + _confidence_flag(d) + _anchor_key(d)
+    out += _confidence_flag(d)
     if not [f for f in out if f.severity == ERROR]:
         out.append(ok("dspark", d.dspark_summary()))
     return out
 
 
-def _d2t(d: DraftFile) -> list[Finding]:
-    t = d.file.tensor.get("d2t")
-    if t is None:
-        return []
-    fix = f"ggtools convert dflash HF_DIR -o OUT --profile {LLAMACPP.name}"
-    if t.type_id != T.I64:
-        return [_llama("d2t", f"d2t is {t.type_name}, not I64", D2T_TYPE_ASSERT, fix, "every draft aborts")]
-    out = []
-    if "output.weight" not in d.file.tensor and "token_embd.weight" not in d.file.tensor and \
-            d.n_vocab is not None and int(t.ne[0]) != d.n_vocab:
-        out.append(_llama("d2t", f"a draft vocabulary of {t.ne[0]} (d2t) without the drafter's own output.weight: "
-                                 f"the target's head gives {d.n_vocab} logits", D2T_HEAD_ASSERT, fix,
-                          "every draft aborts"))
-    ids = np.frombuffer(d.file.tensor_data(t), dtype="<i8")
-    V = d.n_vocab
-    if V is not None and np.any((ids < 0) | (ids >= V)):
-        bad = int(np.flatnonzero((ids < 0) | (ids >= V))[0])
-        out.append(_llama("d2t", f"d2t row {bad} maps to {int(ids[bad])}, outside the {V}-token vocabulary", None,
-                          fix, "the scatter of the draft logits indexes outside the vocabulary: the backend aborts "
-                               "(CPU: set_rows' bounds assert) or writes out of bounds"))
-    elif np.unique(ids).size != ids.size:
-        out.append(_llama("d2t", "d2t maps two draft rows to the same target id", None, fix,
-                          "one of the two rows' logits is lost: drafts silently worse"))
-    return out
-
-
-def _block_size(d: DraftFile) -> list[Finding]:
-    kv = d.file.kv.get(d.key("block_size"))
-    fix = f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"
-    if kv is None:
-        return [_llama("block_size", f"{d.key('block_size')} is missing: llama.cpp's Markov head asserts it",
-                       BLOCK_SIZE_ASSERT, fix, "the first draft aborts")]
-    if d.int_value("block_size") == 0:
-        return [_llama("block_size", f"{d.key('block_size')} is 0", BLOCK_SIZE_POSITIVE, fix,
-                       "the first draft aborts")]
-    return []
+def _fix(d: DraftFile, check: str) -> str:
+    """d2t is the converter's to write; the block size and the block layout come from the checkpoint; the
+    confidence flag from the file's own tensors."""
+    if check == "d2t":
+        return f"ggtools convert dflash HF_DIR -o OUT --profile {LLAMACPP.name}"
+    if check == "confidence_head":
+        return f"ggtools doctor {d.path} --fix -o OUT"
+    return f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT"
 
 
 def _confidence_flag(d: DraftFile) -> list[Finding]:
-    """dflash.has_confidence_head against the conf_proj tensors (llama.cpp reads a missing key as true)."""
+    """dflash.has_confidence_head against the conf_proj tensors (llama.cpp reads a missing key as true; a flag that
+    is no BOOL is a model-file rule's)."""
     key = d.key("has_confidence_head")
     stored, has = d.file.get(key), d.tensor(CONF_W) is not None
-    fix = f"ggtools doctor {d.path} --fix -o OUT"
+    fix = _fix(d, "confidence_head")
     if stored is None and not has:
         return [_llama("confidence_head", f"{key} is missing and there is no conf_proj: llama.cpp takes a missing key "
                        "as true", None, fix, "--spec-draft-p-min > 0 is accepted but no confidence scores the drafts",
                        severity=WARNING)]
-    if stored is None or stored is has:
+    if not isinstance(stored, bool) or stored is has:
         return []
-    if stored is True:
+    if stored:
         return [_llama("confidence_head", f"{key} is true but the file has no conf_proj tensors", None, fix,
                        "--spec-draft-p-min > 0 is accepted but no confidence scores the drafts")]
-    if stored is False:
-        return [_llama("confidence_head", f"{key} is false but conf_proj is in the file", NO_CONFIDENCE_HEAD, fix,
-                       "--spec-draft-p-min > 0 is refused though the drafter has its confidence head")]
-    return [_llama("confidence_head", f"{key} is {stored!r}, not a BOOL (llama.cpp compares it with \"true\")", None,
-                   fix, "read as false: --spec-draft-p-min > 0 is refused")]
-
-
-def _anchor_key(d: DraftFile) -> list[Finding]:
-    key = d.key("sample_from_anchor")
-    v = d.file.get(key)
-    if v is None or isinstance(v, bool):
-        return []
-    return [_llama("sample_from_anchor", f"{key} is {v!r}, not a BOOL: llama.cpp compares it with \"true\" and "
-                   "drafts bonus-anchor blocks", None, f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT",
-                   "an anchor-first drafter drafts one position late: acceptance near 0")]
+    return [_llama("confidence_head", f"{key} is false but conf_proj is in the file", NO_CONFIDENCE_HEAD, fix,
+                   "--spec-draft-p-min > 0 is refused though the drafter has its confidence head")]
 
 
 # ---- lucebox ---------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ def pair_findings(d: DraftFile, t: TargetInfo, runtimes, tap_archs: dict, target
     """tap_archs: runtime -> the target archs it taps; target_says: runtime -> what it says refusing this target
     (the jobs layer asks ggtools' own runtime)."""
     out = [_hidden(d, t, runtimes), _fc_width(d, t, runtimes), _layers(d, t, runtimes), _mask(d, t, runtimes)]
-    out += [_taps(t, r, tap_archs[r], target_says.get(r)) for r in runtimes]
+    out += [_taps(t, r, tap_archs[r], target_says.get(r), tap_archs) for r in runtimes]
     if d.profile.tokenizer:
         out.append(_vocab(d, t))
     if d.is_dspark and LUCEBOX.runtime in runtimes:
@@ -129,7 +129,7 @@ def _mask(d: DraftFile, t, runtimes) -> Finding | None:
                    "vocabulary", picked, fix)
 
 
-def _taps(t: TargetInfo, runtime: str, archs, says: str | None) -> Finding:
+def _taps(t: TargetInfo, runtime: str, archs, says: str | None, tap_archs: dict) -> Finding:
     check = f"target_arch[{runtime}]"
     if t.arch is None:
         return unchecked(check, f"the target {t.path} has no general.architecture")
@@ -143,10 +143,10 @@ def _taps(t: TargetInfo, runtime: str, archs, says: str | None) -> Finding:
                         f"lucebox has no DFlash target for '{t.arch}'")
     else:
         effect = Effect(runtime, says, f"ggtools' runtime does not run '{t.arch}' targets")
-    others = [p.runtime for p in (LLAMACPP, LUCEBOX) if t.arch in p.tap_archs]
+    others = [r for r, tapped in tap_archs.items() if t.arch in tapped]
     return Finding(check, ERROR, f"the target arch '{t.arch}' does not expose layer inputs in {runtime}",
                    (effect,), "no fix in the file: run the pair in a runtime that taps this arch ("
-                              f"{', '.join(others) if others else 'none of llama.cpp, lucebox'})")
+                              f"{', '.join(others) if others else 'none of ' + ', '.join(tap_archs)})")
 
 
 def _vocab(d: DraftFile, t) -> Finding:

@@ -24,18 +24,9 @@ FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")     # the weights' dtypes; the othe
 MAX_HEADER = 100 << 20
 
 
-@dataclass
-class SourceTensor:
-    name: str            # as stored in the file
-    path: str
-    dtype: str           # safetensors dtype, a key of DTYPES
-    shape: tuple         # numpy order (outermost first), as stored
-    offset: int          # absolute file offset of the data
-    nbytes: int
-
-    @property
-    def ggml_type(self) -> T:
-        return DTYPES[self.dtype][1]
+class TensorRows:
+    """A source tensor's geometry from its numpy `shape` (outermost first): a GGUF row is its innermost dimension."""
+    shape: tuple
 
     @property
     def n_elements(self) -> int:
@@ -49,6 +40,20 @@ class SourceTensor:
     @property
     def n_rows(self) -> int:
         return self.n_elements // self.row_length if self.row_length else 0
+
+
+@dataclass
+class SourceTensor(TensorRows):
+    name: str            # as stored in the file
+    path: str
+    dtype: str           # safetensors dtype, a key of DTYPES
+    shape: tuple         # numpy order (outermost first), as stored
+    offset: int          # absolute file offset of the data
+    nbytes: int
+
+    @property
+    def ggml_type(self) -> T:
+        return DTYPES[self.dtype][1]
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         """Rows [start, stop) as float32, shape (stop - start, row_length). Exact for every source dtype

@@ -15,12 +15,12 @@ from typing import NamedTuple
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from ggtools.dflash.safetensors import SourceTensor
+from ggtools.dflash.safetensors import SourceTensor, TensorRows
 from ggtools.quants import CHUNK_VALUES, quantize, row_bytes
 
 
 @dataclass
-class DerivedTensor:
+class DerivedTensor(TensorRows):
     """Values a converter computes from the checkpoint (a source in the shape of SourceTensor)."""
     name: str               # what it was derived from, for messages
     path: str
@@ -39,20 +39,8 @@ class DerivedTensor:
         return tuple(self.values.shape)
 
     @property
-    def n_elements(self) -> int:
-        return int(self.values.size)
-
-    @property
     def nbytes(self) -> int:
         return int(self.values.nbytes)
-
-    @property
-    def row_length(self) -> int:
-        return self.shape[-1] if self.shape else 1
-
-    @property
-    def n_rows(self) -> int:
-        return self.n_elements // self.row_length if self.row_length else 0
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
         return self.values.reshape(-1, self.row_length)[start:stop]

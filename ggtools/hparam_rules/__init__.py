@@ -6,17 +6,21 @@ Violation into its own report or error (a Problem, a Finding, a ModelError), in 
     violations = model_violations(gguf)      # target or drafter, by general.architecture
     for v in violations: print(f"{gguf.path}: {v}")    # "m.gguf: key 'qwen3.rope.dimension_count': is 999, ..."
 
+A DSpark drafter's heads and a reduced draft vocabulary's d2t table have rules of their own (dspark.py:
+`dspark_violations`), which doctor and validate report as DSpark findings and the drafter loader applies too.
+
 What the runtime cannot run although the file is valid (a separate RoPE base for sliding-window layers, key and
 value heads of different sizes, ...) is the runtime's own refusal, not a rule here.
 """
 
 from ggtools.dflash.profiles import profile_of
 from ggtools.hparam_rules.drafter import drafter_violations
+from ggtools.hparam_rules.dspark import dspark_violations
 from ggtools.hparam_rules.target import ARCHS, target_violations
 from ggtools.hparam_rules.violation import MISSING, TYPE, VALUE, Violation
 
-__all__ = ["ARCHS", "MISSING", "TYPE", "VALUE", "Violation", "drafter_violations", "model_violations",
-           "target_violations"]
+__all__ = ["ARCHS", "MISSING", "TYPE", "VALUE", "Violation", "drafter_violations", "dspark_violations",
+           "model_violations", "target_violations"]
 
 
 def model_violations(gguf) -> list[Violation]:

@@ -10,6 +10,7 @@ are checked (their type and value), since what else its loader requires is not k
 from dataclasses import dataclass
 
 from ggtools.hparam_rules.keys import FLAG_TYPES, LLAMA_MAX_LAYERS, RUNTIME, Keys
+from ggtools.hparam_rules.kimi_k3 import kimi_k3_rules
 from ggtools.hparam_rules.violation import Violation
 
 LLAMA_MAX_EXPERTS = 1024                                        # llama-hparams.h
@@ -25,6 +26,9 @@ class ArchKeys:
     expert_ff_required: bool = False  # expert_feed_forward_length (gpt-oss: get_key_or_arr, required)
     sliding_window: bool = False  # attention.sliding_window required; sliding_window_pattern read
     delta_net: bool = False       # Gated DeltaNet hybrid: ssm.* and rope.dimension_sections required
+    rope: bool = True             # False: llama.cpp's rope type NONE; rope.dimension_count is then a size (required),
+                                  # not a rotation (kimi-k3: the un-rotated tail of MLA's key)
+    kda: bool = False             # kimi-k3: 0 KV heads mark a KDA layer (head_count_kv required); its own keys
 
 
 ARCHS = {
@@ -34,6 +38,8 @@ ARCHS = {
     "qwen35": ArchKeys(rot_is_head=False, delta_net=True),
     "qwen35moe": ArchKeys(rot_is_head=False, dense_ffn=False, experts=True, delta_net=True),
     "gpt-oss": ArchKeys(dense_ffn=False, experts=True, expert_ff_required=True, sliding_window=True),
+    "kimi-k3": ArchKeys(rot_is_head=False, dense_ffn=False, experts=True, expert_ff_required=True, rope=False,
+                        kda=True),
 }
 
 
@@ -56,8 +62,8 @@ def target_violations(f) -> list[Violation]:
     n_ff = k.per_layer("feed_forward_length", n_layer_all)
     if spec.dense_ffn and n_ff is not None:
         k.check("feed_forward_length", min(n_ff, default=1) > 0, "is 0: every layer has a feed-forward network")
-    head_dim = _heads(k, n_embd, n_layer_all, known)
-    _rope(k, spec, arch, head_dim)
+    head_dim, n_head_kv = _heads(k, spec, n_embd, n_layer_all, known)
+    n_rot = _rope(k, spec, arch, head_dim)
     eps = k.float("attention.layer_norm_rms_epsilon", required=known)
     k.check("attention.layer_norm_rms_epsilon", eps is None or eps > 0,
             f"is {eps}: the RMS norm divides by sqrt(mean + eps), which must be above 0",
@@ -67,6 +73,8 @@ def target_violations(f) -> list[Violation]:
     _sliding_window(k, spec, n_layer_all)
     if spec.delta_net:
         _delta_net(k, n_layer_all)
+    if spec.kda:
+        kimi_k3_rules(k, n_head_kv, head_dim, n_rot, n_ff)
     return k.violations
 
 
@@ -114,22 +122,27 @@ def _experts(k: Keys, spec: ArchKeys, n_layer_all):
     k.float("expert_weights_scale")
 
 
-def _heads(k: Keys, n_embd, n_layer_all, known: bool) -> int | None:
-    """Head counts per layer (> 0 on the archs in ARCHS, whose every layer has attention heads: other archs give
-    their linear-attention layers 0 KV heads), KV heads dividing heads, and the head size; returns the K head size."""
+def _heads(k: Keys, spec: ArchKeys, n_embd, n_layer_all, known: bool) -> tuple[int | None, list[int] | None]:
+    """Head counts per layer (> 0 on the archs in ARCHS, whose every layer has attention heads, but for kimi-k3's
+    KDA layers: other archs give their linear-attention layers 0 KV heads), KV heads dividing heads, and the head
+    size; returns the K head size and the KV heads per layer."""
     n_head = k.per_layer("attention.head_count", n_layer_all, required=RUNTIME if known else False)
     if n_head is not None and known and not k.check("attention.head_count", min(n_head, default=1) > 0,
                                                     "is 0: attention needs heads"):
         n_head = None
-    n_head_kv = k.per_layer("attention.head_count_kv", n_layer_all)
-    if n_head_kv is not None and known and not k.check("attention.head_count_kv", min(n_head_kv, default=1) > 0,
-                                                       "is 0: attention needs key/value heads"):
-        return None
+    n_head_kv = k.per_layer("attention.head_count_kv", n_layer_all, required=RUNTIME if spec.kda else False)
+    if n_head_kv is not None and known and not spec.kda and \
+            not k.check("attention.head_count_kv", min(n_head_kv, default=1) > 0, "is 0: attention needs key/value heads"):
+        return None, None
     if n_head is not None and n_head_kv is not None:
         bad = [(h, kv) for h, kv in zip(n_head, n_head_kv) if kv and h % kv]
         k.check("attention.head_count_kv", not bad,
                 f"{bad[0][1] if bad else 0} KV heads do not divide {bad[0][0] if bad else 0} heads (grouped-query "
                 "attention shares each KV head among a whole group)")
+    return _head_size(k, n_embd, n_head), n_head_kv
+
+
+def _head_size(k: Keys, n_embd, n_head) -> int | None:
     key_length = k.uint("attention.key_length")
     value_length = k.uint("attention.value_length")
     k.check("attention.value_length", value_length != 0, "is 0")
@@ -145,7 +158,8 @@ def _heads(k: Keys, n_embd, n_layer_all, known: bool) -> int | None:
     return n_embd // h
 
 
-def _rope(k: Keys, spec: ArchKeys, arch: str, head_dim):
+def _rope(k: Keys, spec: ArchKeys, arch: str, head_dim) -> int | None:
+    """The RoPE keys; returns the rotated (kimi-k3: un-rotated tail) dims of a key head."""
     base = k.float("rope.freq_base", 10000.0)
     k.check("rope.freq_base", base is None or base > 0, f"is {base}: the RoPE base must be above 0")
     base_swa = k.float("rope.freq_base_swa")
@@ -160,8 +174,9 @@ def _rope(k: Keys, spec: ArchKeys, arch: str, head_dim):
     orig = k.uint("rope.scaling.original_context_length")
     k.check("rope.scaling.original_context_length", orig != 0 or scaling != "yarn",
             "is 0: YaRN's correction range needs the original context length")
-    n_rot = k.uint("rope.dimension_count", head_dim)
-    if n_rot is not None and head_dim is not None:
+    n_rot = k.uint("rope.dimension_count", head_dim, required=False) if spec.rope else \
+        k.uint("rope.dimension_count", required=RUNTIME)
+    if n_rot is not None and head_dim is not None and spec.rope:
         if spec.rot_is_head:
             # llama: the loader's check; gpt-oss: its loader sizes Q, K and V by n_rot (a tensor shape error);
             # qwen3, qwen3moe: the graph's assert
@@ -177,6 +192,7 @@ def _rope(k: Keys, spec: ArchKeys, arch: str, head_dim):
     sections = k.int_array("rope.dimension_sections", required=spec.delta_net)
     if sections is not None:
         _sections(k, sections, llama_reads=spec.delta_net)
+    return n_rot
 
 
 def _sections(k: Keys, sections: list[int], llama_reads: bool):

@@ -6,6 +6,9 @@ Target-only greedy decoding of each prompt runs once (interleaved with the first
 drafter's output is checked against it. A drafter fails when its τ (z-lab's) falls more than `max_drop`
 (relative) below the baseline's, when its τ is below `min_tau`, or when its output differs from greedy.
 
+With tree budgets, each drafter also decodes the prompts verifying a draft tree of each budget (DDTree; never cut:
+a cut applies to the chain), reported beside its chain; a tree's output that differs from greedy fails the drafter.
+
 `measure` is the loop behind `ggtools accept` and `ggtools demo`.
 """
 
@@ -13,7 +16,7 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from tqdm import tqdm
 
@@ -49,6 +52,17 @@ class Measurement:
     runs: list[SpecRun]                 # per candidate, its round with the fastest speculative decoding
     reference_outputs: list[list]       # target-only greedy tokens per prompt
     target_tokens_per_second: float     # the fastest target-only pass of all rounds
+    trees: list[list[SpecRun]] = field(default_factory=list)    # per candidate, per tree budget (same choice)
+
+
+@dataclass
+class TreeResult:
+    """A drafter's decoding with a draft tree of `budget` nodes, beside its chain (DrafterResult.run)."""
+    budget: int
+    run: SpecRun
+    speedup: float                      # over target-only greedy decoding, as DrafterResult.speedup
+    delta_mean_len: float = 0.0         # mean accepted length incl. the bonus - the chain's
+    delta_tau: float = 0.0              # tau_zlab - the chain's
 
 
 @dataclass
@@ -64,6 +78,7 @@ class DrafterResult:
     delta_tau_relative: float = 0.0     # delta_tau / the baseline's tau_zlab
     delta_acceptance: float = 0.0       # acceptance_rate - the baseline's
     failures: list[str] = field(default_factory=list)
+    trees: list[TreeResult] = field(default_factory=list)    # one per tree budget
 
     @property
     def passed(self) -> bool:
@@ -86,6 +101,7 @@ class AcceptReport:
     reference_outputs: list[list]
     target_tokens_per_second: float
     seconds: float = 0.0        # time to verdict: from the call to the verdict, loading and compiling included
+    tree_budgets: list[int] = field(default_factory=list)    # the draft trees measured beside each chain
 
     @property
     def failed(self) -> list[DrafterResult]:
@@ -111,10 +127,11 @@ class AcceptReport:
 def accept(target, drafts, *, prompts=None, n: int = 64, baseline=None, max_drop: float | None = DEFAULT_MAX_DROP,
            min_tau: float | None = None, ring_cap: int | None = DEFAULT_RING_CAP, settings: DraftSettings | None = None,
            threads: int | None = None, stop_at_eog: bool = True, progress: bool = False, backend: str = "numba",
-           device: str | None = None, dtype: str | None = None) -> AcceptReport:
+           device: str | None = None, dtype: str | None = None, tree_budgets=()) -> AcceptReport:
     """Measure every drafter of `drafts` (GGUF paths or HF checkpoint directories) on the prompts file `prompts`
     (None: the default set) and judge it against `baseline` (default: the first); ring_cap None: full draft KV;
-    backend, device, dtype: what runs the pairs (TargetModel)."""
+    backend, device, dtype: what runs the pairs (TargetModel); tree_budgets: also decode with a draft tree of
+    each of these budgets (settings.tree_top_k its K)."""
     t0 = time.perf_counter()
     settings = settings or DraftSettings()
     base = _check_inputs(target, drafts, baseline)
@@ -130,58 +147,69 @@ def accept(target, drafts, *, prompts=None, n: int = 64, baseline=None, max_drop
         names = _names(drafts)
         with drafter_files(drafts, target) as paths:
             m = measure(model, [Candidate(name, p, ring_cap) for name, p in zip(names, paths)],
-                        [p.ids for p in prompt_set], n, settings=settings, stop_ids=stop_ids, progress=progress)
+                        [p.ids for p in prompt_set], n, settings=settings, stop_ids=stop_ids, progress=progress,
+                        tree_budgets=tree_budgets)
             sizes = [os.path.getsize(p) for p in paths]
     finally:
         model.close()
-    results = _results(names, drafts, sizes, m, base)
+    results = _results(names, drafts, sizes, m, base, tree_budgets)
     judge(results, results[base], max_drop, min_tau)
     return AcceptReport(
         target=str(target), prompt_source=str(prompts) if prompts else "default", prompts=prompt_set, n=n,
         draft_kv="full" if ring_cap is None else f"ring:{ring_cap}", settings=asdict(settings),
         threads=m.runs[0].threads, baseline=names[base], max_drop=max_drop, min_tau=min_tau, drafters=results,
         reference_outputs=m.reference_outputs, target_tokens_per_second=m.target_tokens_per_second,
-        seconds=time.perf_counter() - t0)
+        seconds=time.perf_counter() - t0, tree_budgets=list(tree_budgets))
 
 
 def measure(model: TargetModel, candidates: list[Candidate], prompts: list[list[int]], n: int, *,
             settings: DraftSettings, stop_ids=(), rounds: int = 1, kv_type: str = "f16",
-            progress: bool = False) -> Measurement:
-    """Every candidate decodes every prompt speculatively, `rounds` times, each output checked against target-only
-    greedy decoding, which runs once per prompt and round whatever the number of candidates. Every drafter is
-    loaded (and so checked) before anything is decoded."""
+            progress: bool = False, tree_budgets=()) -> Measurement:
+    """Every candidate decodes every prompt speculatively (its chain, then a draft tree of each of tree_budgets),
+    `rounds` times, each output checked against target-only greedy decoding, which runs once per prompt and round
+    whatever the number of candidates. Every drafter is loaded (and so checked) before anything is decoded."""
     drafters = []
     longest = max(map(len, prompts)) + n
+    chain = replace(settings, tree_top_k=None) if tree_budgets else settings     # tree_top_k: the trees' K
+    each = [chain] + [tree_settings(settings, b) for b in tree_budgets]
     try:
         for c in candidates:
-            drafters.append(_load(c, model, settings))
+            drafters.append(_load(c, model, each))
             check_draft_kv(drafters[-1], c.ring_cap, kv_type, longest, model.ops.device)
         warm_up(model)
-        best, target_tps = [None] * len(candidates), 0.0
-        with tqdm(total=rounds * len(candidates) * len(prompts), desc="accept", unit="prompt", file=sys.stderr,
-                  disable=None if progress else True, dynamic_ncols=True) as bar:
+        best, target_tps = [[None] * len(each) for _ in candidates], 0.0
+        with tqdm(total=rounds * len(candidates) * len(each) * len(prompts), desc="accept", unit="prompt",
+                  file=sys.stderr, disable=None if progress else True, dynamic_ncols=True) as bar:
             for _ in range(rounds):
                 reference = TargetOnly(model, prompts, n, stop_ids)
                 for i, (c, drafter) in enumerate(zip(candidates, drafters)):
-                    bar.set_postfix_str(c.name)
-                    run = measure_drafter(model, drafter, prompts, n, ring_cap=c.ring_cap, settings=settings,
-                                          kv_type=kv_type, stop_ids=stop_ids, reference=reference,
-                                          on_prompt=bar.update)
-                    if best[i] is None or run.speculative_tokens_per_second > best[i].speculative_tokens_per_second \
-                            or not run.outputs_match_target:
-                        best[i] = run
+                    for j, s in enumerate(each):
+                        bar.set_postfix_str(c.name if s.tree_budget is None else f"{c.name}, tree {s.tree_budget}")
+                        run = measure_drafter(model, drafter, prompts, n, ring_cap=c.ring_cap, settings=s,
+                                              kv_type=kv_type, stop_ids=stop_ids, reference=reference,
+                                              on_prompt=bar.update)
+                        kept = best[i][j]
+                        if kept is None or run.speculative_tokens_per_second > kept.speculative_tokens_per_second \
+                                or not run.outputs_match_target:
+                            best[i][j] = run
                 target_tps = max(target_tps, reference.tokens_per_second)
-        return Measurement(best, reference.outputs, target_tps)
+        return Measurement([b[0] for b in best], reference.outputs, target_tps, [b[1:] for b in best])
     finally:
         for d in drafters:
             d.close()
 
 
-def _load(c: Candidate, model: TargetModel, settings: DraftSettings) -> Drafter:
+def tree_settings(settings: DraftSettings, budget: int) -> DraftSettings:
+    """The settings of a drafter's tree of `budget` nodes beside its chain: a tree is never cut."""
+    return replace(settings, tree_budget=budget, cut="none", p_min=0.0, n_min=0)
+
+
+def _load(c: Candidate, model: TargetModel, each: list[DraftSettings]) -> Drafter:
     drafter = None
     try:
         drafter = Drafter(c.path, model)
-        check_settings(drafter, settings)
+        for settings in each:
+            check_settings(drafter, settings)
         return drafter
     except GGToolsError as e:
         if drafter:
@@ -189,11 +217,22 @@ def _load(c: Candidate, model: TargetModel, settings: DraftSettings) -> Drafter:
         raise AcceptError(f"{c.name}: {e}") from None
 
 
-def _results(names, drafts, sizes, m: Measurement, base: int) -> list[DrafterResult]:
+def _results(names, drafts, sizes, m: Measurement, base: int, tree_budgets=()) -> list[DrafterResult]:
     tps = m.target_tokens_per_second
-    return [DrafterResult(name, d, "hf" if os.path.isdir(d) else "gguf", size, i == base, run,
-                          run.speculative_tokens_per_second / tps if tps else 0.0)
-            for i, (name, d, size, run) in enumerate(zip(names, drafts, sizes, m.runs))]
+
+    def speedup(run):
+        return run.speculative_tokens_per_second / tps if tps else 0.0
+
+    results = []
+    for i, (name, d, size, run) in enumerate(zip(names, drafts, sizes, m.runs)):
+        trees = [TreeResult(budget, tree, speedup(tree),
+                            delta_mean_len=tree.stats["mean_accepted_length_incl_bonus"]
+                            - run.stats["mean_accepted_length_incl_bonus"],
+                            delta_tau=tree.stats["tau_zlab"] - run.stats["tau_zlab"])
+                 for budget, tree in zip(tree_budgets, m.trees[i] if m.trees else [])]
+        results.append(DrafterResult(name, d, "hf" if os.path.isdir(d) else "gguf", size, i == base, run, speedup(run),
+                                     trees=trees))
+    return results
 
 
 def judge(results: list[DrafterResult], base: DrafterResult, max_drop: float | None, min_tau: float | None) -> None:
@@ -210,9 +249,10 @@ def judge(results: list[DrafterResult], base: DrafterResult, max_drop: float | N
                               f"{base_tau:.3f} (--max-drop {max_drop:g})")
         if min_tau is not None and tau < min_tau:
             r.failures.append(f"tau {tau:.3f} is below --min-tau {min_tau:g}")
-        if not r.run.outputs_match_target:
-            r.failures.append(f"output differs from target-only greedy decoding on {len(r.run.mismatches)} of "
-                              f"{r.run.prompts} prompts")
+        for run, what in [(r.run, "output")] + [(t.run, f"output with a draft tree of {t.budget}") for t in r.trees]:
+            if not run.outputs_match_target:
+                r.failures.append(f"{what} differs from target-only greedy decoding on {len(run.mismatches)} of "
+                                  f"{run.prompts} prompts")
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """The figure of an acceptance gate (`ggtools accept --plot`): per-position acceptance curves, one line per
-drafter, and τ per prompt. matplotlib is the optional extra `ggtools[plot]`."""
+drafter, and τ per prompt; with tree budgets, each drafter's AL by tree budget beside its chain's. matplotlib is the
+optional extra `ggtools[plot]`."""
 
 import importlib.util
 import os
@@ -24,8 +25,12 @@ def check_plot_path(path, inputs=(), *, force=False) -> None:
 def write_plot(report: AcceptReport, path, inputs=(), *, force=False) -> None:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
-    curves, per_prompt = fig.subplots(1, 2, width_ratios=[1, 1.6])
+    trees = bool(report.tree_budgets)
+    fig = Figure(figsize=(15 if trees else 11, 4.2), layout="constrained")
+    panels = fig.subplots(1, 3 if trees else 2, width_ratios=[1, 1.6, 1] if trees else [1, 1.6])
+    curves, per_prompt = panels[0], panels[1]
+    if trees:
+        _plot_trees(panels[2], report)
     for d in report.drafters:
         rate = d.run.stats["per_position_accept_rate"]
         curves.plot(range(1, len(rate) + 1), rate, marker="o", label=d.name)
@@ -40,3 +45,16 @@ def write_plot(report: AcceptReport, path, inputs=(), *, force=False) -> None:
                  f"draft KV {report.draft_kv})")
     fmt = FORMATS[os.path.splitext(path)[1].lower()]
     write_with(path, lambda tmp: fig.savefig(tmp, format=fmt), inputs=inputs, force=force)
+
+
+def _plot_trees(axes, report: AcceptReport) -> None:
+    """AL by tree budget, one line per drafter, its chain's AL a dashed line of the same colour."""
+    for d in report.drafters:
+        budgets = [t.budget for t in d.trees]
+        line, = axes.plot(budgets, [t.run.stats["mean_accepted_length_incl_bonus"] for t in d.trees], marker="o",
+                          label=d.name)
+        axes.axhline(d.run.stats["mean_accepted_length_incl_bonus"], linestyle="--", color=line.get_color())
+    axes.set(title="AL by tree budget (dashed: the chain)", xlabel="tree budget (nodes)",
+             ylabel="mean accepted length incl. bonus")
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(report.tree_budgets, [str(b) for b in report.tree_budgets])

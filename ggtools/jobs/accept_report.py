@@ -1,5 +1,6 @@
 """What people read of an acceptance gate (jobs/accept.py): the summary table (one row per drafter, delta against
-the baseline, a per-position acceptance sparkline), the failures, and the same as Markdown for a CI job summary.
+the baseline, a per-position acceptance sparkline), the draft-tree table (one row per drafter and tree budget, its
+chain's figures beside), the failures, and the same as Markdown for a CI job summary.
 """
 
 import os
@@ -33,6 +34,41 @@ def summary_rows(report: AcceptReport) -> list[list[str]]:
     return rows
 
 
+TREE_HEADERS = ["drafter", "tree budget", "top-K", "AL", "tau", "nodes/step", "chain AL", "chain tau",
+                "chain drafts/step", "ΔAL", "tok/s", "speedup", "= greedy"]
+TREE_ALIGN = "lrrrrrrrrrrrl"
+
+
+def tree_rows(report: AcceptReport) -> list[list[str]]:
+    """Per drafter and tree budget: the tree's AL (lucebox's: mean accepted length incl. the bonus), τ, nodes
+    verified per step, and its chain's AL, τ and drafts per step beside them."""
+    rows = []
+    for d in report.drafters:
+        chain = d.run.stats
+        for t in d.trees:
+            s = t.run.stats
+            rows.append([d.name, str(t.budget), str(t.run.settings["tree_top_k"]),
+                         f"{s['mean_accepted_length_incl_bonus']:.3f}", f"{s['tau_zlab']:.3f}",
+                         f"{_drafted_per_step(s):.2f}", f"{chain['mean_accepted_length_incl_bonus']:.3f}",
+                         f"{chain['tau_zlab']:.3f}", f"{_drafted_per_step(chain):.2f}", f"{t.delta_mean_len:+.3f}",
+                         f"{t.run.speculative_tokens_per_second:.0f}", f"{t.speedup:.2f}x",
+                         "yes" if t.run.outputs_match_target else "NO"])
+    return rows
+
+
+def _drafted_per_step(stats: dict) -> float:
+    return stats["drafted_tokens"] / stats["steps"] if stats["steps"] else 0.0
+
+
+def tree_definition_lines() -> list[str]:
+    return ["AL = " + DEFINITIONS["mean_accepted_length_incl_bonus"] + " (lucebox's acceptance length; the chain's "
+            "'mean len')",
+            "nodes/step = tree nodes verified per step (the verify batch is 1 + nodes rows); chain drafts/step = the "
+            "chain's drafts verified per step",
+            "top-K = ranks per position the tree reads (lucebox's: 8 when the budget exceeds n_max, else 1); "
+            "ΔAL = the tree's AL - its chain's; a tree is never cut"]
+
+
 def setting_line(report: AcceptReport) -> str:
     s = report.settings
     gate = f"--max-drop {report.max_drop:g}" if report.max_drop is not None else "no --max-drop"
@@ -41,8 +77,16 @@ def setting_line(report: AcceptReport) -> str:
     source = "the default set" if report.prompt_source == "default" else report.prompt_source
     return (f"target {os.path.basename(report.target)}; {len(report.prompts)} prompts ({source}) × up to "
             f"{report.n} new tokens; draft KV {report.draft_kv}; n_max {_n_max(report)}, cut {s['cut']} "
-            f"(p_min {s['p_min']:g}, n_min {s['n_min']}); {_runs_on(report)}; baseline {report.baseline}, "
-            f"{gate}; target-only {report.target_tokens_per_second:.0f} tok/s")
+            f"(p_min {s['p_min']:g}, n_min {s['n_min']}){_trees(report)}; {_runs_on(report)}; baseline "
+            f"{report.baseline}, {gate}; target-only {report.target_tokens_per_second:.0f} tok/s")
+
+
+def _trees(report: AcceptReport) -> str:
+    if not report.tree_budgets:
+        return ""
+    k = report.settings.get("tree_top_k")
+    top_k = "lucebox's" if k is None else str(k)
+    return f"; draft trees of {', '.join(map(str, report.tree_budgets))} nodes (top-K {top_k})"
 
 
 def _runs_on(report: AcceptReport) -> str:
@@ -83,6 +127,9 @@ def definition_lines() -> list[str]:
 def markdown(report: AcceptReport) -> str:
     lines = [f"# ggtools accept: {'FAIL' if report.failed else 'PASS'}", "", setting_line(report), "",
              _md_table(HEADERS, summary_rows(report), ALIGN), ""]
+    if report.tree_budgets:
+        lines += ["## Draft tree (DDTree) beside the chain", "", _md_table(TREE_HEADERS, tree_rows(report), TREE_ALIGN),
+                  ""] + [f"- {line}" for line in tree_definition_lines()] + [""]
     if report.failed:
         lines += ["**Failed:**", ""] + [f"- {line}" for line in failure_lines(report)] + [""]
     lines += ["## τ per prompt", "", _md_table(["prompt", "tokens"] + [d.name for d in report.drafters],

@@ -41,7 +41,7 @@ from ggtools.runtime import DraftSettings, TargetModel, Tokenizer, numerics_note
 from ggtools.samples import write_moe_set
 
 SCHEMES = ("q8_0", "q4-mix", "q2_k")
-DSPARK = "dspark-anchor"        # a trained DSpark drafter for the same target (docs/dspark-runtime.md)
+DSPARK = "dspark-anchor"        # a trained DSpark drafter for the same target (docs/dspark.md)
 PROMPT_TOKENS = 128
 ENTRIES = ("drafter", "moe", "moe-q4k")     # what the demo writes into its work directory
 

@@ -1,7 +1,11 @@
 """requant-trunk: surgical requantization of one tensor type (the Q8_0 trunk) of a shard set, split-in = split-out.
 
 Every tensor of type --from becomes --to (dequantize → ggml-exact quantize); everything else — MXFP4 experts,
-F32 norms, any other type, anything matching --copy, rows that do not fit --to — is byte-copied and verified.
+F32 norms, any other type, anything matching --copy — is byte-copied and verified. Rows that do not fit --to (a
+row length the block size does not divide: K3's attn_k_b and ssm_f_b at 128 columns for Q4_K's 256) are kept
+as they are by default, as the field report's requant_trunk.c keeps them; with fallback "llama" they get
+llama-quantize's fallback type instead (tensor_type_fallback: Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, ...; F16
+when even that block does not divide), byte for byte what llama-quantize writes for them.
 """
 
 import os
@@ -12,13 +16,19 @@ from ggtools.gguf import ShardSet
 from ggtools.gguf.check import require_valid
 from ggtools.jobs.errors import UsageError
 from ggtools.plan import Plan, ShardPlan, convert_action, copy_action
-from ggtools.quants import block_size, has_dequantizer, has_quantizer, parse_qtype
+from ggtools.quants import block_size, fallback_type, has_dequantizer, has_quantizer, parse_qtype
 from ggtools.tensor_rules import never_quantized
 
+FALLBACKS = ("copy", "llama")   # rows --to cannot hold: kept as they are (requant_trunk.c), or llama-quantize's type
 
-def plan_requant_trunk(path, out_dir, *, src_type="q8_0", dst_type="q4_k", copy_patterns=(), only=None) -> Plan:
+
+def plan_requant_trunk(path, out_dir, *, src_type="q8_0", dst_type="q4_k", copy_patterns=(), only=None,
+                       fallback="copy") -> Plan:
     """The plan for every shard (or the 1-based shard numbers in `only`). Refuses (exit 2) what it cannot do
-    and any input `ggtools validate` fails, before anything is written."""
+    and any input `ggtools validate` fails, before anything is written. fallback: what tensors whose rows --to's
+    block size does not divide become: "copy" (kept) or "llama" (llama-quantize's fallback type)."""
+    if fallback not in FALLBACKS:
+        raise UsageError("--fallback", f"expected one of {', '.join(FALLBACKS)}, not {fallback!r}")
     src_t, dst_t = _types(src_type, dst_type)
     patterns = [_regex(p) for p in copy_patterns]
     with ShardSet(path) as shards:
@@ -28,7 +38,7 @@ def plan_requant_trunk(path, out_dir, *, src_type="q8_0", dst_type="q4_k", copy_
         plans = []
         for i in indices:
             f = shards.file(i)
-            actions = [_decide(t, src_t, dst_t, patterns) for t in f.tensors]
+            actions = [_decide(t, src_t, dst_t, patterns, fallback) for t in f.tensors]
             plans.append(ShardPlan(f.path, os.path.join(out_dir, os.path.basename(f.path)), actions))
     return Plan("requant-trunk", plans, list(shards.paths))
 
@@ -56,7 +66,7 @@ def _types(src_type, dst_type):
     return src_t, dst_t
 
 
-def _decide(t, src_t, dst_t, patterns):
+def _decide(t, src_t, dst_t, patterns, fallback="copy"):
     for p in patterns:
         if p.search(t.name):
             return copy_action(t, f"matches --copy '{p.pattern}'")
@@ -65,9 +75,13 @@ def _decide(t, src_t, dst_t, patterns):
     reason = never_quantized(t.name, t.ne)
     if reason:
         return copy_action(t, reason)
-    if t.ne[0] % block_size(dst_t):
-        return copy_action(t, f"ne0={t.ne[0]} not divisible by {block_size(dst_t)} ({dst_t.name}) → copy")
-    return convert_action(t, dst_t, f"{src_t.name} trunk → {dst_t.name}")
+    if t.ne[0] % block_size(dst_t) == 0:
+        return convert_action(t, dst_t, f"{src_t.name} trunk → {dst_t.name}")
+    why = f"ne0={t.ne[0]} not divisible by {block_size(dst_t)} ({dst_t.name})"
+    llama = fallback_type(dst_t, t.ne[0])      # defined, and writable, for every type ggtools writes
+    if fallback == "copy":
+        return copy_action(t, f"{why} → kept {t.type_name} (requant_trunk.c); --fallback llama: {llama.name}")
+    return convert_action(t, llama, f"{why} → {llama.name} (llama-quantize's fallback)")
 
 
 def _regex(pattern):

@@ -25,7 +25,8 @@ from ggtools.dflash.target import OpenTarget
 from ggtools.jobs.errors import JobError, UsageError
 from ggtools.jobs.limits import check_draft_kv, check_threads, longest_token_bytes, too_long_to_fit
 from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, TargetModel, Tokenizer,
-                             acceptance_stats, check_settings, continue_greedy, numerics_note, speculative_generate)
+                             acceptance_stats, check_settings, continue_greedy, numerics_note, speculative_generate,
+                             tree_top_k)
 
 # DraftSettings (what run_speculative drafts with), DEFINITIONS (what each of a SpecRun's statistics means) and
 # numerics_note (whether a backend and dtype compute llama.cpp's arithmetic) are the runtime's, passed on here so
@@ -177,7 +178,7 @@ class SpecRun:
     profile: str
     version: int                    # 1 = DFlash v1 (and DSpark's backbone), 2 = DFlash2
     draft_kv: str                   # "full" or "ring:<cap>"
-    settings: dict
+    settings: dict                  # DraftSettings, n_max resolved; tree_top_k the K a tree reads (None: chain)
     prompts: int
     outputs: list                   # generated ids per prompt
     outputs_match_target: bool      # speculative == target-only greedy, every prompt
@@ -303,7 +304,9 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
     full = drafter.new_kv(None, kv_type)
     return SpecRun(
         target=model.path, draft=drafter.path, profile=hp.profile, version=2 if hp.v2 else 1,
-        draft_kv="full" if ring_cap is None else f"ring:{ring_cap}", settings=asdict(settings) | {"n_max": n_max},
+        draft_kv="full" if ring_cap is None else f"ring:{ring_cap}",
+        settings=asdict(settings) | {"n_max": n_max, "tree_top_k": None if settings.tree_budget is None
+                                     else tree_top_k(drafter, settings, n_max)},
         prompts=len(prompts), outputs=outputs, outputs_match_target=reference is not None and not mismatches,
         stats=acceptance_stats(runs, n_max + 1), target_only_tokens_per_second=target_tps,
         speculative_tokens_per_second=spec_tps, speedup=spec_tps / target_tps if target_tps else 0.0,

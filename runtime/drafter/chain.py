@@ -10,6 +10,9 @@
 
 - DSpark (dspark.py): v1's chain over the Markov-biased logits, plus each row's confidence head output.
 
+A draft tree (runtime/ddtree.py) reads per-position top-K distributions instead: v1's rows, DSpark's biased rows
+along the chain and DFlash2's lattice rows along its walk (`lattice_top_k`); Drafter.draft_top_k says which.
+
 Cuts (`cut_length`): "prob" stops before the first draft with p < p_min (llama.cpp's DFlash rule); "margin"
 before the first with margin < 3 * p_min (the seeds' margin cut); "confidence" before the first with confidence
 < p_min (llama.cpp's draft-dspark rule: per position, not cumulative). Fewer than n_min surviving drafts: none
@@ -19,6 +22,8 @@ are offered (llama.cpp's rule).
 from dataclasses import dataclass
 
 import numpy as np
+
+from ggtools.runtime.ddtree import top_k_log_probs
 
 P_TOP_K = 10          # llama.cpp's DFlash draft sampler: top-k 10, then softmax
 MARGIN_SCALE = 3.0    # margin cut threshold = MARGIN_SCALE * p_min
@@ -71,20 +76,38 @@ class Selector:
         self.host = host
 
     def walk(self, logits: np.ndarray, hidden, anchor: int) -> DraftChain:
+        tokens, ps, margins = [], [], []
+        for cand, scores in self.lattice(logits, hidden, anchor):
+            j = int(np.argmax(scores))
+            p, margin = _confidence(scores, scores[j])
+            tokens.append(int(cand[j]))
+            ps.append(p)
+            margins.append(margin)
+        return DraftChain(tokens, ps, margins)
+
+    def lattice(self, logits: np.ndarray, hidden, anchor: int):
+        """The walk's rows: per drafting row, (its candidates, their scores given the token chosen at the row
+        before: the anchor for the first), the chosen token being the candidate of the first maximum score."""
         gates = self.host(self.hidden_projection(hidden))
         prev = anchor
-        tokens, ps, margins = [], [], []
         for row, gate in zip(logits, gates):
             cand = top_candidates(row, self.top_k)
             scores = row[cand] + (self.host(self.predecessor.rows([prev]))[0] * gate) @ self.host(
                 self.successor.rows(cand)).T
-            j = int(np.argmax(scores))
-            prev = int(cand[j])
-            p, margin = _confidence(scores, scores[j])
-            tokens.append(prev)
-            ps.append(p)
-            margins.append(margin)
-        return DraftChain(tokens, ps, margins)
+            yield cand, scores
+            prev = int(cand[int(np.argmax(scores))])
+
+
+def lattice_top_k(rows, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """DFlash2's per-position distributions for a draft tree: each row of the walk (Selector.lattice) as the
+    log-softmax of its candidates' scores, the k best (ties to the earlier candidate, so rank 0 is the walk's
+    choice) -> (log-probabilities (L, k) float32, token ids (L, k))."""
+    log_probs, ids = [], []
+    for cand, scores in rows:
+        lp, order = top_k_log_probs(np.asarray(scores, np.float32)[None], k)
+        log_probs.append(lp[0])
+        ids.append(cand[order[0]])
+    return np.array(log_probs, np.float32).reshape(-1, k), np.array(ids, np.int64).reshape(-1, k)
 
 
 def cut_length(chain: DraftChain, cut: str = "none", p_min: float = 0.0, n_min: int = 0) -> int:

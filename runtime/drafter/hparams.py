@@ -8,14 +8,14 @@ rule: the Markov head makes a `dflash` file a draft-dspark one).
 `taps` are in the runtime's convention (TargetModel.forward: the residual stream entering layer j), which is
 HF id + 1.
 
-Every key is checked by the model-file rules (ggtools.hparam_rules: the ones validate and doctor apply) before
-it is read here.
+Every key (and DSpark's d2t table) is checked by the model-file rules (ggtools.hparam_rules: the drafter's and
+DSpark's, the ones validate and doctor apply) before it is read here.
 """
 
 from dataclasses import dataclass, field
 
-from ggtools.dflash.profiles import PROFILES, profile_of
-from ggtools.hparam_rules import drafter_violations
+from ggtools.dflash.profiles import DSPARK_HEADS, LUCEBOX, PROFILES, profile_of
+from ggtools.hparam_rules import drafter_violations, dspark_violations
 from ggtools.runtime.errors import ModelError, refuse_violations
 
 
@@ -66,14 +66,17 @@ class DraftHParams:
         return len(self.taps) * self.n_embd
 
 
-def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None) -> DraftHParams:
-    """gguf: the drafter's GGUFFile; tensor_names: the names it holds; mask_id overrides the stored one."""
+def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None, n_vocab: int | None = None,
+                       locate=None) -> DraftHParams:
+    """gguf: the drafter's GGUFFile (shard 1 of a set); tensor_names: the names its files hold; mask_id overrides
+    the stored one; n_vocab: the target's vocabulary, which d2t's ids index (None: the drafter's own tokenizer);
+    locate(name) -> (GGUFFile, TensorInfo): where a tensor lies (default: in gguf)."""
     arch = gguf.architecture
     p = profile_of(arch)
     if p is None:
         raise ModelError(f"architecture '{arch}' is not a DFlash drafter (expected one of "
                          f"{', '.join(a for p in PROFILES.values() for a in p.archs)})")
-    refuse_violations(gguf.path, drafter_violations(gguf, mask_id))
+    refuse_violations(gguf.path, drafter_violations(gguf, mask_id) + dspark_violations(gguf, n_vocab, locate))
 
     def key(name, default=None, required=False):
         value = gguf.get(f"{arch}.{name}")
@@ -124,7 +127,7 @@ def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None) -> DraftH
         sliding_window=window,
         rope_sections=tuple(int(v) for v in key("rope.dimension_sections", ())),
         sliding_layers=tuple(bool(sliding) for sliding in pattern) if pattern is not None else (bool(window),) * n_layer,
-        v2=_dflash2(gguf, key, tensor_names), dspark=_dspark(gguf, key, tensor_names, p, arch), names=names)
+        v2=_dflash2(gguf, key, tensor_names), dspark=_dspark(gguf, key, tensor_names), names=names)
 
 
 def _stem(name: str) -> str:
@@ -143,25 +146,17 @@ def _dflash2(gguf, key, tensor_names) -> DFlash2Params | None:
                          float(key("final_logit_softcapping", 0.0) or 0.0))
 
 
-# lucebox keeps DSpark's heads under this prefix (dflash.dspark.markov.w1, ...); this runtime runs DSpark as llama.cpp's
-# graph does, from llama.cpp-profile files
-LUCEBOX_DSPARK_PREFIX = "dflash.dspark."
+# lucebox's names of DSpark's heads (dflash.dspark.markov.w1, ...): this runtime runs DSpark as llama.cpp's graph
+# does, from llama.cpp-profile files
+LUCEBOX_DSPARK_HEADS = frozenset(LUCEBOX.gguf_name(n) for n in DSPARK_HEADS) - {None}
 
 
-def _dspark(gguf, key, tensor_names, profile, arch) -> DSparkParams | None:
-    if any(n.startswith(LUCEBOX_DSPARK_PREFIX) for n in tensor_names):
-        raise ModelError(f"{gguf.path}: DSpark heads in the lucebox layout ({LUCEBOX_DSPARK_PREFIX}*): this runtime "
-                         "drafts with DSpark from llama.cpp-profile files (ggtools convert gguf-layout --to llama.cpp); "
+def _dspark(gguf, key, tensor_names) -> DSparkParams | None:
+    """The heads' flags (the model-file rules have checked the block size and the flags' types)."""
+    if LUCEBOX_DSPARK_HEADS & set(tensor_names):
+        raise ModelError(f"{gguf.path}: DSpark heads in the lucebox layout (dflash.dspark.*): this runtime drafts "
+                         "with DSpark from llama.cpp-profile files (ggtools convert gguf-layout --to llama.cpp); "
                          "run as a plain DFlash drafter it would draft without its Markov head")
     if "markov_w1.weight" not in tensor_names:
         return None
-    if gguf.get(profile.key("block_size", arch)) is None:
-        raise ModelError(f"{gguf.path}: a DSpark drafter needs '{profile.key('block_size', arch)}' (llama.cpp's Markov "
-                         "head asserts it)")
-    flags = {}
-    for name in ("sample_from_anchor", "has_confidence_head"):
-        value = key(name, True)
-        if not isinstance(value, bool):
-            raise ModelError(f"{gguf.path}: '{arch}.{name}' is {value!r}, expected a boolean")
-        flags[name] = value
-    return DSparkParams(flags["sample_from_anchor"], flags["has_confidence_head"])
+    return DSparkParams(key("sample_from_anchor", True), key("has_confidence_head", True))

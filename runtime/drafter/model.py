@@ -21,7 +21,8 @@ Context rows use `stepwise` matmuls, so a row's K/V are the same bits whatever b
 
 import numpy as np
 
-from ggtools.runtime.drafter.chain import DraftChain, Selector, chain_v1
+from ggtools.runtime.ddtree import top_k_log_probs
+from ggtools.runtime.drafter.chain import DraftChain, Selector, chain_v1, lattice_top_k
 from ggtools.runtime.drafter.dspark import MarkovHead
 from ggtools.runtime.drafter.hparams import DraftHParams, read_draft_hparams
 from ggtools.runtime.drafter.draft_kv import DraftKV, FullKV, RingKV
@@ -92,7 +93,8 @@ class Drafter:
         self.path = str(path)
         self.ops = ops = target.ops
         self.weights = w = ops.open_weights(path)
-        self.hp = hp = read_draft_hparams(w.meta, w.names, mask_id)
+        self.n_vocab = target.n_vocab
+        self.hp = hp = read_draft_hparams(w.meta, w.names, mask_id, self.n_vocab, w.locate)
         self.target = target
         self._check_target(target)
         H = hp.n_embd
@@ -106,29 +108,21 @@ class Drafter:
         if not 0 <= hp.mask_id < self.embedding.n_rows:
             raise ModelError(f"{self.path}: mask token id {hp.mask_id} is outside the {self.embedding.n_rows}-token "
                              "embedding")
-        self.n_vocab = target.n_vocab
-        self.d2t = self._draft_vocabulary(w)
+        self.d2t = w.id_vector("d2t") if w.has("d2t") else None     # its ids checked by the model-file rules
+        self._check_head()
         self.selector = Selector(w, hp, ops.host) if hp.v2 else None
         self.markov = MarkovHead(w, hp, ops, self.n_vocab, self.d2t) if hp.dspark else None
         self.scale = float(np.float32(1.0) / np.sqrt(np.float32(hp.head_dim)))
         self.freq_factors = np.zeros(0, np.float32)
 
-    def _draft_vocabulary(self, w) -> np.ndarray | None:
-        """d2t, checked: one distinct target id per row of the drafter's own output head."""
-        if not w.has("d2t"):
-            if self.head.n_rows != self.n_vocab:
-                raise ModelError(f"{self.path}: the output head has {self.head.n_rows} rows for a {self.n_vocab}-token "
-                                 "target vocabulary and there is no d2t table")
-            return None
-        d2t = w.id_vector("d2t")
-        if not w.has("output.weight") or self.head.n_rows != len(d2t):
-            raise ModelError(f"{self.path}: a reduced draft vocabulary (d2t of {len(d2t)} ids) needs the drafter's own "
-                             f"output.weight with {len(d2t)} rows")
-        if len(d2t) and (d2t.min() < 0 or d2t.max() >= self.n_vocab):
-            raise ModelError(f"{self.path}: d2t holds target ids outside 0..{self.n_vocab - 1}")
-        if len(np.unique(d2t)) != len(d2t):
-            raise ModelError(f"{self.path}: d2t maps two draft rows to one target id")
-        return d2t
+    def _check_head(self):
+        """One row of the output head per target token, or per id of the draft vocabulary (d2t)."""
+        if self.d2t is None and self.head.n_rows != self.n_vocab:
+            raise ModelError(f"{self.path}: the output head has {self.head.n_rows} rows for a {self.n_vocab}-token "
+                             "target vocabulary and there is no d2t table")
+        if self.d2t is not None and self.head.n_rows != len(self.d2t):
+            raise ModelError(f"{self.path}: the output head has {self.head.n_rows} rows for the {len(self.d2t)} ids "
+                             "of the d2t table")
 
     def _check_target(self, target):
         hp, th = self.hp, target.hp
@@ -275,22 +269,55 @@ class Drafter:
     def draft(self, kv: DraftKV, anchor: int, n_drafts: int) -> DraftChain:
         """n_drafts drafts (1 .. max_drafts) for positions kv.committed + 1 ... from the block [anchor, MASK, ...]:
         n_drafts rows anchor-first, else n_drafts + 1 rows of which rows 1.. draft."""
+        hidden, block = self._drafting_rows(kv, anchor, n_drafts)
+        return self.propose(hidden, anchor, block)
+
+    def _drafting_rows(self, kv: DraftKV, anchor: int, n_drafts: int):
+        """(the drafting rows' hidden states, the block's ids) of the block for n_drafts drafts."""
         first = 0 if self.anchor_first else 1
         block = [anchor] + [self.hp.mask_id] * (n_drafts + first - 1)
-        return self.propose(self.forward_block(kv, block)[first:], anchor, block)
+        return self.forward_block(kv, block)[first:], block
 
     def propose(self, hidden, anchor: int, block=None) -> DraftChain:
         """The drafting rows' hidden states -> the draft chain; NonFiniteError when their logits are not finite
         (block: the block's ids, to name an embedding row that made them)."""
-        logits = self.draft_logits(hidden)
-        if not np.isfinite(logits).all():
-            raise nonfinite.drafter_error(self, block if block is not None else [anchor])
-        logits = self.to_target_vocab(logits)
+        logits = self._checked_logits(hidden, block if block is not None else [anchor])
         if self.selector:
             return self.selector.walk(logits, hidden, anchor)
         if self.markov:
             return self.markov.walk(logits, hidden, anchor)
         return chain_v1(logits)
+
+    def _checked_logits(self, hidden, block) -> np.ndarray:
+        logits = self.draft_logits(hidden)
+        if not np.isfinite(logits).all():
+            raise nonfinite.drafter_error(self, block)
+        return self.to_target_vocab(logits)
+
+    @property
+    def tree_top_k_limit(self) -> int:
+        """The most ranks per position a draft tree can read: DFlash2's candidates per row (only they have a
+        score), else the tokens of the draft vocabulary (the others have no probability)."""
+        if self.selector:
+            return min(self.selector.top_k, self.n_vocab)
+        return self.n_vocab if self.d2t is None else len(self.d2t)
+
+    def draft_top_k(self, kv: DraftKV, anchor: int, n_drafts: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """What a draft tree (runtime/ddtree.py) reads from the block draft() runs: for each of the n_drafts
+        positions, the k most likely tokens and their log-probabilities, (L, k) float32 and ids, rank 0 the chain's
+        draft. DFlash v1: the log-softmax of each drafting row's logits (in the target vocabulary). DSpark: of its
+        Markov-biased logits along the chain (each row biased by the chain's token before it, as draft() walks
+        it). DFlash2: of the lattice scores of each row of the walk (its candidates only; k <= the selector's
+        top_k)."""
+        if not 1 <= k <= self.tree_top_k_limit:
+            raise ValueError(f"k must lie in 1..{self.tree_top_k_limit}")
+        hidden, block = self._drafting_rows(kv, anchor, n_drafts)
+        logits = self._checked_logits(hidden, block)
+        if self.selector:
+            return lattice_top_k(self.selector.lattice(logits, hidden, anchor), k)
+        if self.markov:
+            logits, _ = self.markov.chain_logits(logits, anchor)
+        return top_k_log_probs(logits, k)
 
     def close(self):
         self.weights.close()

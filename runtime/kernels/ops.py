@@ -8,6 +8,7 @@
   in scalar float32 with libm expf;
 - softmax: ggml_vec_soft_max_f32 (ggml_v_expf on blocks of 8, libm expf on the rest, float64 sum);
 - SiLU (ggml_vec_silu_f32) as SwiGLU's; sigmoid: 1 / (1 + expf(-x)) with libm expf (ggml's unary op);
+- situ (kimi-k3): ggml_scale, libm tanhf and sigmoid, ggml_mul, each rounded to float32;
 - M-RoPE on text: each pair's angle comes from one of four position ids; text tokens have the first three
   equal to the position and the fourth 0.
 """
@@ -194,3 +195,19 @@ def text_rope_angles(rope: tuple, rope_at_0: tuple, still: np.ndarray) -> tuple:
     cos, sin = rope[0].copy(), rope[1].copy()
     cos[:, still], sin[:, still] = rope_at_0[0][0, still], rope_at_0[1][0, still]
     return cos, sin
+
+
+@njit(**EXACT)
+def situ_rows(gate, up, beta, linear_beta, out):
+    """kimi-k3's situ as llama.cpp's graph computes it (kimi_k3_situ, build_moe_ffn's LLM_FFN_SITU), op by op:
+    beta * tanh(gate * (1 / beta)) * sigmoid(gate), times linear_beta * tanh(up * (1 / linear_beta)) (up as is
+    when linear_beta <= 0). beta, linear_beta: float32."""
+    inv_beta = F32(1.0) / beta
+    inv_linear = F32(1.0) / linear_beta if linear_beta > F32(0.0) else F32(0.0)
+    for r in range(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            g, u = gate[r, i], up[r, i]
+            a = (np.tanh(g * inv_beta) * beta) * sigmoid(g)
+            if linear_beta > F32(0.0):
+                u = np.tanh(u * inv_linear) * linear_beta
+            out[r, i] = a * u

@@ -11,6 +11,7 @@ from functools import partial
 from typing import Callable
 
 from ggtools.runtime.errors import ModelError
+from ggtools.runtime.target.kimi_k3_hparams import read_kimi_k3_hparams
 from ggtools.runtime.target.pieces import SOFTMAX, SOFTMAX_WEIGHT, SWIGLU, SWIGLU_OAI, Routing
 
 
@@ -23,6 +24,8 @@ class Arch:
     swa_pattern: int | None = None   # sliding-window layers: llama.cpp's default period (None: none)
     hybrid: bool = False     # Gated DeltaNet layers: the cache keeps recurrent states besides the KV
     rope_sections: str = ""      # M-RoPE on text tokens: "imrope" (sections interleaved) or "mrope"; "": plain
+    read_hparams: Callable | None = None   # (gguf, n_vocab, arch) -> HParams for keys of its own (kimi-k3)
+    residual: Callable | None = None       # (pieces, weights, hp) -> the layers' residual stream (None: x += ...)
 
 
 def attention(pieces, w, hp, i: int):
@@ -34,6 +37,23 @@ def hybrid_mixer(pieces, w, hp, i: int):
     if hp.recurrent_layers[i]:
         return pieces.GatedDeltaNet.load(w, hp, i)
     return pieces.Attention.load(w, hp, i, output_gate=True)
+
+
+def kimi_k3_mixer(pieces, w, hp, i: int):
+    """kimi-k3's layer i: KDA where attention.head_count_kv is 0, else MLA."""
+    return (pieces.KDA if hp.recurrent_layers[i] else pieces.MLA).load(w, hp, i)
+
+
+def kimi_k3_ffn(pieces, w, hp, i: int):
+    """kimi-k3's leading dense layers (situ), then latent routed experts plus shared experts."""
+    if i < hp.kimi_k3.n_dense_lead:
+        return pieces.SituFFN.load(w, hp, i)
+    return pieces.LatentMoE.load(w, hp, i, pieces)
+
+
+def attn_residual(pieces, w, hp):
+    """kimi-k3's cross-layer residual attention, where attn_res.block_size is set."""
+    return pieces.AttnResidual.load(w, hp) if hp.kimi_k3.attn_res_block_size else None
 
 
 def dense_ffn(pieces, w, hp, i: int):
@@ -65,6 +85,10 @@ ARCHS = {
     # GGUF's rope keys); softmax over the top-k logits, the clamped SwiGLU
     "gpt-oss": Arch(mixer=attention, rope_neox=True, ffn_norm="post_attention_norm", swa_pattern=2,
                     ffn=partial(routed_experts, routing=Routing(SOFTMAX_WEIGHT, activation=SWIGLU_OAI))),
+    # KDA (linear attention) and nope-only MLA layers by attention.head_count_kv, situ FFNs, latent routed experts
+    # with sigmoid routing, cross-layer residual attention; its own keys (kimi_k3_hparams)
+    "kimi-k3": Arch(mixer=kimi_k3_mixer, ffn=kimi_k3_ffn, rope_neox=False, hybrid=True,
+                    read_hparams=read_kimi_k3_hparams, residual=attn_residual),
 }
 
 

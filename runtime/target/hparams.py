@@ -61,6 +61,7 @@ class HParams:
     rope_sections: tuple = ()
     delta_net: DeltaNetShape | None = None
     recurrent_layers: tuple = ()
+    kimi_k3: object = None      # kimi_k3_hparams.KimiK3Shape of a kimi-k3 model (which reads its own keys)
 
     @property
     def n_gqa(self) -> int:
@@ -103,6 +104,8 @@ def _swa_layers(gguf, key, n_layer: int, default_pattern: int) -> tuple:
 def read_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
     """gguf: the GGUFFile holding the metadata (shard 1 of a split model); arch_entry: its archs.Arch."""
     refuse_violations(gguf.path, target_violations(gguf))
+    if arch_entry.read_hparams is not None:     # an architecture with keys of its own (kimi-k3)
+        return arch_entry.read_hparams(gguf, n_vocab, arch_entry)
     arch = gguf.architecture
 
     def key(name, default=None, required=False):

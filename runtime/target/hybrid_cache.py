@@ -8,16 +8,23 @@ the same kernels, which gives the state bit for bit. Before a batch (`reserve`),
 plus the batch would exceed `window`, the checkpoint moves to the current end; so the last batch (a verify)
 and at least the last `window` positions can always be rolled back; crop(0) always can (the initial state
 is zero).
+
+A tree verify (tree_batch.py) runs each row from its parent row's state (`walk_tree`), leaves the state at the
+cache's end as it was and logs the tree's rows as one batch; `keep_path` then advances the state over the accepted
+path's rows, the same inputs one-token steps along that path would have consumed.
 """
 
-from ggtools.runtime.target.kvcache import HOST_ARRAYS, KVCache
+from ggtools.runtime.target.kimi_k3_pieces import KDATensors
+from ggtools.runtime.target.kvcache import HOST_ARRAYS, KVCache, check_path
 from ggtools.runtime.target.pieces import DeltaNetTensors
+
+RECURRENT = (DeltaNetTensors, KDATensors)     # the mixers whose state rolls back through RecurrentState
 
 DEFAULT_WINDOW = 64
 
 
 class RecurrentState:
-    """One Gated DeltaNet layer: its conv rows and delta-rule matrices at the cache's end, the checkpoint, and
+    """One recurrent (Gated DeltaNet or KDA) layer: its conv rows and delta-rule matrices at the cache's end, the checkpoint, and
     the logged inputs since the checkpoint. `mixer.recur(conv, ssm, qkv, g, beta)` advances a state."""
 
     def __init__(self, mixer, arrays=HOST_ARRAYS):
@@ -43,6 +50,33 @@ class RecurrentState:
         self.mixer.recur(self.conv, self.ssm, qkv, g, beta)
         self.log = [(qkv, g, beta)]
 
+    @property
+    def tensors(self) -> tuple:
+        """The arrays the state is made of, in the order `mixer.recur` takes them."""
+        return self.conv, self.ssm
+
+    def walk_tree(self, parents, advance) -> None:
+        """A tree batch: advance(*tensors, i) moves a state over row i (writing row i's output), each row from the
+        state after its parent row (parents[i] < i; row 0, parents[0] = -1, from the state at the cache's end, which
+        is left as it is). Depth first: a copy per branch, the last child continues its parent's own copy."""
+        children = [[] for _ in parents]
+        for i in range(1, len(parents)):
+            children[parents[i]].append(i)
+        stack = [(0, self.tensors, False)]
+        while stack:
+            row, state, own = stack.pop()
+            if not own:
+                state = tuple(self.arrays.copy(t) for t in state)
+            advance(*state, row)
+            stack += [(child, state, child == children[row][-1]) for child in reversed(children[row])]
+
+    def keep_tree_rows(self, rows) -> None:
+        """After walk_tree: the state after the tree's rows `rows` (a path from its root), whose inputs replace the
+        tree's in the log."""
+        kept = tuple(x[rows] for x in self.log.pop())
+        self.log.append(kept)
+        self.mixer.recur(*self.tensors, *kept)
+
     def clear(self) -> None:
         self.conv[:] = 0
         self.ssm[:] = 0
@@ -65,9 +99,10 @@ class HybridCache(KVCache):
 
     @classmethod
     def for_layers(cls, layers, hp, type: str = "f16", arrays=HOST_ARRAYS) -> "HybridCache":
-        """The cache of a model whose layers mix attention and Gated DeltaNet mixers (slots in layer order)."""
+        """The cache of a model whose layers mix attention and recurrent (Gated DeltaNet, KDA) mixers (slots in
+        layer order)."""
         recurrent = [RecurrentState(layer.mixer, arrays) for layer in layers
-                     if isinstance(layer.mixer, DeltaNetTensors)]
+                     if isinstance(layer.mixer, RECURRENT)]
         return cls(len(layers) - len(recurrent), hp.n_head_kv, hp.head_dim, recurrent, type=type, arrays=arrays)
 
     def reserve(self, n_tokens: int) -> None:
@@ -80,8 +115,7 @@ class HybridCache(KVCache):
             self.base = self.n_tokens
 
     def crop(self, n_tokens: int) -> None:
-        if not 0 <= n_tokens <= self.n_tokens:
-            raise ValueError(f"cannot crop a cache of {self.n_tokens} tokens to {n_tokens}")
+        self.check_crop(n_tokens)
         if n_tokens == 0:
             return self.clear()
         if n_tokens < self.base:
@@ -91,6 +125,12 @@ class HybridCache(KVCache):
             for state in self.recurrent:
                 state.rollback(n_tokens - self.base)
         super().crop(n_tokens)
+
+    def keep_path(self, rows) -> None:
+        rows = check_path(self.verified_tree, rows).tolist()
+        for state in self.recurrent:
+            state.keep_tree_rows(rows)
+        super().keep_path(rows)
 
     def clear(self) -> None:
         super().clear()

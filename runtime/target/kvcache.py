@@ -5,6 +5,7 @@ held as float32, so attention reads them without conversion (torch keeps f16 ten
 head_dim); values are kept transposed, (n_head_kv, head_dim, capacity), as llama.cpp keeps them
 without flash attention, so each output dimension is a contiguous dot over positions. Capacity is a multiple of 32 and grows by doubling.
 The attention layer writes the rows of new positions (attention.prepare_attention).
+A tree verify (tree_batch.py) writes its rows at start + row and is followed by `keep_path` (or a crop to its start).
 """
 
 from types import SimpleNamespace
@@ -31,6 +32,8 @@ class KVCache:
         self.capacity = 0
         self.k: list[np.ndarray] = []
         self.v: list[np.ndarray] = []
+        self.tree = None            # the TreeBatch being run (mixers read it); None for a sequence batch
+        self.verified_tree = None   # the last batch's TreeBatch, until keep_path or a crop
         self.reserve(capacity)
 
     @classmethod
@@ -53,13 +56,47 @@ class KVCache:
 
     def crop(self, n_tokens: int) -> None:
         """Forget every position >= n_tokens (rollback after a rejected draft)."""
+        self.check_crop(n_tokens)
+        self.n_tokens = n_tokens
+        self.verified_tree = None
+
+    def check_crop(self, n_tokens: int) -> None:
         if not 0 <= n_tokens <= self.n_tokens:
             raise ValueError(f"cannot crop a cache of {self.n_tokens} tokens to {n_tokens}")
-        self.n_tokens = n_tokens
+        if self.verified_tree is not None and n_tokens > self.verified_tree.start:
+            raise ValueError(f"cannot crop into a verified tree's rows (it starts at {self.verified_tree.start}): "
+                             "keep_path keeps one of its paths")
+
+    def keep_path(self, rows) -> None:
+        """After a tree verify: keep its rows `rows` (the root, row 0, then each row a child of the one before) at
+        positions start, start + 1, ... and forget every other row."""
+        tree = self.verified_tree
+        rows = check_path(tree, rows)
+        src, dst = tree.start + rows, tree.start + np.arange(len(rows))
+        moved = src != dst
+        if moved.any():
+            src, dst = src[moved].tolist(), dst[moved].tolist()
+            for keys, values in zip(self.k, self.v):
+                keys[:, dst] = keys[:, src]
+                values[:, :, dst] = values[:, :, src]
+        self.n_tokens = tree.start + len(rows)
+        self.verified_tree = None
 
     def clear(self) -> None:
         self.n_tokens = 0
+        self.verified_tree = None
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k + self.v)
+
+
+def check_path(tree, rows) -> np.ndarray:
+    """rows as an array, refused unless they are a path of the verified tree `tree` from its root."""
+    if tree is None:
+        raise ValueError("keep_path follows a tree verify (TargetModel.forward with tree=...)")
+    rows = np.asarray(rows, np.int64).reshape(-1)
+    if (len(rows) == 0 or rows[0] != 0 or rows.min() < 0 or rows.max() >= len(tree)
+            or np.any(tree.parents[rows[1:]] != rows[:-1])):
+        raise ValueError(f"rows {rows.tolist()} are not a path from the root of the verified tree")
+    return rows

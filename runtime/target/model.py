@@ -7,6 +7,8 @@ are the same for every backend; arrays are the backend's, logits come back as nu
     model = TargetModel("target.gguf")
     logits, features = model.forward(prompt_ids, taps=[1, 5])   # appends to model.kv
     model.kv.crop(n)                                             # roll back to n tokens
+    logits, _ = model.forward(tokens, tree=parents, stepwise=True)   # a draft tree's rows (tree_batch.py)
+    model.kv.keep_path(rows)                                     # keep one path of it
 """
 
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from ggtools.runtime.target.archs import arch_of
 from ggtools.runtime.target.hparams import read_hparams
 from ggtools.runtime.target.hybrid_cache import HybridCache
 from ggtools.runtime.target.kvcache import KVCache
+from ggtools.runtime.target.tree_batch import TreeBatch
 
 
 @dataclass
@@ -63,10 +66,14 @@ class TargetModel:
                             np.float32(hp.rope_ext_factor), np.float32(hp.rope_attn_factor),
                             np.array(hp.rope_corr_dims, np.float32))
         self.layers = [self._load_layer(i) for i in range(hp.n_layer)]
+        self.residual = self.arch.residual(ops.pieces, w, hp) if self.arch.residual else None
         kinds = [type(layer.mixer) for layer in self.layers]
         for i, layer in enumerate(self.layers):
             layer.slot = kinds[:i].count(kinds[i])
         self.kv = (HybridCache if self.arch.hybrid else KVCache).for_layers(self.layers, hp, kv_type, ops.arrays)
+        # the mixers that cannot run a tree batch (tree_batch.py), by class name
+        self.no_tree_verify = sorted({type(layer.mixer).__name__ for layer in self.layers
+                                      if not getattr(layer.mixer, "tree_verify", False)})
 
     def _load_layer(self, i: int) -> Layer:
         w, hp, arch, ops = self.weights, self.hp, self.arch, self.ops
@@ -77,7 +84,7 @@ class TargetModel:
     def n_vocab(self) -> int:
         return self.output.n_rows
 
-    def forward(self, tokens, positions=None, taps=(), logits: str = "all", stepwise: bool = False):
+    def forward(self, tokens, positions=None, taps=(), logits: str = "all", stepwise: bool = False, tree=None):
         """Run tokens at positions kv.n_tokens, kv.n_tokens+1, ... and append them to the cache.
 
         taps: layer ids j; features[:, i] is the residual stream entering layer taps[i] for every
@@ -86,12 +93,19 @@ class TargetModel:
         stepwise: compute every row with the kernels llama.cpp uses for a one-token batch, so the
         results are bit-identical to feeding the tokens one at a time (speculative verification);
         by default a batch uses llama.cpp's batch kernels, as its prompt processing does.
+        tree: the parent row of each token (-1 for the first, each parent before its child): a draft tree's rows
+        (tree_batch.py), each at position kv.n_tokens + its depth, seeing the cache and its own path only; with
+        stepwise, each row's logits are bit-identical to one-token steps along its path. The cache must then keep
+        one path (kv.keep_path) or crop back to where the tree began.
         Returns (logits (rows, n_vocab) numpy float32 or None, features (T, len(taps), n_embd) float32, the
         backend's array)."""
         hp = self.hp
         tokens = np.asarray(tokens, np.int64).reshape(-1)
         start = self.kv.n_tokens
-        expected = np.arange(start, start + len(tokens))
+        if self.kv.verified_tree is not None:
+            raise ValueError("a tree verify is followed by kv.keep_path or a crop back to its start")
+        batch = None if tree is None else self._tree_batch(tree, start, len(tokens))
+        expected = np.arange(start, start + len(tokens)) if batch is None else batch.positions
         positions = expected if positions is None else np.asarray(positions, np.int64).reshape(-1)
         if len(tokens) == 0:
             raise ValueError("forward needs at least one token")
@@ -110,10 +124,19 @@ class TargetModel:
         backend = self.ops
         features = backend.empty((len(tokens), len(taps), hp.n_embd))
         x = self.token_embd.rows(tokens)
-        for i in range(hp.n_layer):
-            self._tap(features, taps, i, x)
-            x = self.run_layer(i, x, positions, rope, stepwise)
+        bank = self.residual.begin() if self.residual else None     # kimi-k3's banked layer inputs
+        self.kv.tree = batch
+        try:
+            for i in range(hp.n_layer):
+                self._tap(features, taps, i, x)
+                x = bank.run_layer(self, i, x, positions, rope, stepwise) if bank else \
+                    self.run_layer(i, x, positions, rope, stepwise)
+        finally:
+            self.kv.tree = None
+        if bank:
+            x = bank.final(x)
         self.kv.n_tokens = start + len(tokens)
+        self.kv.verified_tree = batch
         out = backend.rms_norm(x, self.output_norm, hp.rms_eps)
         self._tap(features, taps, hp.n_layer, out)
         if logits == "none":             # no logits to check: the final states (and so every tap before them)
@@ -125,6 +148,14 @@ class TargetModel:
         if not np.isfinite(rows).all():       # on the host already: the one check the normal path pays
             raise nonfinite.target_error(self, tokens, positions, start, stepwise)
         return rows, features
+
+    def _tree_batch(self, parents, start: int, n_tokens: int) -> TreeBatch:
+        if self.no_tree_verify:
+            raise ModelError(f"{self.path}: the {', '.join(self.no_tree_verify)} mixer cannot verify a draft tree yet")
+        batch = TreeBatch(parents, start)
+        if len(batch) != n_tokens:
+            raise ValueError(f"a tree of {len(batch)} rows for {n_tokens} tokens")
+        return batch
 
     def head(self, x, stepwise: bool = False):
         """The final normed states x -> logits (the backend's array)."""

@@ -17,7 +17,8 @@ NO_SINKS = np.zeros(0, np.float32)
 NO_BIAS = np.zeros((0, 0), np.float32)
 
 SOFTMAX, SOFTMAX_WEIGHT = 0, 1           # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, _SOFTMAX_WEIGHT
-SWIGLU, SWIGLU_OAI = "swiglu", "swiglu_oai"
+SIGMOID = 2                              # _SIGMOID (kimi-k3: kimi_k3_pieces.LatentMoETensors)
+SWIGLU, SWIGLU_OAI, SITU = "swiglu", "swiglu_oai", "situ"
 
 
 class Piece:

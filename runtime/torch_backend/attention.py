@@ -32,7 +32,10 @@ def causal_visibility(q_positions, n_ctx: int, window: int, device) -> torch.Ten
 
 class Attention(AttentionTensors):
     """The attention mixer: projections (+ biases), per-head q/k norms, RoPE, the cache write, attention over the
-    cache (sliding window, sinks), sigmoid output gate (qwen35), output projection (+ bias)."""
+    cache (sliding window, sinks), sigmoid output gate (qwen35), output projection (+ bias). Runs tree batches
+    (kv.tree: each row sees the cache before the tree and its own path)."""
+
+    tree_verify = True
 
     def __post_init__(self):
         self.qkv = DeviceGroup(self.wq, self.wk, self.wv)
@@ -55,17 +58,10 @@ class Attention(AttentionTensors):
         keys, values_t = kv.k[slot], kv.v[slot]
         keys[:, start:n_ctx] = k.transpose(0, 1).to(keys.dtype)
         values_t[:, :, start:n_ctx] = v.reshape(n_tokens, hp.n_head_kv, hp.head_dim).permute(1, 2, 0).to(keys.dtype)
-        visible = causal_visibility(positions, n_ctx, self.window, h.device)
-        if h.dtype == torch.float32:
-            out = ggml_attention(q, keys[:, :n_ctx], values_t[:, :, :n_ctx], visible, hp.attn_scale, self.sinks,
-                                 one_row=n_tokens == 1 or stepwise)
-            if self.output_gate:
-                out = out * gm.sigmoid(gate)
-        else:
-            out = tensor_math.attend(q, keys[:, :n_ctx], values_t[:, :, :n_ctx].transpose(1, 2), visible,
-                                     hp.attn_scale, self.sinks)
-            if self.output_gate:
-                out = out * torch.sigmoid(gate)
+        out = cache_attention(q, keys, values_t, positions, self.window, hp.attn_scale, self.sinks,
+                              n_tokens == 1 or stepwise, kv.tree)
+        if self.output_gate:
+            out = out * (gm.sigmoid(gate) if h.dtype == torch.float32 else torch.sigmoid(gate))
         out = self.wo(out, stepwise)
         return out if self.bo is None else out + self.bo.to(out.dtype)
 
@@ -74,12 +70,32 @@ KV_PAD = 32             # llama.cpp pads the cache length it attends over to a m
 SCORE_VALUES = 1 << 22  # query rows x keys x head dims per chunk of scores
 
 
+def cache_attention(q: torch.Tensor, keys: torch.Tensor, values_t: torch.Tensor, positions, window: int,
+                    scale: float, sinks: torch.Tensor, one_row: bool, tree=None) -> torch.Tensor:
+    """q (T, n_head, d) at `positions`, whose keys and values the cache (keys (n_kv, capacity, d), values_t
+    (n_kv, d_v, capacity)) holds at rows start..start + T - 1, over the cache's rows 0..start + T - 1: causal (a
+    sliding window of `window`: 0 none), or a tree batch's ancestor-only rows (tree: tree_batch.TreeBatch). In
+    float32 llama.cpp's arithmetic (ggml_attention), else torch's (tensor_math.attend). -> (T, n_head * d_v)."""
+    n_ctx = int(positions[0]) + len(q)
+    keys, values_t = keys[:, :n_ctx], values_t[:, :, :n_ctx]
+    if q.dtype != torch.float32:
+        visible = causal_visibility(positions, n_ctx, window, q.device) if tree is None else \
+            torch.as_tensor(tree.visible(window), device=q.device)
+        return tensor_math.attend(q, keys, values_t.transpose(1, 2), visible, scale, sinks)
+    visible = causal_visibility(positions, n_ctx if tree is None else tree.width, window, q.device)
+    return ggml_attention(q, keys, values_t, visible, scale, sinks, one_row, tree)
+
+
 def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values_t: torch.Tensor, visible: torch.Tensor,
-                   scale: float, sinks: torch.Tensor, one_row: bool) -> torch.Tensor:
+                   scale: float, sinks: torch.Tensor, one_row: bool, tree=None) -> torch.Tensor:
     """llama.cpp's CPU attention (numba's mixers/attention.attention_rows) in float32: q (T, n_head, d) after
-    RoPE; keys (n_kv, S, d) and values_t (n_kv, d, S), the cache's first S positions (f16: q and the
+    RoPE; keys (n_kv, S, d) and values_t (n_kv, d_v, S), the cache's first S positions (f16: q and the
     probabilities are rounded to f16 too); visible (T, S); sinks: per head (empty: none); one_row: a one-token
-    (or stepwise) batch, whose dots use vec_dot's layout. -> (T, n_head * d) float32.
+    (or stepwise) batch, whose dots use vec_dot's layout. -> (T, n_head * d_v) float32.
+
+    tree: a tree batch (tree_batch.TreeBatch): row t's keys are the cache rows tree.path_layout()[t], at positions
+    0..W-1 as a one-token step along its path has them (numba's tree_attention_rows), visible (T, W) in those
+    positions.
 
     scores = K . q (vec_dot's four 8-lane accumulators; tinyBLAS's 8 lanes for a batch over an f16 cache),
     scaled, masked to -inf; ggml's softmax over the positions padded to a multiple of 32; out = V^T . p
@@ -95,16 +111,40 @@ def ggml_attention(q: torch.Tensor, keys: torch.Tensor, values_t: torch.Tensor, 
     step = max(1, SCORE_VALUES // (n_head * n_tokens * d))
     scores = torch.cat([_score_dots(qg, k[:, :, :, s:s + step], one_row or not f16, f16)
                         for s in range(0, n_ctx, step)], -1)                         # (n_kv, group, T, S)
+    if tree is not None:
+        layout = torch.as_tensor(tree.path_layout(), device=q.device)
+        scores = scores.gather(-1, layout.expand(n_kv, group, -1, -1))
+    n_keys = scores.shape[-1]
     scores = torch.where(visible, scores * gm.f32(scale), float("-inf"))
-    n_pad = -(-n_ctx // KV_PAD) * KV_PAD
-    scores = torch.nn.functional.pad(scores, (0, n_pad - n_ctx), value=float("-inf"))
+    n_pad = -(-n_keys // KV_PAD) * KV_PAD
+    scores = torch.nn.functional.pad(scores, (0, n_pad - n_keys), value=float("-inf"))
     sink = sinks.reshape(n_kv, group, 1).expand(n_kv, group, n_tokens) if sinks.numel() else None
     probs = gm.soft_max(scores, sink)
     probs = gm.to_f16(probs) if f16 else probs
-    v = torch.nn.functional.pad(values_t.float(), (0, n_pad - n_ctx))[:, None, None]  # (n_kv, 1, 1, d, S_pad)
     p = probs[:, :, :, None]                                                          # (n_kv, group, T, 1, S_pad)
-    out = gm.dot_4x8(p, v, f16) if one_row else gm.dot_lanes8(p, v, f16)              # (n_kv, group, T, d)
-    return out.permute(2, 0, 1, 3).reshape(n_tokens, n_head * d)
+    width = 32 if one_row else 8
+    if tree is None:
+        v = torch.nn.functional.pad(values_t.float(), (0, n_pad - n_ctx))[:, None, None]  # (n_kv, 1, 1, d_v, S_pad)
+        acc = gm.chain(p, v, width, f16)
+    else:
+        acc = _tree_value_chain(p, values_t, tree, visible, width, f16)
+    out = gm.reduce4x8(acc) if one_row else gm.hsum8(acc)                            # (n_kv, group, T, d_v)
+    return out.permute(2, 0, 1, 3).reshape(n_tokens, -1)
+
+
+def _tree_value_chain(p: torch.Tensor, values_t: torch.Tensor, tree, visible: torch.Tensor, width: int,
+                      f16: bool) -> torch.Tensor:
+    """The value dots' fma lanes (gm.chain) of a tree batch: p (n_kv, group, T, 1, S_pad) in the rows' path layouts
+    (visible (T, W)). Up to the last whole 32 positions before the tree every row has the cache's own rows, summed
+    once; from there each row's values are gathered in its layout (masked keys and the padding zero, as numba's
+    copy has them)."""
+    layout = torch.as_tensor(tree.path_layout(), device=p.device)
+    n_shared = tree.start // KV_PAD * KV_PAD
+    acc = gm.chain(p[..., :n_shared], values_t[:, None, None, :, :n_shared].float(), width, f16) if n_shared else None
+    tail = values_t.float()[:, :, layout[:, n_shared:]]                              # (n_kv, d_v, T, W - n_shared)
+    tail = torch.where(visible[:, n_shared:], tail, 0.0).permute(0, 2, 1, 3)[:, None]  # (n_kv, 1, T, d_v, .)
+    tail = torch.nn.functional.pad(tail, (0, p.shape[-1] - layout.shape[1]))
+    return gm.chain(p[..., n_shared:], tail, width, f16, acc)
 
 
 def _score_dots(q: torch.Tensor, k: torch.Tensor, one_row: bool, f16: bool) -> torch.Tensor:

@@ -27,6 +27,8 @@ from ggtools.runtime.torch_backend.vectors import device_vector
 
 
 class GatedDeltaNet(DeltaNetTensors):
+    tree_verify = True
+
     def __post_init__(self):
         self.inputs = DeviceGroup(self.wqkv, self.wgate, self.wbeta, self.walpha)
         device = self.wqkv.blocks.device
@@ -35,10 +37,11 @@ class GatedDeltaNet(DeltaNetTensors):
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> torch.Tensor:
         """The mixer interface: kv is a HybridCache and slot this layer's index among its recurrent states."""
-        return self.mix(h, kv.recurrent[slot], stepwise)
+        return self.mix(h, kv.recurrent[slot], stepwise, kv.tree)
 
-    def mix(self, h: torch.Tensor, state, stepwise: bool = False) -> torch.Tensor:
-        """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens."""
+    def mix(self, h: torch.Tensor, state, stepwise: bool = False, tree=None) -> torch.Tensor:
+        """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens (a tree batch,
+        tree_batch.TreeBatch: each row from its parent row's state, the state itself left as it is)."""
         exact = h.dtype == torch.float32
         qkv, z, beta_in, alpha = (x.float() for x in self.inputs(h, stepwise))
         if exact:
@@ -46,7 +49,15 @@ class GatedDeltaNet(DeltaNetTensors):
         else:
             g, beta = F.softplus(alpha + self.dt_bias, threshold=20.0) * self.a, torch.sigmoid(beta_in)
         state.append(qkv, g, beta)
-        core = self.recur(state.conv, state.ssm, qkv, g, beta)
+        if tree is None:
+            core = self.recur(state.conv, state.ssm, qkv, g, beta)
+        else:
+            core = torch.empty((len(h), self.n_v_heads * self.head_dim), dtype=torch.float32, device=h.device)
+
+            def advance(conv, ssm, i):
+                core[i:i + 1] = self.recur(conv, ssm, qkv[i:i + 1], g[i:i + 1], beta[i:i + 1])
+
+            state.walk_tree(tree.parents, advance)
         heads = core.reshape(len(h), self.n_v_heads, self.head_dim)
         z = z.reshape(heads.shape)
         silu = gm.silu if exact else F.silu

@@ -230,16 +230,20 @@ def reduce4x8(acc: torch.Tensor) -> torch.Tensor:
     return (t[..., 0] + t[..., 1]) + (t[..., 2] + t[..., 3])
 
 
-def chain(w: torch.Tensor, x: torch.Tensor, width: int, exact_products: bool = False) -> torch.Tensor:
+def chain(w: torch.Tensor, x: torch.Tensor, width: int, exact_products: bool = False,
+          acc: torch.Tensor | None = None) -> torch.Tensor:
     """`width` fma accumulators: lane l sums w[..., k] * x[..., k] for k = l mod width, in order of k, starting
     from 0 (w, x broadcastable, their last length a multiple of width) -> (..., width) float32. Each step is one
     addcmul of float64 operands (exact products) into the float32 accumulators: torch computes it in float64
     and rounds once to the float32 output. exact_products: every w * x is exact in float32 (f16 or bf16 values
-    on both sides: at most 22 significant bits), so the fma is an addition of the product and float32 will do."""
+    on both sides: at most 22 significant bits), so the fma is an addition of the product and float32 will do.
+    acc: the accumulators of the chain so far (its earlier steps), continued here (updated in place)."""
     dtype = F32 if exact_products else F64
     w64, x64 = (_steps(a.to(dtype), width) for a in (w, x))
-    acc = (w64[0] * x64[0] + 0.0).float()       # fma(w, x, 0): + 0 turns a -0 product into 0
-    for s in range(1, len(w64)):
+    first = 0
+    if acc is None:
+        acc, first = (w64[0] * x64[0] + 0.0).float(), 1     # fma(w, x, 0): + 0 turns a -0 product into 0
+    for s in range(first, len(w64)):
         torch.addcmul(acc, w64[s], x64[s], out=acc)
     return acc
 

@@ -16,7 +16,10 @@ import torch
 from ggtools.runtime.errors import SettingsError
 from ggtools.runtime.torch_backend import attention, tensor_math
 from ggtools.runtime.torch_backend.delta_net import GatedDeltaNet
+from ggtools.runtime.torch_backend.attn_residual import AttnResidual
 from ggtools.runtime.torch_backend.ffn import DenseFFN, RoutedExperts, SharedExpertMoE
+from ggtools.runtime.torch_backend.kimi_k3_ffn import LatentMoE, SituFFN
+from ggtools.runtime.torch_backend.kimi_k3_mixers import KDA, MLA
 from ggtools.runtime.torch_backend.matrix import DeviceGroup, DeviceMatrix
 from ggtools.runtime.torch_backend.vectors import device_vector
 from ggtools.runtime.weights import WeightFile
@@ -50,7 +53,8 @@ class KVStore:
 
 # the torch classes of the pieces the architecture table names (target/archs.py)
 PIECES = SimpleNamespace(Attention=attention.Attention, GatedDeltaNet=GatedDeltaNet, DenseFFN=DenseFFN,
-                         RoutedExperts=RoutedExperts, SharedExpertMoE=SharedExpertMoE)
+                         RoutedExperts=RoutedExperts, SharedExpertMoE=SharedExpertMoE,
+                         KDA=KDA, MLA=MLA, SituFFN=SituFFN, LatentMoE=LatentMoE, AttnResidual=AttnResidual)
 
 
 class TorchOps:

@@ -9,10 +9,13 @@
    float functions (vector expf, glibc's expf / logf, SiLU, softmax, rms_norm), the demo target's logits in
    F16 and requantized here to Q8_0, Q4_0 (repacked), Q4_1 and Q5_1, the demo drafters' block logits (f16, q8_0,
    q4-mix, q2_k: K-quants) and the fixture cache's quantized MoE / hybrid targets when it has them (Q8_0 and
-   MXFP4 experts, Gated DeltaNet); the demo pair's speculative steps and tau in f32 equal numba's.
+   MXFP4 experts, Gated DeltaNet, kimi-k3's KDA and MLA), each target's logits as a batch, as one-token steps
+   and as a draft tree's rows; the demo pair's speculative steps and tau in f32 equal numba's.
 3. The demo pair (drafters converted and quantized on the fly) and the largest pair available, on the GPU in
    the compute dtype: speculative and target-only tok/s, the speedup, tau (z-lab's), outputs equal to greedy.
    The largest pair is --target/--draft when given, else the largest fixture pair in the cache.
+4. A draft tree (DDTree, --tree-budget, default 22) on the demo f16 pair and the largest pair: the same figures,
+   its AL (mean accepted length incl. the bonus) beside the chain's, outputs equal to greedy.
 
 Exits 1 with one line when no CUDA device is present, or when a check fails. `--device cpu --dtype f32` runs
 the same checks on the CPU (how this script itself is tested where no GPU is lent).
@@ -161,16 +164,24 @@ def quantized_fixture_targets() -> list[tuple[str, str]]:
     found = []
     for unit, file in (("qwen35", "tiny-qwen35-Q8_0.gguf"), ("qwen3moe-target", "tiny-qwen3moe-Q8_0.gguf"),
                        ("gpt-oss-target", "tiny-gpt-oss-MXFP4_MOE.gguf"),
-                       ("qwen35moe", "tiny-qwen35moe-MXFP4_MOE.gguf")):
+                       ("qwen35moe", "tiny-qwen35moe-MXFP4_MOE.gguf"),
+                       ("kimi-k3", "tiny-kimi-k3-Q8_0-MXFP4.gguf")):
         paths = sorted(Path(cache_root(), "artifacts").glob(f"{unit}-*/{file}"))
         if paths:
             found.append((file.removesuffix(".gguf"), str(paths[-1])))
     return found
 
 
+def draft_tree():
+    """A DDTree of 22 nodes from random distributions (a chain and side branches)."""
+    from ggtools.runtime.ddtree import build_tree, top_k_log_probs
+    rng = np.random.default_rng(4)
+    return build_tree(*top_k_log_probs((rng.standard_normal((7, 1000)) * 2).astype(np.float32), 4), 22)
+
+
 def targets_against_numba(device, work: Path) -> dict:
     """{name: relative max |logit difference|} of targets in float32 on the device against numba (a prompt as
-    one batch, then one-token steps), and whether each was bit for bit."""
+    one batch, then one-token steps, then a draft tree's rows after it), and whether each was bit for bit."""
     from ggtools.jobs.demo import demo_data
     from ggtools.jobs.quantize import plan_quantize, quantize
     from ggtools.runtime import TargetModel
@@ -191,7 +202,12 @@ def targets_against_numba(device, work: Path) -> dict:
             want, got = numba.forward(ids, stepwise=stepwise)[0], on_device.forward(ids, stepwise=stepwise)[0]
             diffs.append(float(np.abs(got - want).max() / np.abs(want).max()))
             equal &= same_bits(got, want)
-        out[name] = {"rel_logit_diff": max(diffs), "bit_for_bit": equal}
+        tree = draft_tree()
+        want, got = (model.forward([5] + [t + 3 for t in tree.tokens], stepwise=True, tree=tree.parents)[0]
+                     for model in (numba, on_device))
+        diffs.append(float(np.abs(got - want).max() / np.abs(want).max()))
+        out[name] = {"rel_logit_diff": max(diffs), "bit_for_bit": equal and same_bits(got, want),
+                     "tree_bit_for_bit": same_bits(got, want)}
     return out
 
 
@@ -229,13 +245,16 @@ def fixture_pairs() -> list[tuple[str, str, str]]:
             for v in ("v1", "v2")]
 
 
-def measure(target, draft, prompts, n, device, dtype) -> dict:
-    from ggtools.jobs.run import run_speculative
+def measure(target, draft, prompts, n, device, dtype, tree_budget=None) -> dict:
+    from ggtools.jobs.run import DraftSettings, run_speculative
     t0 = time.perf_counter()
-    run = run_speculative(target, draft, prompts, n, ring_cap=4096, backend="torch", device=device, dtype=dtype)
-    return {"target": target, "draft": draft, "speculative_tok_s": run.speculative_tokens_per_second,
+    run = run_speculative(target, draft, prompts, n, ring_cap=4096, backend="torch", device=device, dtype=dtype,
+                          settings=DraftSettings(tree_budget=tree_budget))
+    return {"target": target, "draft": draft, "tree_budget": tree_budget,
+            "speculative_tok_s": run.speculative_tokens_per_second,
             "target_only_tok_s": run.target_only_tokens_per_second, "speedup": run.speedup,
-            "tau_zlab": run.stats["tau_zlab"], "acceptance": run.acceptance_rate,
+            "tau_zlab": run.stats["tau_zlab"], "al": run.stats["mean_accepted_length_incl_bonus"],
+            "verified_per_step": run.stats["verified_per_step"], "acceptance": run.acceptance_rate,
             "outputs_match_greedy": run.outputs_match_target, "seconds": time.perf_counter() - t0}
 
 
@@ -256,6 +275,7 @@ def main():
     ap.add_argument("--draft", help="Its DFlash drafter GGUF.")
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("-n", type=int, default=64)
+    ap.add_argument("--tree-budget", type=int, default=22)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     torch = check_cuda(args.device)
@@ -277,6 +297,9 @@ def main():
             ids = prompts if name.startswith("demo") else [[1] + rng.integers(3, 1000, 63).tolist()
                                                            for _ in range(args.prompts)]
             report["pairs"].append({"name": name} | measure(t, d, ids, args.n, args.device, args.dtype))
+            if name == "demo f16" or not name.startswith("demo"):
+                report["pairs"].append({"name": f"{name}, tree {args.tree_budget}"} | measure(
+                    t, d, ids, args.n, args.device, args.dtype, args.tree_budget))
     # 1e-4: tests/test_torch_parity.py's PARITY (what float64 sums in another order may leave: float32 ulps)
     failed = report["dequantizers_not_bit_exact"] or report["f32_products_not_bit_exact"] or \
         report["f32_functions_not_bit_exact"] or \
@@ -301,7 +324,8 @@ def main():
                   f"steps {'equal' if p['same_steps'] else 'DIFFER'}")
         for p in report["pairs"]:
             print(f"{p['name']}: speculative {p['speculative_tok_s']:.1f} tok/s, target-only "
-                  f"{p['target_only_tok_s']:.1f} tok/s, speedup {p['speedup']:.2f}x, tau {p['tau_zlab']:.3f}, outputs "
+                  f"{p['target_only_tok_s']:.1f} tok/s, speedup {p['speedup']:.2f}x, tau {p['tau_zlab']:.3f}, AL "
+                  f"{p['al']:.3f}, {p['verified_per_step']:.1f} rows/step, outputs "
                   f"{'equal' if p['outputs_match_greedy'] else 'DIFFER from'} greedy ({p['seconds']:.0f} s)")
     sys.exit(1 if failed else 0)
 

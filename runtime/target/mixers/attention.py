@@ -16,6 +16,9 @@ One-row batches use ggml_vec_dot's layout, longer ones tinyBLAS's, as llama.cpp 
 only takes contiguous inputs of a matching type, and the permuted queries qualify only once
 converted to f16, so with an f32 cache the scores always use vec_dot. The cache length is padded to a multiple of 32 with zero rows, as llama.cpp pads n_kv, which leaves
 the values unchanged but fixes which lane each position lands in.
+
+A draft tree's rows (tree_batch.py) each attend over the cache and their own path, with the path's keys and values
+laid out where a one-token step along it has them (tree_attention_rows): the same sums in the same lanes.
 """
 
 import numpy as np
@@ -51,8 +54,9 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sink
     """The T * n_head (token, head) pairs, claimed through counter (workers.py). q: (T, n_head, d)
     after RoPE; k_cache: (n_kv, capacity, d), vt_cache: (n_kv, d, capacity) (f16-valued when f16);
     window: a query sees the last `window` positions (0: all); sinks: per head (empty: none);
-    out: (T, n_head * d)."""
+    out: (T, n_head * d_v), each head the first d_v rows of vt_cache (d_v = d but for MLA's latent)."""
     n_tokens, n_head, d = q.shape
+    d_v = out.shape[1] // n_head
     group = n_head // k_cache.shape[0]
     n_pad = (n_ctx + KV_PAD - 1) // KV_PAD * KV_PAD
     enter(counter)
@@ -62,21 +66,80 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sink
             break
         t, h = job // n_head, job % n_head
         g = h // group
-        q16 = np.empty(d, np.float32)
-        if f16:
-            to_f16_row(q[t, h], q16)
-        else:
-            q16[:] = q[t, h]
+        q16 = query_operand(q[t, h], f16)
         w = np.empty(n_pad, np.float32)
         dots(q16, k_cache[g], n_pad, one_row or not f16, f16, w)
-        lo = q_positions[t] - window + 1 if window else 0
-        for s in range(n_pad):
-            w[s] = w[s] * scale if lo <= s <= q_positions[t] else -np.inf
-        p = np.empty(n_pad, np.float32)
-        soft_max(w, p, sinks[h] if sinks.size else np.float32(-np.inf))
-        if f16:      # mul_mat(v, kq) rounds the probabilities to f16
-            to_f16_row(p, p)
-        dots(p, vt_cache[g], d, one_row, f16, out[t, h * d:(h + 1) * d])
+        attend_scores(w, vt_cache[g], q_positions[t], scale, window, sinks[h] if sinks.size else np.float32(-np.inf),
+                      one_row, f16, out[t, h * d_v:(h + 1) * d_v])
+    leave(counter)
+
+
+@njit(**EXACT)
+def query_operand(q_row, f16):
+    """The query as mul_mat(k, q) reads it: rounded to f16 over an f16 cache."""
+    q16 = np.empty(q_row.size, np.float32)
+    if f16:
+        to_f16_row(q_row, q16)
+    else:
+        q16[:] = q_row
+    return q16
+
+
+@njit(**EXACT)
+def attend_scores(w, vt, q_position, scale, window, sink, one_row, f16, out):
+    """One (token, head) from its raw scores w over key positions 0..w.size-1 (a multiple of KV_PAD): scaled, keys
+    after q_position (and with a window, `window` or more back) masked, softmax with the sink, then the sum of the
+    values vt (d, >= w.size) weighted by it -> out (d)."""
+    n_pad = w.size
+    lo = q_position - window + 1 if window else 0
+    for s in range(n_pad):
+        w[s] = w[s] * scale if lo <= s <= q_position else -np.inf
+    p = np.empty(n_pad, np.float32)
+    soft_max(w, p, sink)
+    if f16:      # mul_mat(v, kq) rounds the probabilities to f16
+        to_f16_row(p, p)
+    dots(p, vt, out.size, one_row, f16, out)
+
+
+TREE_ROWS_PER_TASK = 8
+
+
+@njit(**EXACT)
+def tree_attention_rows(q, k_cache, vt_cache, start, paths, depths, scale, window, sinks, one_row, f16, out, counter):
+    """A tree batch (tree_batch.py): row t at position start + depths[t] attends over cache positions 0..start-1
+    and then its path's rows (cache rows start + paths[t, j], j <= depths[t]), laid out at positions start,
+    start + 1, ... as a one-token step along the path has them, so every sum runs in that step's order (padding
+    rows are zero: masked, they weigh nothing). Tasks: (kv head, block of TREE_ROWS_PER_TASK rows), each with its
+    own copy of the values in that layout (its first d_v rows: out is (T, n_head * d_v))."""
+    n_tokens, n_head, d = q.shape
+    d_v = out.shape[1] // n_head
+    n_kv = k_cache.shape[0]
+    group = n_head // n_kv
+    n_blocks = (n_tokens + TREE_ROWS_PER_TASK - 1) // TREE_ROWS_PER_TASK
+    width = (start + depths.max() + 1 + KV_PAD - 1) // KV_PAD * KV_PAD
+    enter(counter)
+    while True:
+        job = claim(counter)
+        if job >= n_kv * n_blocks:
+            break
+        g, block = job // n_blocks, job % n_blocks
+        vt = np.empty((d_v, width), np.float32)
+        vt[:, :start] = vt_cache[g, :d_v, :start]
+        for t in range(block * TREE_ROWS_PER_TASK, min(n_tokens, (block + 1) * TREE_ROWS_PER_TASK)):
+            depth = depths[t]
+            n_pad = (start + depth + 1 + KV_PAD - 1) // KV_PAD * KV_PAD
+            vt[:, start:n_pad] = 0.0
+            for j in range(depth + 1):
+                vt[:, start + j] = vt_cache[g, :d_v, start + paths[t, j]]
+            for h in range(g * group, (g + 1) * group):
+                q16 = query_operand(q[t, h], f16)
+                w = np.zeros(n_pad, np.float32)
+                dots(q16, k_cache[g], start, one_row or not f16, f16, w)
+                for j in range(depth + 1):
+                    row = start + paths[t, j]
+                    dots(q16, k_cache[g, row:row + 1], 1, one_row or not f16, f16, w[start + j:start + j + 1])
+                attend_scores(w, vt, start + depth, scale, window, sinks[h] if sinks.size else np.float32(-np.inf),
+                              one_row, f16, out[t, h * d_v:(h + 1) * d_v])
     leave(counter)
 
 
@@ -113,10 +176,11 @@ def prepare_attention(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, neox, 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positions: np.ndarray,
               n_ctx: int, scale: float, f16: bool = True, stepwise: bool = False, window: int = 0,
-              sinks: np.ndarray = NO_SINKS) -> np.ndarray:
-    """(T, n_head, d) queries at q_positions over cache positions 0..n_ctx-1 -> (T, n_head * d)."""
+              sinks: np.ndarray = NO_SINKS, d_v: int | None = None) -> np.ndarray:
+    """(T, n_head, d) queries at q_positions over cache positions 0..n_ctx-1 -> (T, n_head * d_v); d_v: the values'
+    size (default d; MLA's latent: the first d_v rows of vt_cache)."""
     n_tokens, n_head, d = q.shape
-    out = np.empty((n_tokens, n_head * d), np.float32)
+    out = np.empty((n_tokens, n_head * (d_v or d)), np.float32)
     one_row = n_tokens == 1 or stepwise
     args = (np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64), n_ctx,
             np.float32(scale), window, sinks, one_row, f16, out)
@@ -125,11 +189,28 @@ def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positi
     return out
 
 
+def tree_attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, tree, scale: float, f16: bool = True,
+                   stepwise: bool = False, window: int = 0, sinks: np.ndarray = NO_SINKS,
+                   d_v: int | None = None) -> np.ndarray:
+    """(T, n_head, d) queries of a tree batch (tree_batch.TreeBatch, its rows' K/V in the cache at tree.start + row)
+    -> (T, n_head * d_v) (d_v as in `attention`)."""
+    n_tokens, n_head, d = q.shape
+    out = np.empty((n_tokens, n_head * (d_v or d)), np.float32)
+    n_blocks = -(-n_tokens // TREE_ROWS_PER_TASK)
+    work = n_tokens * n_head * (tree.start + int(tree.depths.max()) + 1) * d * 2
+    workers.run(tree_attention_rows, k_cache.shape[0] * n_blocks, work, workers.ATTENTION_MIN_WORK,
+                np.ascontiguousarray(q, np.float32), k_cache, vt_cache, tree.start, tree.paths, tree.depths,
+                np.float32(scale), window, sinks, n_tokens == 1 or stepwise, f16, out)
+    return out
+
+
 class Attention(AttentionTensors):
     """The attention mixer on numba: Q, K, V projections (one kernel call), biases, per-head q/k norms and RoPE
     with the cache write (prepare_attention), causal attention over the cache (optionally a sliding window,
     and gpt-oss's sinks), the output projection (optional bias). With output_gate (qwen35) the attention
-    output is multiplied by sigmoid(gate) before the output projection."""
+    output is multiplied by sigmoid(gate) before the output projection. Runs tree batches (kv.tree)."""
+
+    tree_verify = True
 
     def __post_init__(self):
         self.qkv = MatrixGroup(self.wq, self.wk, self.wv)
@@ -145,9 +226,12 @@ class Attention(AttentionTensors):
         roped = np.empty((n_tokens, hp.n_head, hp.head_dim), np.float32)
         prepare_attention(q, k, v, *self.biases, self.q_norm, self.k_norm, np.float32(hp.rms_eps), *rope,
                           hp.rope_neox, kv.k[slot], kv.v[slot], start, kv.f16, roped)
-        n_ctx = start + n_tokens
-        out = attention(roped, kv.k[slot], kv.v[slot], positions, n_ctx, hp.attn_scale, kv.f16, stepwise,
-                        self.window, self.sinks)
+        if kv.tree is None:
+            out = attention(roped, kv.k[slot], kv.v[slot], positions, start + n_tokens, hp.attn_scale, kv.f16,
+                            stepwise, self.window, self.sinks)
+        else:
+            out = tree_attention(roped, kv.k[slot], kv.v[slot], kv.tree, hp.attn_scale, kv.f16, stepwise, self.window,
+                                 self.sinks)
         if self.output_gate:
             ops.sigmoid_rows(gate, gate)
             out *= gate

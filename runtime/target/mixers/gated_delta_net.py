@@ -93,12 +93,15 @@ def decay_and_beta(alpha, beta_in, dt_bias, a, g, beta):
 def delta_rule_heads(q, k, v, g, beta, state, head_dim, out, counter):
     """The gated delta rule over T tokens, one task per v-head; state (n_v_heads, S, S) holds S transposed
     and is updated in place. q, k: (T, n_k_heads * S); v, out: (T, n_v_heads * S); out may be empty
-    (replaying inputs only to rebuild the state)."""
+    (replaying inputs only to rebuild the state). g: (T, n_v_heads), one decay per head, or (T, n_v_heads * S),
+    one per key channel (KDA: ggml_gated_delta_net's kda mode, S[i][:] *= exp(g[i]))."""
     n_tokens = v.shape[0]
     n_v_heads = state.shape[0]
     n_k_heads = q.shape[1] // head_dim
+    per_channel = g.shape[1] != n_v_heads
     scale = F32(1.0) / np.sqrt(F32(head_dim))
     delta = np.empty(head_dim, np.float32)
+    decays = np.empty(head_dim, np.float32)
     kt = np.empty((1, head_dim), np.float32)     # contiguous copies of the head's k and q rows
     qt = np.empty((1, head_dim), np.float32)
     enter(counter)
@@ -111,9 +114,17 @@ def delta_rule_heads(q, k, v, g, beta, state, head_dim, out, counter):
         hk = h % n_k_heads
         for t in range(n_tokens):
             kt[0] = k[t, hk * head_dim:(hk + 1) * head_dim]
-            decay = np.exp(g[t, h])
-            for i in range(flat.size):
-                flat[i] = flat[i] * decay
+            if per_channel:
+                for i in range(head_dim):
+                    decays[i] = np.exp(g[t, h * head_dim + i])
+                for j in range(head_dim):
+                    row = m[j]
+                    for i in range(head_dim):
+                        row[i] = row[i] * decays[i]
+            else:
+                decay = np.exp(g[t, h])
+                for i in range(flat.size):
+                    flat[i] = flat[i] * decay
             for j in range(head_dim):
                 delta[j] = (v[t, h * head_dim + j] - dot_one_row(m[j], kt, 0, False)) * beta[t, h]
             for j in range(head_dim):
@@ -142,15 +153,19 @@ def gated_norm_heads(x, weight, z, eps, out):
 
 
 class GatedDeltaNet(DeltaNetTensors):
+    tree_verify = True
+
     def __post_init__(self):
         self.inputs = MatrixGroup(self.wqkv, self.wgate, self.wbeta, self.walpha)
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         """The mixer interface: kv is a HybridCache and slot this layer's index among its recurrent states."""
-        return self.mix(h, kv.recurrent[slot], stepwise)
+        return self.mix(h, kv.recurrent[slot], stepwise, kv.tree)
 
-    def mix(self, h: np.ndarray, state, stepwise: bool) -> np.ndarray:
-        """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens."""
+    def mix(self, h: np.ndarray, state, stepwise: bool, tree=None) -> np.ndarray:
+        """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens (a tree batch,
+        tree_batch.TreeBatch: each row from its parent row's state, one row at a time, the state itself left as it
+        is)."""
         qkv, z, beta_in, alpha = self.inputs(h, stepwise)
         qkv = np.ascontiguousarray(qkv)     # a column view of the group's output; the log keeps only these
         g = np.empty_like(alpha)
@@ -158,7 +173,11 @@ class GatedDeltaNet(DeltaNetTensors):
         decay_and_beta(alpha, beta_in, self.dt_bias, self.a, g, beta)
         core = np.empty((len(h), self.n_v_heads * self.head_dim), np.float32)
         state.append(qkv, g, beta)
-        self.recur(state.conv, state.ssm, qkv, g, beta, core)
+        if tree is None:
+            self.recur(state.conv, state.ssm, qkv, g, beta, core)
+        else:
+            state.walk_tree(tree.parents, lambda conv, ssm, i: self.recur(conv, ssm, qkv[i:i + 1], g[i:i + 1],
+                                                                         beta[i:i + 1], core[i:i + 1]))
         normed = np.empty_like(core)
         gated_norm_heads(core, self.norm, z, F32(self.eps), normed)
         return self.wout(normed, stepwise)

@@ -1,0 +1,114 @@
+"""MLA (multi-head latent attention) as kimi-k3 runs it: nope-only (no RoPE anywhere), absorbed, served as MQA
+over a cache of the compressed latent, as llama.cpp's CPU backend computes it (build_mla_layer in
+src/models/kimi-k3.cpp, build_attn with a K-only cache, flash attention off):
+
+    q       = W_q x,  or W_q_b (rmsnorm(W_q_a x) * q_a_norm)              (T, n_head, nope + rope)
+    c, k_pe = W_kv_a x split at kv_lora;  c = rmsnorm(c) * kv_a_norm
+    Q_h     = [k_b_h . q_nope_h, q_pe_h]          K = [c, k_pe] (the cache row, rounded to f16)   V = c
+    o_h     = v_b_h . softmax(Q_h . K / sqrt(nope + rope)) V             (attention.attention over the cache)
+    out     = W_o (o * sigmoid(W_gate x))
+
+k_b and v_b are per-head matrices (ggml mul_mat with the head as the batch dimension). Being 3-D, llama.cpp never
+repacks them (its CPU_REPACK buffer takes 2-D MUL_MAT weights only), so they are summed in vec_dot / tinyBLAS
+order whatever their type. q_nope reaches k_b as a permuted view: llama.cpp converts it to the weight's vec_dot
+type first, so its tinyBLAS batch layout applies as usual except for F32 weights, which keep the input as is and
+so take vec_dot row by row. Where every row is a one-row dot anyway (one token, stepwise, 32-value block types
+whose batch kernel has the one-row shape, F32 k_b), all heads go through one kernel call as a stack. V is the
+cache's first kv_lora values (a view of K, the same f16 values), transposed for the product with the
+probabilities. A draft tree's rows (tree_batch.py) attend over the latent cache and their own path, laid out as a
+one-token step along it has them (attention.tree_attention); nothing else in the layer mixes tokens.
+"""
+
+import numpy as np
+from numba import njit
+
+from gguf import GGMLQuantizationType as T
+
+from ggtools.runtime.kernels import matmul, ops
+from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16
+from ggtools.runtime.target.kimi_k3_pieces import MLATensors
+from ggtools.runtime.target.mixers.attention import attention, tree_attention
+from ggtools.runtime.weights import Matrix, MatrixGroup
+
+
+@njit(**EXACT)
+def write_latent(latent, k_pe, k_cache, vt_cache, start, f16):
+    """Cache rows start..: K = [latent, k_pe] (f16-rounded for an f16 cache) into k_cache (1, capacity, d), and
+    the latent, transposed, into vt_cache (1, d, capacity)'s first rows."""
+    n_lora = latent.shape[1]
+    for t in range(latent.shape[0]):
+        for i in range(k_cache.shape[2]):
+            x = latent[t, i] if i < n_lora else k_pe[t, i - n_lora]
+            x = to_f16(x) if f16 else x
+            k_cache[0, start + t, i] = x
+            if i < n_lora:
+                vt_cache[0, i, start + t] = x
+
+
+def plain_order(m: Matrix) -> Matrix:
+    """m summed as llama.cpp sums a weight it does not repack (vec_dot / tinyBLAS order)."""
+    if m.layout.kernel_id != m.layout.type_id:
+        m.layout.kernel_id = m.layout.type_id
+        m.plan = matmul.MatmulPlan([m.layout], m.buf, [m.offset], m.n_expert)
+    return m
+
+
+def head_stack(slices: list) -> MatrixGroup | None:
+    """The per-head matrices as one stack (one kernel call for all heads), when they lie one after the other."""
+    first, step = slices[0], slices[0].data.size
+    if any(m.buf is not first.buf or m.offset != first.offset + h * step for h, m in enumerate(slices)):
+        return None
+    return MatrixGroup(plain_order(Matrix(first.name, first.qtype, first.n_rows, first.n_cols, first.buf,
+                                          first.offset, len(slices))))
+
+
+class MLA(MLATensors):
+    tree_verify = True
+
+    def __post_init__(self):
+        first = [self.wq_a if self.wq is None else self.wq, self.wkv_a] + ([self.wgate] if self.wgate else [])
+        self.inputs = MatrixGroup(*first)
+        self.wk_b, self.wv_b = [plain_order(m) for m in self.wk_b], [plain_order(m) for m in self.wv_b]
+        self.k_b_stack, self.v_b_stack = head_stack(self.wk_b), head_stack(self.wv_b)
+        self.heads = np.arange(self.n_head, dtype=np.int64)
+        # the permuted q_nope: F32 weights take it row by row (no tinyBLAS without a contiguous input)
+        self.k_b_stepwise = self.wk_b[0].qtype == T.F32
+
+    def per_head(self, slices: list, stack, x: np.ndarray, stepwise: bool) -> np.ndarray:
+        """x (T, n_head, n_cols) through each head's matrix -> (T, n_head, n_rows)."""
+        n_tokens = len(x)
+        if stack is not None and (n_tokens == 1 or stepwise or slices[0].layout.block32):
+            rows = np.ascontiguousarray(x.transpose(1, 0, 2)).reshape(-1, x.shape[2])
+            groups = np.arange(0, (self.n_head + 1) * n_tokens, n_tokens, dtype=np.int64)
+            (out,) = stack.run_experts(rows, None, self.heads, groups)
+            return out.reshape(self.n_head, n_tokens, -1).transpose(1, 0, 2)
+        out = np.empty((n_tokens, self.n_head, slices[0].n_rows), np.float32)
+        for i in range(self.n_head):
+            out[:, i] = slices[i](np.ascontiguousarray(x[:, i]), stepwise)
+        return out
+
+    def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
+        n_tokens, n_head, eps = len(h), self.n_head, self.eps
+        q, kv_a, *gate = self.inputs(h, stepwise)
+        if self.wq is None:
+            q = self.wq_b(ops.rms_norm(q, self.q_a_norm, eps), stepwise)
+        latent = ops.rms_norm(kv_a[:, :self.kv_lora], self.kv_a_norm, eps)
+        heads = q.reshape(n_tokens, n_head, self.q_head)
+        query = np.empty((n_tokens, n_head, self.kv_lora + self.rope_dims), np.float32)
+        query[:, :, :self.kv_lora] = self.per_head(self.wk_b, self.k_b_stack, heads[:, :, :self.qk_nope],
+                                                   stepwise or self.k_b_stepwise)
+        query[:, :, self.kv_lora:] = heads[:, :, self.qk_nope:]
+        start = int(positions[0])
+        write_latent(latent, np.ascontiguousarray(kv_a[:, self.kv_lora:]), kv.k[slot], kv.v[slot], start, kv.f16)
+        if kv.tree is None:
+            mixed = attention(query, kv.k[slot], kv.v[slot], positions, start + n_tokens, hp.attn_scale, kv.f16,
+                              stepwise, d_v=self.kv_lora)
+        else:
+            mixed = tree_attention(query, kv.k[slot], kv.v[slot], kv.tree, hp.attn_scale, kv.f16, stepwise,
+                                   d_v=self.kv_lora)
+        out = self.per_head(self.wv_b, self.v_b_stack, mixed.reshape(n_tokens, n_head, self.kv_lora),
+                            stepwise).reshape(n_tokens, -1)
+        if gate:
+            ops.sigmoid_rows(gate[0], gate[0])
+            out *= gate[0]
+        return self.wo(out, stepwise)
