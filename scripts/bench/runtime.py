@@ -16,8 +16,8 @@ machine other processes slow everything down unpredictably, and the best round i
 checks that ours and the oracle produced the same greedy tokens (the native build's numerics differ: its tokens
 are reported, not required). The summary ends with a scaling table: decode tok/s per thread count.
 
-Without GGUF arguments: SmolLM2-135M-Instruct Q4_1 (scripts/fixtures/smollm2.py) and the same model requantized by llama.cpp to
-Q8_0 and Q4_K_M (cached), the tiny routed-expert targets of scripts/fixtures/moe_targets.py (qwen3moe F16 and
+Without GGUF arguments: SmolLM2-135M-Instruct Q4_1 (scripts/fixtures/smollm2.py) and the same model requantized
+by llama.cpp to Q8_0 and Q4_K_M (cached), the tiny routed-expert targets of scripts/fixtures/moe_targets.py (qwen3moe F16 and
 Q8_0, gpt-oss F16 and MXFP4_MOE) and the tiny Gated DeltaNet hybrids of scripts/fixtures/hybrid_targets.py (qwen35
 F16 and Q8_0, qwen35moe F16 and MXFP4_MOE) and the tiny Kimi K3 of scripts/fixtures/kimi_k3_targets.py (F16, Q8_0
 trunk + MXFP4 experts); built into the fixture cache on first use, left out when their oracles are not installed.
