@@ -4,6 +4,8 @@ write_moe_set: a Kimi-like MoE shard set — MXFP4 routed experts, a Q8_0 trunk 
 token_embd, output), F32 norms and routers, and 128-wide Q8_0 tensors (attn_k_b) that Q4_K cannot take.
 """
 
+from types import SimpleNamespace
+
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as VT
@@ -86,3 +88,88 @@ def write_moe_set(prefix, *, layers=4, hidden=512, ffn=256, experts=8, vocab=204
                     w.write(chunk)
         paths.append(path)
     return paths
+
+
+# ---- a runnable MoE target (qwen3moe) --------------------------------------------------------------
+
+DEMO_TARGET = "data/demo/target.gguf"     # its tokenizer (2048-token byte-level BPE) is the sample's
+
+
+def runnable_moe_specs(layers, hidden, heads, kv_heads, head_dim, ffn, experts, vocab, trunk=T.Q8_0):
+    """(name, ne, type) of a qwen3moe target in file order: a `trunk`-typed (Q8_0 or Q4_K) attention, embedding
+    and output, F32 norms and routers, MXFP4 routed experts."""
+    specs = [("token_embd.weight", (hidden, vocab), trunk)]
+    for i in range(layers):
+        b = f"blk.{i}."
+        specs += [
+            (b + "attn_norm.weight", (hidden,), T.F32),
+            (b + "attn_q.weight", (hidden, heads * head_dim), trunk),
+            (b + "attn_k.weight", (hidden, kv_heads * head_dim), trunk),
+            (b + "attn_v.weight", (hidden, kv_heads * head_dim), trunk),
+            (b + "attn_output.weight", (heads * head_dim, hidden), trunk),
+            (b + "attn_q_norm.weight", (head_dim,), T.F32),
+            (b + "attn_k_norm.weight", (head_dim,), T.F32),
+            (b + "ffn_norm.weight", (hidden,), T.F32),
+            (b + "ffn_gate_inp.weight", (hidden, experts), T.F32),
+            (b + "ffn_gate_exps.weight", (hidden, ffn, experts), T.MXFP4),
+            (b + "ffn_up_exps.weight", (hidden, ffn, experts), T.MXFP4),
+            (b + "ffn_down_exps.weight", (ffn, hidden, experts), T.MXFP4),
+        ]
+    specs += [("output_norm.weight", (hidden,), T.F32), ("output.weight", (hidden, vocab), trunk)]
+    return specs
+
+
+def _runnable_bytes(name, ne, qtype, rng, chunk_rows=4096):
+    """Norms around 1, routers and trunk matrices of normal values scaled by 1/sqrt(row length) (activations keep
+    their size through the layers), MXFP4 experts as tensor_bytes makes them."""
+    if qtype == T.MXFP4:
+        yield from tensor_bytes(ne, qtype, rng, chunk_rows)
+        return
+    rows = int(np.prod(ne[1:], dtype=np.int64)) if len(ne) > 1 else 1
+    norm = name.endswith("norm.weight")
+    for start in range(0, rows, chunk_rows):
+        x = rng.standard_normal((min(chunk_rows, rows - start), ne[0]), dtype=np.float32)
+        x = x * 0.1 + 1 if norm else x / np.float32(np.sqrt(ne[0]))
+        yield (x if qtype == T.F32 else quantize(qtype, x)).tobytes()
+
+
+def runnable_moe_layer_bytes(hidden, heads, kv_heads, head_dim, ffn, experts, trunk=T.Q8_0) -> int:
+    """Bytes of one layer of runnable_moe_specs (to choose a layer count for a file size)."""
+    return sum(nbytes(ne, t) for name, ne, t in runnable_moe_specs(1, hidden, heads, kv_heads, head_dim, ffn, experts,
+                                                                   256, trunk) if name.startswith("blk."))
+
+
+def write_runnable_moe(path, *, layers=4, hidden=512, heads=4, kv_heads=2, head_dim=128, ffn=256, experts=8, used=2,
+                       trunk=T.Q8_0, context=2048, seed=0, force=False, progress=None) -> str:
+    """A qwen3moe target the runtime (and llama.cpp) runs: the demo target's tokenizer, random weights (MXFP4
+    experts, a Q8_0 or Q4_K trunk). progress(bytes) is called after each chunk written. Returns the path."""
+    from importlib.resources import files
+
+    from ggtools.gguf import GGUFFile
+    rng = np.random.default_rng(seed)
+    with GGUFFile(str(files("ggtools") / DEMO_TARGET)) as demo:
+        tokenizer = [SimpleNamespace(key=kv.key, raw=bytes(kv.raw), vtype=kv.vtype, value=None)
+                     for kv in demo.kvs if kv.key.startswith("tokenizer.")]     # copied before the file closes
+        vocab = len(demo.get("tokenizer.ggml.tokens"))
+    specs = runnable_moe_specs(layers, hidden, heads, kv_heads, head_dim, ffn, experts, vocab, trunk)
+    with GGUFWriter(path, force=force) as w:
+        w.add_kv("general.architecture", VT.STRING, "qwen3moe")
+        w.add_kv("general.name", VT.STRING, "synthetic-moe")
+        for key, value in (("block_count", layers), ("context_length", context), ("embedding_length", hidden),
+                           ("feed_forward_length", ffn), ("expert_feed_forward_length", ffn),
+                           ("expert_count", experts), ("expert_used_count", used), ("attention.head_count", heads),
+                           ("attention.head_count_kv", kv_heads), ("attention.key_length", head_dim),
+                           ("attention.value_length", head_dim)):
+            w.add_kv(f"qwen3moe.{key}", VT.UINT32, value)
+        w.add_kv("qwen3moe.attention.layer_norm_rms_epsilon", VT.FLOAT32, 1e-6)
+        w.add_kv("qwen3moe.rope.freq_base", VT.FLOAT32, 1e6)
+        for kv in tokenizer:
+            w.add_kv_record(kv)
+        for name, ne, qtype in specs:
+            w.add_tensor_info(name, ne, qtype, nbytes(ne, qtype))
+        for name, ne, qtype in specs:
+            for chunk in _runnable_bytes(name, ne, qtype, rng):
+                w.write(chunk)
+                if progress:
+                    progress(len(chunk))
+    return str(path)

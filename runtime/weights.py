@@ -3,7 +3,19 @@
 A `Matrix` is one 2-D weight (ne = [n_cols, n_rows]): `matmul` runs the dequantize-on-the-fly kernel,
 `rows` dequantizes selected rows (embedding lookup); or a stack of experts (ne = [n_cols, n_rows, n_expert]),
 run through `MatrixGroup.run_experts`. Vectors (norms, biases) are small and become float32 arrays.
+
+Memory model (docs/runtime.md, "Memory"): files are mapped read-only, without MAP_POPULATE or MADV_WILLNEED on the
+whole file (llama.cpp's default prefetch, which faults every expert of a model larger than RAM in at load), so
+pages come in as a forward touches them and stay in the page cache, which can drop them. When the routed experts
+are too large to stay cached (expert stacks over half of the available memory, or GGTOOLS_EXPERT_PAGING=on), the
+experts are paged: their ranges are MADV_RANDOM (a fault reads its page, not the kernel's read-around window of
+read_ahead_kb, which would pull in neighbouring experts no token routes to) and each routed expert's bytes are
+asked for with MADV_WILLNEED as soon as the router has picked it (one large asynchronous read per expert and
+matrix, all in flight together, before the matmul faults on them).
 """
+
+import ctypes
+import os
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -16,9 +28,50 @@ from ggtools.runtime.kernels import matmul
 from ggtools.runtime.errors import ModelError
 
 
+MADV_RANDOM, MADV_WILLNEED = 1, 3      # Linux <sys/mman.h>
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_madvise = getattr(_LIBC, "madvise", None)
+if _madvise is not None:
+    _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+def madvise(buf: np.ndarray, offset: int, length: int, advice: int) -> None:
+    """madvise the pages holding buf[offset:offset + length] (a mapped file); errors ignored (advice only)."""
+    if _madvise is None or length <= 0:
+        return
+    start = buf.ctypes.data + offset
+    first = start - start % PAGE
+    _madvise(first, start + length - first, advice)
+
+
+def available_memory() -> int:
+    """MemAvailable of /proc/meminfo in bytes (0 when unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def experts_paged(expert_bytes: int) -> bool:
+    """Whether expert stacks of expert_bytes in all are paged (module docstring): GGTOOLS_EXPERT_PAGING on / off, or
+    auto (the default): when they exceed half of the available memory."""
+    mode = os.environ.get("GGTOOLS_EXPERT_PAGING", "auto").lower()
+    if mode in ("on", "1", "yes"):
+        return True
+    if mode in ("off", "0", "no"):
+        return False
+    available = available_memory()
+    return bool(available) and expert_bytes > available // 2
+
+
 class Matrix:
     def __init__(self, name: str, qtype: GGMLQuantizationType, n_rows: int, n_cols: int, buf: np.ndarray,
-                 offset: int = 0, n_expert: int = 1):
+                 offset: int = 0, n_expert: int = 1, paged: bool = False):
         self.name, self.qtype = name, qtype
         self.n_rows = n_rows    # outputs (ne[1])
         self.n_cols = n_cols    # inputs (ne[0], the row length)
@@ -29,6 +82,16 @@ class Matrix:
         # how llama.cpp rounds this matrix's input (kernels.matmul.ACT_*); equal kinds share one rounding
         self.activation = self.layout.activation
         self.plan = matmul.MatmulPlan([self.layout], buf, [offset]) if self.activation is not None else None
+        self.paged = paged and n_expert > 1     # an expert stack read as the router asks for its experts
+        if self.paged:
+            madvise(buf, offset, self.data.size, MADV_RANDOM)
+
+    def prefetch(self, experts) -> None:
+        """Ask for the bytes of these experts (a paged stack; nothing otherwise) without waiting for them."""
+        if self.paged:
+            per_expert = self.data.size // self.n_expert
+            for e in experts:
+                madvise(self.buf, self.offset + int(e) * per_expert, per_expert, MADV_WILLNEED)
 
     def matmul(self, prepared: matmul.PreparedInput, stepwise: bool = False) -> np.ndarray:
         """prepared: input rows (rows, n_cols) rounded for this matrix's activation kind -> (rows, n_rows)."""
@@ -59,6 +122,7 @@ class WeightFile:
         for f in files:
             for t in f.tensors:
                 self._where.setdefault(t.name, (f, t))
+        self.paged_experts = experts_paged(sum(t.nbytes or 0 for f, t in self._where.values() if len(t.ne) == 3))
 
     def has(self, name: str) -> bool:
         return name in self._where
@@ -104,6 +168,8 @@ class WeightFile:
         if t.ne[0] % GGML_QUANT_SIZES[qtype][0]:
             raise ModelError(f"{f.path}: tensor '{name}' rows of {t.ne[0]} values are not whole {qtype.name} blocks")
         f.tensor_data(t)   # checks the size and that the data lies inside the file
+        if n_expert is not None and self.paged_experts and self.make_matrix is Matrix:
+            return Matrix(name, qtype, int(ne[1]), int(ne[0]), self._buffer(f), t.data_start, int(ne[2]), paged=True)
         return self.make_matrix(name, qtype, int(ne[1]), int(ne[0]), self._buffer(f), t.data_start,
                                 int(ne[2]) if n_expert is not None else 1)
 
@@ -174,10 +240,16 @@ class MatrixGroup:
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> list[np.ndarray]:
         return self._each_plan(x, None, lambda plan, prepared: plan.run(prepared, stepwise))
 
+    def prefetch(self, experts) -> None:
+        """Ask for these experts' bytes of every (paged) stack of the group, without waiting."""
+        for m in self.matrices:
+            m.prefetch(experts)
+
     def run_experts(self, x: np.ndarray, rows: np.ndarray, experts: np.ndarray, groups: np.ndarray) -> list:
         """Stacks of experts: input rows x[rows[j]] for j in groups[g]..groups[g + 1]-1 through expert experts[g]
         (each input row rounded once, however many experts it goes to; rows None: x's rows in order) ->
-        outputs in the order of `rows`."""
+        outputs in the order of `rows`. Paged stacks are asked for their experts first (Matrix.prefetch)."""
+        self.prefetch(experts)
         return self._each_plan(x, rows, lambda plan, prepared: plan.run_experts(prepared, experts, groups))
 
     def _each_plan(self, x, rows, run) -> list:

@@ -3,6 +3,7 @@ bytes of experts no token routes to can be garbage without changing a bit of the
 part of the mapped file after a run grows with the experts touched, not with the file."""
 
 import contextlib
+import gc
 import os
 import shutil
 
@@ -154,3 +155,37 @@ def test_resident_memory_grows_with_the_experts_touched(tmp_path):
     for resident, n_experts in ((one_token, touched), (many, sum(map(len, seen)))):
         read_around = 3 * n_experts * (128 << 10)     # the kernel reads a window around each faulting stack
         assert n_experts * per_expert - (64 << 10) <= resident <= n_experts * per_expert + trunk + read_around
+
+
+def test_paged_experts_read_the_routed_experts_and_no_read_around(tmp_path, monkeypatch):
+    """GGTOOLS_EXPERT_PAGING=on (runtime/weights.py): the expert stacks are MADV_RANDOM and each routed expert is
+    asked for with MADV_WILLNEED, so what is resident of the mapped file after a token from a cold page cache is the
+    touched experts and the trunk, without the kernel's read-around window around each expert's faults (the bound
+    of the test above with two pages per expert and stack for the page rounding at each end instead of its
+    read_around term, which grows with the experts; the trunk's own faults still read around, into the two stacks
+    beside a router or a norm in each layer: one 128 KiB window each); the output's bits are those of the unpaged
+    run."""
+    path = write_moe(tmp_path / "big.gguf", n_expert=64, n_ff=4096)
+    unpaged = TargetModel(path, threads=1)
+    want, _ = unpaged.forward([7])
+    unpaged.close()     # its mapping goes: its pages could neither be dropped nor told apart from the paged run's
+    del unpaged
+    gc.collect()
+    monkeypatch.setenv("GGTOOLS_EXPERT_PAGING", "on")
+    drop_from_page_cache(path)
+    model = TargetModel(path, threads=1)
+    assert model.weights.paged_experts
+    stacks = expert_stacks(model, 0)
+    per_expert = sum(m.data.size // m.n_expert for m in stacks)
+    trunk = path.stat().st_size - LAYERS * 64 * per_expert
+    with recorded_routes(model) as seen:
+        got, _ = model.forward([7])
+        resident = mapped_rss(path)
+    touched = sum(map(len, seen))
+    print(f"resident {resident / 2**10:.0f} KiB: {touched} experts of {per_expert / 2**10:.0f} KiB, trunk "
+          f"{trunk / 2**10:.0f} KiB")
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    page_rounding = touched * len(stacks) * 2 * os.sysconf("SC_PAGE_SIZE")
+    trunk_read_around = LAYERS * 2 * (128 << 10)
+    assert touched * per_expert - (64 << 10) <= resident
+    assert resident <= touched * per_expert + trunk + page_rounding + trunk_read_around

@@ -182,6 +182,7 @@ class RoutedExperts(RoutedExpertsTensors):
     def __call__(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
         experts, weights = self.route(h, stepwise)
         rows, sorted_experts, slot_pos, used, groups = self.slots(experts)
+        self.down_group.prefetch(used)      # experts paged from disk: down's bytes come in while gate and up run
         gate, up = self.gate_up.run_experts(h, rows, used, groups)
         act = np.empty_like(gate)
         activate(gate, up, self.gate_bias, self.up_bias, sorted_experts, self.oai, act)

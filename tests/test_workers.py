@@ -1,0 +1,84 @@
+"""The workers' fast path (workers.run_job): jobs handed to polling worker threads through the control array give
+the bits of one thread, job after job (no worker may run a job with another job's arguments), whether the workers
+poll, were asleep, or are woken mid-burst; and a worker's share really is done by the worker."""
+
+import time
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from ggtools.runtime.kernels import matmul, workers
+from tests.test_runtime_kernels import make_weights
+
+TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.MXFP4, T.F16, T.Q4_K]
+
+
+@pytest.fixture
+def threads():
+    yield workers.set_threads
+    workers.set_threads(workers.default_threads())
+
+
+def matmuls(seed, count=300):
+    """Random matmul cases (matrix types, shapes, batch sizes) that the workers split (over MATMUL_MIN_WORK)."""
+    rng = np.random.default_rng(seed)
+    weights = {t: make_weights(t, n_rows=256, n_cols=512, seed=i)[0] for i, t in enumerate(TYPES)}
+    cases = []
+    for _ in range(count):
+        qtype = TYPES[rng.integers(len(TYPES))]
+        n_rows = int(rng.choice([128, 256]))
+        x = rng.standard_normal((int(rng.integers(1, 9)), 512)).astype(np.float32)
+        cases.append((qtype, n_rows, weights[qtype], x))
+    assert all(len(x) * n_rows * 512 >= workers.MATMUL_MIN_WORK for _, n_rows, _, x in cases)
+    return cases
+
+
+def run_all(cases, pause=0.0):
+    out = []
+    for qtype, n_rows, data, x in cases:
+        layout = matmul.Layout(qtype, n_rows, 512)
+        out.append(matmul.matmul(layout, data, matmul.PreparedInput(x, layout.activation)))
+        if pause:
+            time.sleep(pause)
+    return out
+
+
+def test_fast_path_jobs_give_one_threads_bits_job_after_job(threads):
+    cases = matmuls(0)
+    threads(1)
+    want = run_all(cases)
+    for n in (2, 3, 4):
+        threads(n)
+        got = run_all(cases)
+        assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(want, got)), n
+
+
+def test_sleeping_workers_are_woken_and_change_no_bit(threads, monkeypatch):
+    """Workers that sleep between jobs (a pause longer than their polling time) are woken by the next job; the
+    job runs right whether or not they join it in time."""
+    cases = matmuls(1, count=40)
+    threads(1)
+    want = run_all(cases)
+    monkeypatch.setattr(workers, "SPIN_SECONDS", 20e-6)
+    threads(3)
+    got = run_all(cases, pause=2e-3)
+    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(want, got))
+
+
+def test_polling_workers_take_tasks(threads):
+    """A worker joins fast-path jobs: after a job the claim counter stands at the task count plus one final claim
+    per thread that ran the job's claim loop, so n_tasks + 2 when the worker took part (the caller alone: + 1).
+    Jobs are repeated until that is seen (a loaded machine may not run the worker for a while)."""
+    pool = threads(2)
+    data, _ = make_weights(T.Q8_0, n_rows=4096, n_cols=512)
+    layout = matmul.Layout(T.Q8_0, 4096, 512)
+    x = matmul.PreparedInput(np.ones((1, 512), np.float32), layout.activation)
+    plan = matmul.MatmulPlan([layout], data, [0])
+    n_tasks, seen = len(plan.tasks), set()
+    for _ in range(5000):
+        plan.run(x)
+        seen.add(int(pool.control[workers.CLAIM]))
+        if n_tasks + 2 in seen:
+            break
+    assert n_tasks + 2 in seen and seen <= {n_tasks + 1, n_tasks + 2}, seen
