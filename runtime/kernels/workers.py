@@ -355,13 +355,17 @@ def run(kernel, n_tasks: int, work: int, min_work: int, *args) -> None:
         kernel(*args, np.zeros(2, np.int64))
 
 
+def in_caller(n_tasks: int, work: int, min_work: int) -> bool:
+    """Whether run_job runs a job of n_tasks tasks and `work` multiply-adds in the calling thread alone."""
+    return work < min_work or n_tasks <= 1 or pool().n_threads <= 1
+
+
 def run_job(job: Job, n_tasks: int, work: int, min_work: int, *args) -> None:
     """The same on the fast path (args: C-contiguous arrays and integers, as job.post takes them)."""
-    workers = pool()
-    if work >= min_work and n_tasks > 1 and workers.n_threads > 1:
-        workers.post(job, *args)
-    else:
+    if in_caller(n_tasks, work, min_work):
         job.kernel(*args, np.zeros(2, np.int64))
+    else:
+        pool().post(job, *args)
 
 
 def pool() -> Workers:
