@@ -173,15 +173,6 @@ def one_token_experts(h, used, weights, gate_up, gate_cols, up_cols, down, gate_
     combine_rows(dn, down_bias, used, slot_pos, weights, out)
 
 
-def one_token_plan(plan, k: int) -> tuple:
-    """one_token_experts' arguments for a block32 MatmulPlan: its kernel's with scratch input and output arrays
-    for k rows, shaped as matmul.PreparedInput and MatmulPlan._run make them."""
-    kernel_id, block_bytes, row_bytes, buf = plan.weight_args
-    prepared = matmul.PreparedInput(np.zeros((k, plan.layout.n_cols), np.float32), plan.layout.activation)
-    return (plan.layout.activation, kernel_id, block_bytes, row_bytes, buf, prepared.xq, prepared.xd,
-            np.ascontiguousarray(prepared.xs), plan.tasks, np.empty((k, plan.n_rows), np.float32))
-
-
 class RoutedExperts(RoutedExpertsTensors):
     """The routed-expert FFN of one layer on numba: rows grouped by expert, each routed expert's stack read once."""
 
@@ -209,7 +200,7 @@ class RoutedExperts(RoutedExpertsTensors):
         gate_cols, up_cols = (np.array(gate_up.columns[idx.index(i)], np.int64) for i in (0, 1))
         act = np.empty((k, self.gate.n_rows), np.float32)
         splits = [(len(plan.tasks) * k, k * plan.n_rows * plan.layout.n_cols) for plan in (gate_up, down)]
-        return (one_token_plan(gate_up, k), gate_cols, up_cols, one_token_plan(down, k), act), splits
+        return (gate_up.call_args(k), gate_cols, up_cols, down.call_args(k), act), splits
 
     def route(self, h: np.ndarray, stepwise: bool) -> tuple[np.ndarray, np.ndarray]:
         """(T, n_embd) -> experts (T, k) int64 in descending order of probability, weights (T, k) float32."""
