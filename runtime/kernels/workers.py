@@ -168,15 +168,21 @@ def leave(counter):
 
 
 @njit(cache=True, nogil=True)
-def wait_idle(counter):
-    """Wait until no thread is inside the job's claim loop (called once the tasks are all claimed)."""
+def wait_zero(array, index):
+    """Spin until array[index] is 0, then yield the CPU between polls."""
     spins = 0
-    while atomic_get(counter, 1) != 0:
+    while atomic_get(array, index) != 0:
         spins += 1
         if spins < 4096:
             cpu_relax()
         else:
             yield_cpu()
+
+
+@njit(cache=True, nogil=True)
+def wait_idle(counter):
+    """Wait until no thread is inside the job's claim loop (called once the tasks are all claimed)."""
+    wait_zero(counter, 1)
 
 
 # ---- the fast path: a job's arguments in the control array ----------------------------------------------
@@ -218,13 +224,7 @@ def publish(control, entry):
 def close_job(control):
     """Close the job (the generation becomes odd) and wait for the workers still in it."""
     atomic_add(control, GEN, 1)
-    spins = 0
-    while atomic_get(control, ACTIVE) != 0:
-        spins += 1
-        if spins < 4096:
-            cpu_relax()
-        else:
-            yield_cpu()
+    wait_zero(control, ACTIVE)
 
 
 @njit(cache=True, nogil=True)
