@@ -236,6 +236,7 @@ class MatrixGroup:
         self.parts = [(idx, matmul.MatmulPlan([matrices[i].layout for i in idx], matrices[idx[0]].buf,
                                               [matrices[i].offset for i in idx], matrices[idx[0]].n_expert))
                       for idx in parts.values()]
+        self.paged = any(getattr(m, "paged", False) for m in matrices)
 
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> list[np.ndarray]:
         return self._each_plan(x, None, lambda plan, prepared: plan.run(prepared, stepwise))

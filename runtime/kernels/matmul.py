@@ -885,6 +885,15 @@ class MatmulPlan:
             self.job, self.weight_args = MATMUL_FLOAT, (first.type_id, first.qk, first.block_bytes, first.row_bytes,
                                                         buf)
 
+    def call_args(self, n_in: int) -> tuple:
+        """For calling a block32 plan's kernel from numba on n_in input rows: (activation kind, kernel id, block
+        bytes, row bytes, buf, xq, xd, xs, tasks, out), scratch xq, xd, xs and out shaped as PreparedInput and _run
+        make them, kept by the caller and written anew by every call."""
+        kernel_id, block_bytes, row_bytes, buf = self.weight_args
+        prepared = PreparedInput(np.zeros((n_in, self.layout.n_cols), np.float32), self.layout.activation)
+        return (self.layout.activation, kernel_id, block_bytes, row_bytes, buf, prepared.xq, prepared.xd,
+                np.ascontiguousarray(prepared.xs), self.tasks, np.empty((n_in, self.n_rows), np.float32))
+
     def run(self, a: PreparedInput, stepwise: bool = False) -> list:
         """(rows, n_cols) input prepared for the plan's activation kind -> one (rows, n_rows) output
         per matrix (column views of one array). stepwise: every row computed as llama.cpp computes a

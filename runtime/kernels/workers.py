@@ -168,15 +168,21 @@ def leave(counter):
 
 
 @njit(cache=True, nogil=True)
-def wait_idle(counter):
-    """Wait until no thread is inside the job's claim loop (called once the tasks are all claimed)."""
+def wait_zero(array, index):
+    """Spin until array[index] is 0, then yield the CPU between polls."""
     spins = 0
-    while atomic_get(counter, 1) != 0:
+    while atomic_get(array, index) != 0:
         spins += 1
         if spins < 4096:
             cpu_relax()
         else:
             yield_cpu()
+
+
+@njit(cache=True, nogil=True)
+def wait_idle(counter):
+    """Wait until no thread is inside the job's claim loop (called once the tasks are all claimed)."""
+    wait_zero(counter, 1)
 
 
 # ---- the fast path: a job's arguments in the control array ----------------------------------------------
@@ -218,13 +224,7 @@ def publish(control, entry):
 def close_job(control):
     """Close the job (the generation becomes odd) and wait for the workers still in it."""
     atomic_add(control, GEN, 1)
-    spins = 0
-    while atomic_get(control, ACTIVE) != 0:
-        spins += 1
-        if spins < 4096:
-            cpu_relax()
-        else:
-            yield_cpu()
+    wait_zero(control, ACTIVE)
 
 
 @njit(cache=True, nogil=True)
@@ -355,13 +355,17 @@ def run(kernel, n_tasks: int, work: int, min_work: int, *args) -> None:
         kernel(*args, np.zeros(2, np.int64))
 
 
+def in_caller(n_tasks: int, work: int, min_work: int) -> bool:
+    """Whether run_job runs a job of n_tasks tasks and `work` multiply-adds in the calling thread alone."""
+    return work < min_work or n_tasks <= 1 or pool().n_threads <= 1
+
+
 def run_job(job: Job, n_tasks: int, work: int, min_work: int, *args) -> None:
     """The same on the fast path (args: C-contiguous arrays and integers, as job.post takes them)."""
-    workers = pool()
-    if work >= min_work and n_tasks > 1 and workers.n_threads > 1:
-        workers.post(job, *args)
-    else:
+    if in_caller(n_tasks, work, min_work):
         job.kernel(*args, np.zeros(2, np.int64))
+    else:
+        pool().post(job, *args)
 
 
 def pool() -> Workers:

@@ -24,8 +24,9 @@ DEFAULT_WINDOW = 64
 
 
 class RecurrentState:
-    """One recurrent (Gated DeltaNet or KDA) layer: its conv rows and delta-rule matrices at the cache's end, the checkpoint, and
-    the logged inputs since the checkpoint. `mixer.recur(conv, ssm, qkv, g, beta)` advances a state."""
+    """One recurrent (Gated DeltaNet or KDA) layer: its conv rows and delta-rule matrices at the cache's end, the
+    checkpoint, and the logged inputs since the checkpoint. `mixer.recur(conv, ssm, qkv, g, beta)` advances a
+    state."""
 
     def __init__(self, mixer, arrays=HOST_ARRAYS):
         """mixer: the layer's Gated DeltaNet; arrays: its backend's zeros / copy / cat (kvcache.HOST_ARRAYS)."""
@@ -54,6 +55,16 @@ class RecurrentState:
     def tensors(self) -> tuple:
         """The arrays the state is made of, in the order `mixer.recur` takes them."""
         return self.conv, self.ssm
+
+    def advance(self, qkv, g, beta, recur_rows, tree=None) -> None:
+        """Log the inputs and move the state over their rows: recur_rows(conv, ssm, rows) advances a state over
+        the rows (a slice) and writes their outputs; a sequence in order, a tree batch (tree_batch.TreeBatch) each
+        row from its parent row's state (walk_tree)."""
+        self.append(qkv, g, beta)
+        if tree is None:
+            recur_rows(*self.tensors, slice(None))
+        else:
+            self.walk_tree(tree.parents, lambda conv, ssm, i: recur_rows(conv, ssm, slice(i, i + 1)))
 
     def walk_tree(self, parents, advance) -> None:
         """A tree batch: advance(*tensors, i) moves a state over row i (writing row i's output), each row from the

@@ -48,16 +48,12 @@ class GatedDeltaNet(DeltaNetTensors):
             g, beta = gm.softplus(alpha + self.dt_bias) * self.a, gm.sigmoid(beta_in)
         else:
             g, beta = F.softplus(alpha + self.dt_bias, threshold=20.0) * self.a, torch.sigmoid(beta_in)
-        state.append(qkv, g, beta)
-        if tree is None:
-            core = self.recur(state.conv, state.ssm, qkv, g, beta)
-        else:
-            core = torch.empty((len(h), self.n_v_heads * self.head_dim), dtype=torch.float32, device=h.device)
+        core = torch.empty((len(h), self.n_v_heads * self.head_dim), dtype=torch.float32, device=h.device)
 
-            def advance(conv, ssm, i):
-                core[i:i + 1] = self.recur(conv, ssm, qkv[i:i + 1], g[i:i + 1], beta[i:i + 1])
+        def recur_rows(conv, ssm, r):
+            core[r] = self.recur(conv, ssm, qkv[r], g[r], beta[r])
 
-            state.walk_tree(tree.parents, advance)
+        state.advance(qkv, g, beta, recur_rows, tree)
         heads = core.reshape(len(h), self.n_v_heads, self.head_dim)
         z = z.reshape(heads.shape)
         silu = gm.silu if exact else F.silu

@@ -62,16 +62,12 @@ class KDA(KDATensors):
         else:
             g = (gm.softplus(g) if exact else F.softplus(g, threshold=20.0)) * self.a_channels
         beta = sigmoid(beta_in.float())
-        state.append(qkv, g, beta)
-        if tree is None:
-            core = self.recur(state.conv, state.ssm, qkv, g, beta)
-        else:
-            core = torch.empty((len(h), self.d_inner), dtype=torch.float32, device=h.device)
+        core = torch.empty((len(h), self.d_inner), dtype=torch.float32, device=h.device)
 
-            def advance(conv, ssm, i):
-                core[i:i + 1] = self.recur(conv, ssm, qkv[i:i + 1], g[i:i + 1], beta[i:i + 1])
+        def recur_rows(conv, ssm, r):
+            core[r] = self.recur(conv, ssm, qkv[r], g[r], beta[r])
 
-            state.walk_tree(tree.parents, advance)
+        state.advance(qkv, g, beta, recur_rows, tree)
         heads = core.reshape(len(h), self.n_v_heads, self.head_dim)
         normed = tensor_math.rms_norm(heads, self.norm, self.eps) * sigmoid(gate.float()).reshape(heads.shape)
         return self.wo(normed.reshape(len(h), -1).to(h.dtype), stepwise)

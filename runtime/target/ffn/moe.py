@@ -17,7 +17,7 @@ A shared expert (qwen35moe) composes with this class: `RoutedExperts` is the rou
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.kernels import ops
+from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.pieces import SOFTMAX, SWIGLU_OAI, RoutedExpertsTensors
 from ggtools.runtime.weights import MatrixGroup
@@ -151,6 +151,28 @@ def combine_rows(down, bias, sorted_experts, slot_pos, weights, out):
             out[t, i] = acc
 
 
+@njit(**EXACT)
+def one_token_experts(h, used, weights, gate_up, gate_cols, up_cols, down, gate_bias, up_bias, down_bias, oai, act,
+                      slot_pos, groups, counter, out):
+    """RoutedExperts on one routed token (its k experts `used`, their weights (1, k)) in one call, with the same
+    kernels in the same order as the general path: the input rounded once and taken k times, gate and up (one
+    matmul_block32 call), activate, the activations rounded, down, combine_rows. gate_up, down: (kind, kernel id,
+    block bytes, row bytes, buf, xq, xd, xs, tasks, out) of a block32 plan with scratch arrays for k rows."""
+    k = used.size
+    kind, qtype, block_bytes, row_bytes, buf, xq, xd, xs, tasks, gu = gate_up
+    matmul.prepare_rows(kind, h, xq[0:1], xd[0:1], xs[0:1])
+    for j in range(1, k):
+        xq[j], xd[j], xs[j] = xq[0], xd[0], xs[0]
+    counter[:] = 0
+    matmul.matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, gu, tasks, used, groups, counter)
+    activate(gu[:, gate_cols[0]:gate_cols[1]], gu[:, up_cols[0]:up_cols[1]], gate_bias, up_bias, used, oai, act)
+    kind, qtype, block_bytes, row_bytes, buf, xq, xd, xs, tasks, dn = down
+    matmul.prepare_rows(kind, act, xq, xd, xs)
+    counter[:] = 0
+    matmul.matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, dn, tasks, used, groups, counter)
+    combine_rows(dn, down_bias, used, slot_pos, weights, out)
+
+
 class RoutedExperts(RoutedExpertsTensors):
     """The routed-expert FFN of one layer on numba: rows grouped by expert, each routed expert's stack read once."""
 
@@ -162,6 +184,23 @@ class RoutedExperts(RoutedExpertsTensors):
         k = self.n_expert_used
         # one token's slots as group_by_expert gives them, less the sort: input row 0 k times, slot j in place j
         self.one_token_slots = np.zeros(k, np.int64), np.arange(k), np.arange(k + 1)
+        self.one_token = self._one_token_args()
+
+    def _one_token_args(self):
+        """one_token_experts' fixed arguments and scratch arrays, where it applies: gate and up one block32 plan,
+        down another, no expert stack paged (its bytes are asked for before the kernels run); else None. With the
+        kernels' task counts and work, to run it only where workers.run_job would run them in this thread."""
+        if len(self.gate_up.parts) != 1 or len(self.down_group.parts) != 1 or self.gate_up.paged \
+                or self.down_group.paged:
+            return None
+        (idx, gate_up), (_, down) = self.gate_up.parts[0], self.down_group.parts[0]
+        if not (gate_up.layout.block32 and down.layout.block32):
+            return None
+        k = self.n_expert_used
+        gate_cols, up_cols = (np.array(gate_up.columns[idx.index(i)], np.int64) for i in (0, 1))
+        act = np.empty((k, self.gate.n_rows), np.float32)
+        splits = [(len(plan.tasks) * k, k * plan.n_rows * plan.layout.n_cols) for plan in (gate_up, down)]
+        return (gate_up.call_args(k), gate_cols, up_cols, down.call_args(k), act), splits
 
     def route(self, h: np.ndarray, stepwise: bool) -> tuple[np.ndarray, np.ndarray]:
         """(T, n_embd) -> experts (T, k) int64 in descending order of probability, weights (T, k) float32."""
@@ -180,6 +219,9 @@ class RoutedExperts(RoutedExpertsTensors):
         return rows, experts[0], slot_pos, experts[0], groups
 
     def __call__(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
+        if len(h) == 1 and self.one_token is not None and all(
+                workers.in_caller(n_tasks, work, workers.MATMUL_MIN_WORK) for n_tasks, work in self.one_token[1]):
+            return self._one_token(h, stepwise)
         experts, weights = self.route(h, stepwise)
         rows, sorted_experts, slot_pos, used, groups = self.slots(experts)
         self.down_group.prefetch(used)      # experts paged from disk: down's bytes come in while gate and up run
@@ -189,4 +231,15 @@ class RoutedExperts(RoutedExpertsTensors):
         (down,) = self.down_group.run_experts(act, None, used, groups)
         out = np.empty((len(h), down.shape[1]), np.float32)
         combine_rows(down, self.down_bias, sorted_experts, slot_pos, weights, out)
+        return out
+
+    def _one_token(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
+        """__call__ on one token in one kernel call (one_token_experts): the same bits, less the per-call glue."""
+        (gate_up, gate_cols, up_cols, down, act), _ = self.one_token
+        experts, weights = self.route(h, stepwise)
+        out = np.empty((1, down[-1].shape[1]), np.float32)
+        _, slot_pos, groups = self.one_token_slots
+        one_token_experts(np.ascontiguousarray(h, np.float32), experts[0], weights, gate_up, gate_cols, up_cols, down,
+                          self.gate_bias, self.up_bias, self.down_bias, self.oai, act, slot_pos, groups,
+                          np.zeros(2, np.int64), out)
         return out

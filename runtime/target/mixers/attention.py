@@ -24,7 +24,7 @@ laid out where a one-token step along it has them (tree_attention_rows): the sam
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.kernels import ops, workers
+from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.workers import claim, enter, leave
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16, to_f16_row
 from ggtools.runtime.kernels.matmul import dot_one_row
@@ -174,6 +174,27 @@ def prepare_attention(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, neox, 
                 vt_cache[g, i, start + t] = to_f16(value) if f16 else value
 
 
+@njit(**EXACT)
+def one_token_attention(h, qkv, q_cols, k_cols, v_cols, bq, bk, bv, q_norm, k_norm, eps, cos, sin, neox, k_cache,
+                        vt_cache, start, f16, positions, scale, window, sinks, wo, roped, attended, experts, groups,
+                        counter):
+    """Attention.__call__ on one token in one call, with the same kernels in the same order: the input rounded, Q,
+    K and V (one matmul_block32 call), prepare_attention, attention_rows, the attention output rounded, the
+    output projection (into wo's out). qkv, wo: MatmulPlan.call_args of block32 plans for one row."""
+    kind, qtype, block_bytes, row_bytes, buf, xq, xd, xs, tasks, proj = qkv
+    matmul.prepare_rows(kind, h, xq, xd, xs)
+    counter[:] = 0
+    matmul.matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, proj, tasks, experts, groups, counter)
+    prepare_attention(proj[:, q_cols[0]:q_cols[1]], proj[:, k_cols[0]:k_cols[1]], proj[:, v_cols[0]:v_cols[1]], bq,
+                      bk, bv, q_norm, k_norm, eps, cos, sin, neox, k_cache, vt_cache, start, f16, roped)
+    counter[:] = 0
+    attention_rows(roped, k_cache, vt_cache, positions, start + 1, scale, window, sinks, True, f16, attended, counter)
+    kind, qtype, block_bytes, row_bytes, buf, xq, xd, xs, tasks, out = wo
+    matmul.prepare_rows(kind, attended, xq, xd, xs)
+    counter[:] = 0
+    matmul.matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, counter)
+
+
 def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positions: np.ndarray,
               n_ctx: int, scale: float, f16: bool = True, stepwise: bool = False, window: int = 0,
               sinks: np.ndarray = NO_SINKS, d_v: int | None = None) -> np.ndarray:
@@ -215,9 +236,32 @@ class Attention(AttentionTensors):
     def __post_init__(self):
         self.qkv = MatrixGroup(self.wq, self.wk, self.wv)
         self.biases = tuple(NO_BIAS if b is None else b for b in (self.bq, self.bk, self.bv))
+        self.one_token = self._one_token_args()
+
+    def _one_token_args(self):
+        """one_token_attention's projections (MatmulPlan.call_args) and their column ranges, where it applies: Q, K
+        and V one block32 plan, the output projection another, no output gate; else None."""
+        if self.output_gate or len(self.qkv.parts) != 1 or self.wo.plan is None:
+            return None
+        idx, qkv = self.qkv.parts[0]
+        if not (qkv.layout.block32 and self.wo.layout.block32):
+            return None
+        columns = [np.array(qkv.columns[idx.index(i)], np.int64) for i in (0, 1, 2)]
+        return qkv.call_args(1), columns, self.wo.plan.call_args(1)
+
+    def _in_caller(self, n_ctx: int, hp) -> bool:
+        """Whether every kernel of a one-token step runs in the calling thread (workers.run_job's and run's rule)."""
+        (*_, qkv_tasks, _), _, (*_, wo_tasks, _) = self.one_token
+        return (workers.in_caller(len(qkv_tasks), self.qkv.parts[0][1].n_rows * self.wq.n_cols,
+                                  workers.MATMUL_MIN_WORK)
+                and workers.in_caller(len(wo_tasks), self.wo.n_rows * self.wo.n_cols, workers.MATMUL_MIN_WORK)
+                and workers.in_caller(hp.n_head, hp.n_head * n_ctx * hp.head_dim * 2, workers.ATTENTION_MIN_WORK))
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         n_tokens = h.shape[0]
+        if n_tokens == 1 and kv.tree is None and self.one_token is not None \
+                and self._in_caller(int(positions[0]) + 1, hp):
+            return self._one_token(h, positions, rope, kv, slot, hp)
         q, k, v = self.qkv(h, stepwise)
         if self.output_gate:
             heads = q.reshape(n_tokens, hp.n_head, 2, hp.head_dim)
@@ -236,6 +280,21 @@ class Attention(AttentionTensors):
             ops.sigmoid_rows(gate, gate)
             out *= gate
         out = self.wo(out, stepwise)
+        if self.bo is not None:
+            out += self.bo
+        return out
+
+    def _one_token(self, h, positions, rope, kv, slot: int, hp) -> np.ndarray:
+        """__call__ on one token in one kernel call (one_token_attention): the same bits, less the per-call glue."""
+        qkv, (q_cols, k_cols, v_cols), wo = self.one_token
+        roped = np.empty((1, hp.n_head, hp.head_dim), np.float32)
+        attended = np.empty((1, hp.n_head * hp.head_dim), np.float32)
+        one_token_attention(np.ascontiguousarray(h, np.float32), qkv, q_cols, k_cols, v_cols, *self.biases,
+                            self.q_norm, self.k_norm, np.float32(hp.rms_eps), *rope, hp.rope_neox, kv.k[slot],
+                            kv.v[slot], int(positions[0]), kv.f16, np.asarray(positions, np.int64),
+                            np.float32(hp.attn_scale), self.window, self.sinks, wo, roped, attended,
+                            matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, np.zeros(2, np.int64))
+        out = wo[-1].copy()
         if self.bo is not None:
             out += self.bo
         return out

@@ -172,12 +172,7 @@ class GatedDeltaNet(DeltaNetTensors):
         beta = np.empty_like(alpha)
         decay_and_beta(alpha, beta_in, self.dt_bias, self.a, g, beta)
         core = np.empty((len(h), self.n_v_heads * self.head_dim), np.float32)
-        state.append(qkv, g, beta)
-        if tree is None:
-            self.recur(state.conv, state.ssm, qkv, g, beta, core)
-        else:
-            state.walk_tree(tree.parents, lambda conv, ssm, i: self.recur(conv, ssm, qkv[i:i + 1], g[i:i + 1],
-                                                                         beta[i:i + 1], core[i:i + 1]))
+        state.advance(qkv, g, beta, lambda conv, ssm, r: self.recur(conv, ssm, qkv[r], g[r], beta[r], core[r]), tree)
         normed = np.empty_like(core)
         gated_norm_heads(core, self.norm, z, F32(self.eps), normed)
         return self.wout(normed, stepwise)

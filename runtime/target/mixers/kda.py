@@ -90,12 +90,7 @@ class KDA(KDATensors):
         beta = np.empty_like(beta_in)
         sigmoid_rows(beta_in, beta)
         core = np.empty((len(h), self.d_inner), np.float32)
-        state.append(qkv, g, beta)
-        if tree is None:
-            self.recur(state.conv, state.ssm, qkv, g, beta, core)
-        else:
-            state.walk_tree(tree.parents, lambda conv, ssm, i: self.recur(conv, ssm, qkv[i:i + 1], g[i:i + 1],
-                                                                         beta[i:i + 1], core[i:i + 1]))
+        state.advance(qkv, g, beta, lambda conv, ssm, r: self.recur(conv, ssm, qkv[r], g[r], beta[r], core[r]), tree)
         normed = np.empty_like(core)
         sigmoid_gated_norm_heads(core, self.norm, gate, F32(self.eps), normed)
         return self.wo(normed, stepwise)
