@@ -81,55 +81,11 @@ def test_matrix_product_equals_numba(qtype):
 
 
 def test_ggml_functions_equal_numba():
-    """ggml's vector expf, libm's expf / logf (glibc's), SiLU with its leftovers, sigmoid, softplus, softmax with a
-    sink and rms_norm, in torch, against the numba runtime's (the same bits) on inputs over their ranges,
-    infinities, NaN and zeros included."""
-    from numba import njit
-
-    from ggtools.runtime.kernels import ggmlmath, ops
-    from ggtools.runtime.torch_backend import ggml_math as gm
-
-    @njit
-    def scalar_map(f, x, out):
-        for i in range(x.size):
-            out[i] = f(x[i])
-
-    @njit
-    def exp_of(v):
-        return np.exp(v)
-
-    @njit
-    def log_of(v):
-        return np.log(v)
-
-    rng = np.random.default_rng(0)
-    x = np.concatenate([rng.standard_normal(200_000) * 10, rng.uniform(-104, 89, 100_000),
-                        [0.0, -0.0, np.inf, -np.inf, np.nan, 88.72, -103.97, 1e-30]]).astype(np.float32)
-    positive = np.concatenate([np.abs(x) + np.float32(1e-3), np.float32(1e-41) * np.arange(1, 100),
-                               [0.0, 1.0, np.inf, -1.0]]).astype(np.float32)
-    for f, numba_f, values in ((gm.v_expf, ggmlmath.expf, x), (gm.expf, exp_of, x), (gm.logf, log_of, positive)):
-        want = np.empty_like(values)
-        scalar_map(numba_f, values, want)
-        assert_same_bits(f(torch.from_numpy(values)).numpy(), want)
-    rows = x[:200_000].reshape(-1, 100)      # 100 per row: 12 blocks of 8 and 4 leftovers
-    want = np.empty_like(rows)
-    ops.silu_rows(rows, want)
-    assert_same_bits(gm.silu(torch.from_numpy(rows)).numpy(), want)
-    ops.sigmoid_rows(rows, want)
-    assert_same_bits(gm.sigmoid(torch.from_numpy(rows)).numpy(), want)
-    assert_same_bits(gm.rms_norm(torch.from_numpy(rows), torch.ones(100), 1e-6).numpy(),
-                     ops.rms_norm(rows, np.ones(100, np.float32), 1e-6))
-    scores = (rows[:64] / 5).copy()
-    scores[:, 90:] = -np.inf
-    sinks = rng.standard_normal(64).astype(np.float32)
-    for row, sink in zip(scores, sinks):
-        ops.soft_max(row, want[0], sink)
-        assert_same_bits(gm.soft_max(torch.from_numpy(row)[None], torch.tensor([sink])).numpy()[0], want[0])
-
-
-def assert_same_bits(got: np.ndarray, want: np.ndarray):
-    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
-    assert same.all(), (np.flatnonzero(~same)[:5], got[~same][:5], want[~same][:5])
+    """ggml's vector expf, libm's expf / logf (glibc's), SiLU with its leftovers, sigmoid, softmax with a sink and
+    rms_norm, in torch on the CPU, against the numba runtime's (the same bits): the device check's comparison
+    (scripts/bench/device_check.py), on inputs over their ranges, infinities, NaN and zeros included."""
+    from scripts.bench.device_check import functions_on_device
+    assert functions_on_device(torch, "cpu") == []
 
 
 def test_matrix_keeps_the_file_bytes_on_the_cpu():

@@ -108,7 +108,9 @@ def products_on_device(torch, device) -> list[str]:
 
 
 def functions_on_device(torch, device) -> list[str]:
-    """ggml's float functions in torch on the device against the numba runtime's."""
+    """ggml's float functions in torch on the device against the numba runtime's (the same bits): ggml's vector
+    expf, libm's expf / logf (glibc's), SiLU with its leftovers, sigmoid, softmax with a sink and rms_norm, on inputs
+    over their ranges, infinities, NaN and zeros included. The names of those that differ."""
     from numba import njit
 
     from ggtools.runtime.kernels import ggmlmath, ops
@@ -129,8 +131,9 @@ def functions_on_device(torch, device) -> list[str]:
 
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.standard_normal(200_000) * 10, rng.uniform(-104, 89, 100_000),
-                        [0.0, -0.0, np.inf, -np.inf, np.nan]]).astype(np.float32)
-    positive = np.concatenate([np.abs(x) + np.float32(1e-3), np.float32(1e-41) * np.arange(1, 100)]).astype(np.float32)
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 88.72, -103.97, 1e-30]]).astype(np.float32)
+    positive = np.concatenate([np.abs(x) + np.float32(1e-3), np.float32(1e-41) * np.arange(1, 100),
+                               [0.0, 1.0, np.inf, -1.0]]).astype(np.float32)
     on = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
     failed = []
     for name, f, numba_f, values in (("v_expf", gm.v_expf, ggmlmath.expf, x), ("expf", gm.expf, exp_of, x),
@@ -139,19 +142,21 @@ def functions_on_device(torch, device) -> list[str]:
         scalar_map(numba_f, values, want)
         if not same_bits(f(on(values)).cpu(), want):
             failed.append(name)
-    rows = x[:200_000].reshape(-1, 100)
+    rows = x[:200_000].reshape(-1, 100)      # 100 per row: 12 blocks of 8 and 4 leftovers
     want = np.empty_like(rows)
-    ops.silu_rows(rows, want)
-    if not same_bits(gm.silu(on(rows)).cpu(), want):
-        failed.append("silu")
+    for name, f, numba_rows in (("silu", gm.silu, ops.silu_rows), ("sigmoid", gm.sigmoid, ops.sigmoid_rows)):
+        numba_rows(rows, want)
+        if not same_bits(f(on(rows)).cpu(), want):
+            failed.append(name)
     if not same_bits(gm.rms_norm(on(rows), on(np.ones(100, np.float32)), 1e-6).cpu(),
                      ops.rms_norm(rows, np.ones(100, np.float32), 1e-6)):
         failed.append("rms_norm")
-    scores = (rows[:8] / 5).copy()
+    scores = (rows[:64] / 5).copy()
     scores[:, 90:] = -np.inf
-    for row in scores:
-        ops.soft_max(row, want[0], np.float32(0.5))
-        if not same_bits(gm.soft_max(on(row)[None], on(np.float32([0.5]))).cpu()[0], want[0]):
+    sinks = rng.standard_normal(64).astype(np.float32)
+    for row, sink in zip(scores, sinks):
+        ops.soft_max(row, want[0], sink)
+        if not same_bits(gm.soft_max(on(row)[None], on(np.float32([sink]))).cpu()[0], want[0]):
             failed.append("soft_max")
             break
     return failed
