@@ -78,19 +78,23 @@ class RoutedExperts(RoutedExpertsTensors):
         out = self.down.product(act, e).float()
         return out + self.down_bias[e] if self.down_bias.numel() else out
 
+    def combined_slots(self, x, experts, weights) -> torch.Tensor:
+        """Each slot's expert output on x, then numba's combine_rows: slot 0 times its weight, plus each next one
+        (float32, llama.cpp's order)."""
+        slots_out = torch.empty((x.shape[0], self.n_expert_used, self.down.n_rows), dtype=torch.float32,
+                                device=x.device)
+        for e in torch.unique(experts).tolist():
+            tokens, slots = (experts == e).nonzero(as_tuple=True)
+            slots_out[tokens, slots] = self._expert(e, x[tokens])
+        out = slots_out[:, 0] * weights[:, 0, None]
+        for j in range(1, self.n_expert_used):
+            out = out + slots_out[:, j] * weights[:, j, None]
+        return out
+
     def __call__(self, h, stepwise: bool = False) -> torch.Tensor:
         experts, weights = self.route(h, stepwise)
         if h.dtype == torch.float32:
-            # each slot's expert output, then numba's combine_rows: slot 0 times its weight, plus each next one
-            slots_out = torch.empty((h.shape[0], self.n_expert_used, self.down.n_rows), dtype=torch.float32,
-                                    device=h.device)
-            for e in torch.unique(experts).tolist():
-                tokens, slots = (experts == e).nonzero(as_tuple=True)
-                slots_out[tokens, slots] = self._expert(e, h[tokens])
-            out = slots_out[:, 0] * weights[:, 0, None]
-            for j in range(1, self.n_expert_used):
-                out = out + slots_out[:, j] * weights[:, j, None]
-            return out
+            return self.combined_slots(h, experts, weights)
         out = torch.zeros((h.shape[0], self.down.n_rows), dtype=torch.float32, device=h.device)
         for e in torch.unique(experts).tolist():
             tokens, slots = (experts == e).nonzero(as_tuple=True)

@@ -70,15 +70,7 @@ class LatentMoE(LatentMoETensors, RoutedExperts):
     def __call__(self, h, stepwise: bool = False) -> torch.Tensor:
         routed_in = h if self.routed_down is None else self.routed_down(h, stepwise)
         experts, weights = self.route(h, stepwise)
-        # each slot's expert output, then numba's combine_rows: slot 0 times its weight, plus each next one
-        slots_out = torch.empty((h.shape[0], self.n_expert_used, self.down.n_rows), dtype=torch.float32,
-                                device=h.device)
-        for e in torch.unique(experts).tolist():
-            tokens, slots = (experts == e).nonzero(as_tuple=True)
-            slots_out[tokens, slots] = self._expert(e, routed_in[tokens])
-        out = slots_out[:, 0] * weights[:, 0, None]
-        for j in range(1, self.n_expert_used):
-            out = out + slots_out[:, j] * weights[:, j, None]
+        out = self.combined_slots(routed_in, experts, weights)
         if self.routed_norm is not None:
             out = tensor_math.rms_norm(out, self.routed_norm, self.eps)
         out = out.to(h.dtype)
