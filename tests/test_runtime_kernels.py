@@ -268,3 +268,17 @@ def test_repackable_matmul_equals_ggml(qtype, n_rows, n_cols, n_in):
         want = ggml.vec_dot(qtype, rows, x)
     got = run_matmul(qtype, data, n_rows, x)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("n_rows, n_cols", [(5, 256), (16, 1536)])
+@pytest.mark.parametrize("n_in", [1, 3])
+def test_q6_k_matmul_equals_ggml_vec_dot(n_rows, n_cols, n_in):
+    """Q6_K on integers (kquant_dot.py): bit for bit with libggml-cpu's ggml_vec_dot_q6_K_q8_K, which llama.cpp runs
+    every Q6_K row through on x86 (it repacks none), for one input row and a batch."""
+    from tests.ggml_oracle import load_ggml_cpu
+
+    data, _ = make_weights(T.Q6_K, n_rows=n_rows, n_cols=n_cols, seed=n_rows)
+    x = (np.random.default_rng(n_cols).standard_normal((n_in, n_cols)) * 3).astype(np.float32)
+    want = load_ggml_cpu().vec_dot(T.Q6_K, data.reshape(n_rows, -1), x)
+    assert np.array_equal(run_matmul(T.Q6_K, data, n_rows, x).view(np.uint32), want.view(np.uint32))

@@ -51,6 +51,27 @@ def smollm2_q4_0(smollm2_path, tmp_path_factory, llama_cpp):
 
 
 @pytest.fixture(scope="module")
+def smollm2_q4_k_m(smollm2_path, tmp_path_factory, llama_cpp):
+    """SmolLM2 requantized to Q4_K_M by llama.cpp's quantizer: ffn_down Q4_K (16 layers, 576 rows: repacked, the
+    q4_K 8x8 kernels) or Q6_K (14 layers), the 576-column matrices Q5_0 / Q8_0 (not a multiple of 256)."""
+    from scripts.fixtures import llama_oracle
+    out = tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct.Q4_K_M.gguf"
+    llama_oracle.quantize(smollm2_path, out, 15, allow_requantize=True)
+    return out
+
+
+def test_k_quant_steps_are_bit_identical(smollm2_q4_k_m, llama_cpp):
+    """Q4_K (repacked) and Q6_K dotted on integers as llama.cpp sums them (kquant_dot.py): single tokens and
+    prompts of 2 and 3 tokens (what llama.cpp runs through its one-row gemv and vec_dot) give llama.cpp's logits
+    bit for bit (the float path before it: 0.20-0.29 off on single tokens). Prompts of 4 or more tokens go through
+    llama.cpp's 4-row q4_K gemm, which this does not reproduce: there the logits differ (measured up to 0.87), as
+    docs/runtime.md says."""
+    oracle, model = LlamaCpp(llama_cpp, smollm2_q4_k_m), TargetModel(smollm2_q4_k_m, threads=2)
+    prompts = [[t] for t in (1, 100, 2000, 9001)] + [[1, 100], [1, 100, 2000], [504, 3, 17]]
+    assert_prompt_logits_identical(oracle, model, prompts, "smollm2-q4_k_m")
+
+
+@pytest.fixture(scope="module")
 def targets(smollm2_path, smollm2_q8_0, smollm2_q4_0, tiny_target):
     return {"smollm2-q4_1": smollm2_path, "smollm2-q8_0": smollm2_q8_0, "smollm2-q4_0": smollm2_q4_0,
             "tiny-qwen3-f32": tiny_target.gguf["f32"], "tiny-qwen3-f16": tiny_target.gguf["f16"]}

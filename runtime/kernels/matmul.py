@@ -20,8 +20,9 @@ operation (see ggmlmath for why):
 - F32 / F16 / BF16: the input is rounded to the weight's type; one-row products follow
   ggml_vec_dot_f32/f16 (4 accumulators x 8 lanes, reduce4x8), batches follow tinyBLAS (8 lanes,
   hsum8) as llama.cpp does; `stepwise` forces the one-row structure for every row.
-- K-quants: the input is rounded through Q8_K and dotted in the 8-lane structure: deterministic
-  and batch-invariant, within float rounding of llama.cpp (not bit-exact).
+- K-quants: the input is rounded through Q8_K. Q6_K, and Q4_K in matrices llama.cpp repacks (rows a multiple of
+  8), are dotted on integers as llama.cpp sums them, bit for bit (kquant_dot.py); the others are decoded to float
+  and dotted in the 8-lane structure: deterministic and batch-invariant, within float rounding of llama.cpp.
 
 The block decoders are written here rather than called from ggtools.quants' per-block helpers
 because LLVM only vectorizes these loops when trip counts are runtime values (a constant 16 is
@@ -38,11 +39,12 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import carray, cfunc, literal_unroll, njit, types
 
 from ggtools.quants.block32 import KVALUES_MXFP4
-from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16, nearest_int
+from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16
 from ggtools.runtime.kernels import workers
 from ggtools.runtime.kernels.workers import (ARGS, CONTROL_SIZE, Job, array_1d, array_2d, claim, close_job, enter,
                                              leave, publish, put_array)
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
+from ggtools.runtime.kernels.kquant_dot import Q4_K_REPACKED, matmul_kquant, quantize_q8_k_row
 from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_4x8_stored_1,
                                   dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
                                   stored2_lanes8_4,
@@ -53,6 +55,11 @@ from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, do
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
 
 ROWS_PER_TASK = 16     # a multiple of 8: repacked matrices are dotted 8 weight rows at a time
+# a one-row input's tasks: about two per thread, so each thread streams long runs of weight rows. Claimed in
+# turn, 16-row tasks interleave the threads' reads and defeat the hardware prefetcher: on the 2-core VM a
+# decode step's matmuls ran slower on 2 threads than on 1 (docs/runtime.md, "One-row tasks")
+ONE_ROW_TASKS_PER_THREAD = 2
+MAX_ROWS_PER_ONE_ROW_TASK = 256
 
 # how a weight type's input is rounded (its vec_dot_type in ggml-cpu.c)
 ACT_F32, ACT_F16, ACT_BF16, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K = range(6)
@@ -70,7 +77,8 @@ F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 = (int(t) for t in (
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K))
 # kernel ids: a type summed as llama.cpp's repacked (CPU_REPACK) kernels sum it
 Q4_0_REPACKED, MXFP4_REPACKED = 1000 + Q4_0, 1000 + MXFP4
-REPACKED_KERNEL = {T.Q4_0: Q4_0_REPACKED, T.MXFP4: MXFP4_REPACKED}
+REPACKED_KERNEL = {T.Q4_0: Q4_0_REPACKED, T.MXFP4: MXFP4_REPACKED, T.Q4_K: Q4_K_REPACKED}
+INTEGER_KQUANT_KERNELS = frozenset({Q4_K_REPACKED, Q6_K})     # kquant_dot.py's
 FIRST_EXPERT = np.zeros(1, np.int64)   # a plain matmul: one group of rows through "expert" 0
 ONE_ROW_GROUP = np.array([0, 1], np.int64)   # the group of a one-row input
 
@@ -414,24 +422,12 @@ def dot_one_row(w, x, t, f16_tail):
 # ---- activations ---------------------------------------------------------------------------------
 
 @njit(**EXACT)
-def round_q8_k(x, out):
-    """quantize_row_q8_K_ref (iscale = -127/max, nearest_int, clamp 127, d = 1/iscale), back to float."""
-    for b in range(x.size // 256):
-        o = b * 256
-        amax = np.float32(0.0)
-        vmax = np.float32(0.0)
-        for j in range(256):
-            if abs(x[o + j]) > amax:
-                amax = abs(x[o + j])
-                vmax = x[o + j]
-        if amax == np.float32(0.0):
-            for j in range(256):
-                out[o + j] = np.float32(0.0)
-            continue
-        iscale = np.float32(-127.0) / vmax
-        d = np.float32(1.0) / iscale
-        for j in range(256):
-            out[o + j] = np.float32(min(127, nearest_int(iscale * x[o + j]))) * d
+def prepare_q8_k_rows(x, values, q8, xd, bsums):
+    """Each row through Q8_K (kquant_dot.quantize_q8_k_row) and back to float values q * d (the float path's)."""
+    for t in range(x.shape[0]):
+        quantize_q8_k_row(x[t], q8[t], xd[t], bsums[t])
+        for j in range(x.shape[1]):
+            values[t, j] = np.float32(q8[t, j]) * xd[t, j // 256]
 
 
 @njit(**EXACT)
@@ -441,8 +437,6 @@ def prepare_rows(kind, x, xq, xd, xs):
         src, dst = x[t], xq[t]
         if kind == ACT_Q8_0 or kind == ACT_Q8_1:
             quantize_q8_row(src, dst, xd[t], xs[t])
-        elif kind == ACT_Q8_K:
-            round_q8_k(src, dst)
         elif kind == ACT_F16:
             to_f16_row(src, dst)
         elif kind == ACT_BF16:
@@ -788,7 +782,37 @@ def matmul_float_entry(address):
                  f16_tail, control[0:2])
 
 
+@njit(**EXACT)
+def matmul_kquant_post(control, entry, kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups):
+    if not contiguous(buf, q8, xd, bsums, out, tasks, experts, groups):
+        matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, np.zeros(2, np.int64))
+        return
+    control[ARGS], control[ARGS + 1] = kernel, row_bytes
+    i = put_array(control, put_array(control, put_array(control, ARGS + 2, xd), out), buf)
+    i = put_array(control, put_array(control, put_array(control, i, q8), bsums), tasks)
+    i = put_array(control, put_array(control, i, experts), groups)
+    publish(control, entry)
+    matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, control[0:2])
+    close_job(control)
+
+
+@cfunc(ENTRY_SIGNATURE, **CFUNC)
+def matmul_kquant_entry(address):
+    control = carray(address, (CONTROL_SIZE,))
+    kernel, row_bytes = control[ARGS], control[ARGS + 1]
+    xd, i = array_2d(control, ARGS + 2, np.float32)
+    out, i = array_2d(control, i, np.float32)
+    buf, i = array_1d(control, i, np.uint8)
+    q8, i = array_2d(control, i, np.int8)
+    bsums, i = array_2d(control, i, np.int32)
+    tasks, i = array_2d(control, i, np.int64)
+    experts, i = array_1d(control, i, np.int64)
+    groups, i = array_1d(control, i, np.int64)
+    matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, control[0:2])
+
+
 MATMUL_BLOCK32 = Job(matmul_block32, matmul_block32_post, matmul_block32_entry)
+MATMUL_KQUANT = Job(matmul_kquant, matmul_kquant_post, matmul_kquant_entry)
 MATMUL_FLOAT = Job(matmul_float, matmul_float_post, matmul_float_entry)
 
 
@@ -821,6 +845,11 @@ class PreparedInput:
         self.xs = np.empty((n_rows, n // 32), np.float32) if kind == ACT_Q8_1 else no_values(n_rows)
         if kind == ACT_F32:
             self.xq = x
+        elif kind == ACT_Q8_K:
+            # xq: the float values (float path); q8, xd, xs: the Q8_K integers, scales and 16-value sums
+            self.xq, self.q8 = np.empty(x.shape, np.float32), np.empty(x.shape, np.int8)
+            self.xd, self.xs = np.empty((n_rows, n // 256), np.float32), np.empty((n_rows, n // 16), np.int32)
+            prepare_q8_k_rows(x, self.xq, self.q8, self.xd, self.xs)
         else:
             self.xq = np.empty(x.shape, np.int8 if quantized and HAVE_AVX2 else np.float32)
             prepare_rows(kind, x, self.xq, self.xd, self.xs)
@@ -829,6 +858,8 @@ class PreparedInput:
         """The prepared rows `rows` (repeats allowed), as one contiguous input."""
         out = PreparedInput(None, self.kind)
         out.xq, out.xd, out.xs = self.xq[rows], self.xd[rows], self.xs[rows]
+        if self.kind == ACT_Q8_K:
+            out.q8 = self.q8[rows]
         return out
 
 
@@ -853,6 +884,7 @@ class Layout:
         # MXFP4 on AVX2 with rows a multiple of 8) use its repacked kernels' order
         repacked = self.qtype in REPACKED_KERNEL and HAVE_AVX2 and n_rows % 8 == 0
         self.kernel_id = REPACKED_KERNEL[self.qtype] if repacked else self.type_id
+        self.integer_kquant = self.kernel_id in INTEGER_KQUANT_KERNELS
 
 
 class MatmulPlan:
@@ -868,22 +900,40 @@ class MatmulPlan:
         if any(l.qtype != first.qtype or l.n_cols != first.n_cols or l.tinyblas != first.tinyblas for l in layouts):
             raise ValueError("a plan's matrices must share type, row length and batch layout")
         self.layout, self.buf = first, buf
-        self.columns, tasks, column = [], [], 0
-        for layout, offset in zip(layouts, offsets):
-            expert_bytes = layout.n_rows * int(layout.row_bytes)
-            if offset + n_expert * expert_bytes > buf.size:
+        self.matrices, self.columns, column = list(zip(layouts, offsets)), [], 0
+        for layout, offset in self.matrices:
+            if offset + n_expert * layout.n_rows * int(layout.row_bytes) > buf.size:
                 raise ValueError("matrix data lies outside the buffer")
-            for r in range(0, layout.n_rows, ROWS_PER_TASK):
-                tasks.append((offset + r * int(layout.row_bytes), min(ROWS_PER_TASK, layout.n_rows - r), column + r,
-                              expert_bytes))
             self.columns.append((column, column + layout.n_rows))
             column += layout.n_rows
-        self.n_rows, self.tasks = column, np.array(tasks, np.int64)
+        self.n_rows, self.tasks = column, self._tasks(lambda n_rows: ROWS_PER_TASK)
+        self._one_row_tasks = {}
         if first.block32:
             self.job, self.weight_args = MATMUL_BLOCK32, (first.kernel_id, first.block_bytes, first.row_bytes, buf)
+        elif first.integer_kquant:
+            self.job, self.weight_args = MATMUL_KQUANT, (first.kernel_id, int(first.row_bytes), buf)
         else:
             self.job, self.weight_args = MATMUL_FLOAT, (first.type_id, first.qk, first.block_bytes, first.row_bytes,
                                                         buf)
+
+    def _tasks(self, rows_per_task) -> np.ndarray:
+        """(byte offset of the first weight row, rows, output column, bytes per expert) per task; rows_per_task(n_rows)
+        of a matrix, a multiple of 8."""
+        tasks = []
+        for (layout, offset), (column, _) in zip(self.matrices, self.columns):
+            step, expert_bytes = rows_per_task(layout.n_rows), layout.n_rows * int(layout.row_bytes)
+            for r in range(0, layout.n_rows, step):
+                tasks.append((offset + r * int(layout.row_bytes), min(step, layout.n_rows - r), column + r, expert_bytes))
+        return np.array(tasks, np.int64)
+
+    def one_row_tasks(self, n_threads: int) -> np.ndarray:
+        """The tasks for one input row per expert, split for n_threads (ONE_ROW_TASKS_PER_THREAD)."""
+        if n_threads not in self._one_row_tasks:
+            def rows_per_task(n_rows):
+                rows = -(-n_rows // (ONE_ROW_TASKS_PER_THREAD * n_threads))
+                return min(MAX_ROWS_PER_ONE_ROW_TASK, max(ROWS_PER_TASK, -(-rows // 8) * 8))
+            self._one_row_tasks[n_threads] = self._tasks(rows_per_task)
+        return self._one_row_tasks[n_threads]
 
     def call_args(self, n_in: int) -> tuple:
         """For calling a block32 plan's kernel from numba on n_in input rows: (activation kind, kernel id, block
@@ -911,11 +961,14 @@ class MatmulPlan:
     def _run(self, a: PreparedInput, experts: np.ndarray, groups: np.ndarray, one_row: bool) -> list:
         layout, n_in = self.layout, a.xq.shape[0]
         out = np.empty((n_in, self.n_rows), np.float32)
-        split = (len(self.tasks) * len(experts), n_in * self.n_rows * layout.n_cols, workers.MATMUL_MIN_WORK)
+        tasks = self.one_row_tasks(workers.pool().n_threads) if n_in <= len(experts) else self.tasks
+        split = (len(tasks) * len(experts), n_in * self.n_rows * layout.n_cols, workers.MATMUL_MIN_WORK)
         if layout.block32:
-            workers.run_job(self.job, *split, *self.weight_args, a.xq, a.xd, a.xs, out, self.tasks, experts, groups)
+            workers.run_job(self.job, *split, *self.weight_args, a.xq, a.xd, a.xs, out, tasks, experts, groups)
+        elif layout.integer_kquant:
+            workers.run_job(self.job, *split, *self.weight_args, a.q8, a.xd, a.xs, out, tasks, experts, groups)
         else:
-            workers.run_job(self.job, *split, *self.weight_args, a.xq, out, self.tasks, experts, groups,
+            workers.run_job(self.job, *split, *self.weight_args, a.xq, out, tasks, experts, groups,
                             layout.float_type and one_row, layout.qtype != T.F32)
         if len(self.columns) == 1:
             return [out]

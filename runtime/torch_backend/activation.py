@@ -4,7 +4,8 @@
 127 / amax), d stored as f16) or, for Q4_1 / Q5_1, Q8_1 (the same plus the f16 block sum s = f16(d * sum(q)), d
 before its rounding); their dots then run on the integers (ggml_matmul.py). F16 / BF16 weights take the input
 rounded to f16 / bf16; K-quants through Q8_K (quantize_row_q8_K: iscale = -127 / the value of largest magnitude,
-q = min(127, rint(iscale x)), d = 1 / iscale), back to float values, as the numba runtime dots them.
+q = min(127, rint(iscale x)), d = 1 / iscale): the integers for Q6_K and repacked Q4_K, which are dotted on them,
+float values q * d for the others, as the numba runtime dots them.
 """
 
 import torch
@@ -41,11 +42,19 @@ def round_input(qtype, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _q8_k(x: torch.Tensor) -> torch.Tensor:
-    blocks = x.reshape(-1, 256)
+def quantize_q8_k(x: torch.Tensor):
+    """x (T, n) float32 -> Q8_K blocks: the integers q (T, n / 256, 256) as float32 and d (T, n / 256) float32
+    (0 for a block of zeros)."""
+    blocks = x.reshape(len(x), -1, 256)
     vmax = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))
     safe = torch.where(vmax != 0, vmax, torch.ones_like(vmax))
     iscale = div(torch.full_like(safe, -127.0), safe)
     q = torch.round(blocks * iscale).clamp(max=127)
-    out = q * div(torch.ones_like(iscale), iscale)
-    return torch.where(vmax != 0, out, torch.zeros_like(out)).reshape(x.shape)
+    d = torch.where(vmax != 0, div(torch.ones_like(iscale), iscale), torch.zeros_like(iscale))
+    return q, d[..., 0]
+
+
+def _q8_k(x: torch.Tensor) -> torch.Tensor:
+    q, d = quantize_q8_k(x)
+    out = q * d[..., None]
+    return torch.where(d[..., None] != 0, out, torch.zeros_like(out)).reshape(x.shape)

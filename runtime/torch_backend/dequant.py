@@ -145,19 +145,29 @@ def _q3_k(b):
     return dl[:, m["sub16"]] * (q - ((hm ^ 1) << 2)).float()
 
 
-def _k4_scales(b):
-    """get_scale_min_k4 for the 8 sub-blocks of Q4_K / Q5_K blocks: d * scale, dmin * min (n, 8)."""
+def _k4_scale_ints(b):
+    """get_scale_min_k4 for the 8 sub-blocks of Q4_K / Q5_K blocks: the 6-bit scales and mins (n, 8) int32."""
     q = _ints(b, 4, 16)
     sc = torch.cat([q[:, 0:4] & 63, (q[:, 8:12] & 15) | ((q[:, 0:4] >> 6) << 4)], 1)
     mn = torch.cat([q[:, 4:8] & 63, (q[:, 8:12] >> 4) | ((q[:, 4:8] >> 6) << 4)], 1)
+    return sc, mn
+
+
+def _k4_scales(b):
+    """d * scale, dmin * min (n, 8) of Q4_K / Q5_K blocks."""
+    sc, mn = _k4_scale_ints(b)
     return _half(b, 0) * sc.float(), _half(b, 2) * mn.float()
+
+
+def _q4_k_values(b):
+    m = _maps(b.device)
+    return (_ints(b, 16, 144)[:, m["k4_byte"]] >> m["k4_shift"]) & 15
 
 
 def _q4_k(b):
     m = _maps(b.device)
     dl, ml = _k4_scales(b)
-    q = (_ints(b, 16, 144)[:, m["k4_byte"]] >> m["k4_shift"]) & 15
-    return dl[:, m["sub32"]] * q.float() - ml[:, m["sub32"]]
+    return dl[:, m["sub32"]] * _q4_k_values(b).float() - ml[:, m["sub32"]]
 
 
 def _q5_k(b):
@@ -168,12 +178,37 @@ def _q5_k(b):
     return dl[:, m["sub32"]] * (low | (high << 4)).float() - ml[:, m["sub32"]]
 
 
-def _q6_k(b):
+def _q6_k_values(b):
+    """Q6_K's unsigned 6-bit values (n, 256), before the - 32."""
     m = _maps(b.device)
-    dl = _half(b, 208) * b[:, 192:208].contiguous().view(torch.int8).float()
     low = (_ints(b, 0, 128)[:, m["q6_low_byte"]] >> m["q6_low_shift"]) & 15
     high = (_ints(b, 128, 192)[:, m["q6_high_byte"]] >> m["q6_high_shift"]) & 3
-    return dl[:, m["sub16"]] * ((low | (high << 4)) - 32).float()
+    return low | (high << 4)
+
+
+def _q6_k_scale_ints(b):
+    return b[:, 192:208].contiguous().view(torch.int8).to(torch.int32)
+
+
+def _q6_k(b):
+    m = _maps(b.device)
+    dl = _half(b, 208) * _q6_k_scale_ints(b).float()
+    return dl[:, m["sub16"]] * (_q6_k_values(b) - 32).float()
+
+
+def k_quant_ints(qtype, rows: torch.Tensor) -> dict:
+    """Rows (n_rows, row_bytes) of Q4_K or Q6_K -> what llama.cpp's integer dots read, per super-block (n_rows,
+    n_blocks, ...): "values" (256 unsigned quants), "scales" (Q4_K: 8 six-bit sub-block scales, Q6_K: 16 int8),
+    "d" float32; Q4_K also "mins" (8) and "dmin"."""
+    qtype = T(qtype)
+    b = rows.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    shape = (len(rows), -1)
+    if qtype == T.Q4_K:
+        sc, mn = _k4_scale_ints(b)
+        return {"values": _q4_k_values(b).reshape(*shape, 256), "scales": sc.reshape(*shape, 8),
+                "mins": mn.reshape(*shape, 8), "d": _half(b, 0).reshape(shape), "dmin": _half(b, 2).reshape(shape)}
+    return {"values": _q6_k_values(b).reshape(*shape, 256), "scales": _q6_k_scale_ints(b).reshape(*shape, 16),
+            "d": _half(b, 208).reshape(shape)}
 
 
 def _element_maps() -> dict:

@@ -10,7 +10,9 @@ matmul.Layout names for the matrix:
   m_w * s_x for types with a min; MXFP4 sums even and odd blocks apart ("pairs"); Q4_0 and MXFP4 matrices llama.cpp
   repacks (rows a multiple of 8 on AVX2) chain one fma per block of the block's integer sum ("repacked"). These
   do not depend on the batch.
-- F32 / F16 / BF16 and the K-quants (decoded to float32, the input through Q8_K): tinyBLAS's 8 fma lanes and
+- Q6_K, and Q4_K matrices llama.cpp repacks, against Q8_K blocks (kernels/kquant_dot.py): exact integer sums per
+  256-value super-block, Q4_K's two fma chains (scales, mins) per weight row, Q6_K's 8 lanes and hsum8.
+- F32 / F16 / BF16 and the other K-quants (decoded to float32, the input through Q8_K): tinyBLAS's 8 fma lanes and
   hsum8 for batches (K-quants always), ggml_vec_dot_f16 / f32's four 8-lane accumulators for one row, a
   stepwise batch, an expert's rows (mul_mat_id) and matrices tinyBLAS does not take; rows whose length leaves a
   remainder go through vec_dot's leftover loop.
@@ -24,8 +26,8 @@ from gguf import GGMLQuantizationType as T
 
 from ggtools.runtime.kernels.matmul import Layout, Q4_0_REPACKED, MXFP4_REPACKED
 from ggtools.runtime.torch_backend import ggml_math as gm
-from ggtools.runtime.torch_backend.activation import BLOCK32, MIN_TYPES, quantize_q8, round_input
-from ggtools.runtime.torch_backend.dequant import block_values, dequantize
+from ggtools.runtime.torch_backend.activation import BLOCK32, MIN_TYPES, quantize_q8, quantize_q8_k, round_input
+from ggtools.runtime.torch_backend.dequant import block_values, dequantize, k_quant_ints
 
 LANES_VALUES = 1 << 24      # input rows x weight rows x row length per chunk of an exact product
 FLOAT_TYPES = frozenset({T.F32, T.F16, T.BF16})
@@ -44,6 +46,8 @@ class ExactProduct:
         """x (T, n_cols) float32 -> the input as this type's dot reads it."""
         if self.qtype in BLOCK32:
             return quantize_q8(x, with_sums=self.qtype in MIN_TYPES)
+        if self.layout.integer_kquant:
+            return quantize_q8_k(x)
         return round_input(self.qtype, x)
 
     def rows_per_chunk(self, n_in: int) -> int:
@@ -57,6 +61,8 @@ class ExactProduct:
         """The prepared input (n_in rows) against weight rows `rows` (uint8 blocks) -> (n_in, len(rows)) float32."""
         if self.qtype in BLOCK32:
             return self._block32(prepared, rows)
+        if self.layout.integer_kquant:
+            return self._q4_k(prepared, rows) if self.qtype == T.Q4_K else self._q6_k(prepared, rows)
         w = dequantize(self.qtype, rows, self.n_cols)
         one_row_structure = self.qtype in FLOAT_TYPES and one_row
         width = 32 if one_row_structure else 8
@@ -86,6 +92,42 @@ class ExactProduct:
         if wm is None:
             return out
         return out + _fma_chain(xs.T[:, :, None], wm.T[:, None, :].double())
+
+
+    def _q4_k(self, prepared, rows: torch.Tensor) -> torch.Tensor:
+        q8, xd = prepared
+        w = k_quant_ints(T.Q4_K, rows)
+        n_in, n_blocks, n_rows = len(q8), xd.shape[1], len(rows)
+        # (blocks, 8 sub-blocks, n_in, rows): q4 . q8 over each 32-value sub-block, exact in float32
+        dots = _small_int_dots(q8.reshape(n_in, n_blocks * 8, 32), w["values"].reshape(n_rows, n_blocks * 8, 32))
+        dots = dots.reshape(n_blocks, 8, n_in, n_rows).long()
+        isum = (dots * w["scales"].permute(1, 2, 0)[:, :, None].long()).sum(1)
+        sub_sums = q8.reshape(n_in, n_blocks, 8, 32).sum(-1).long()            # the q8 sum of each sub-block
+        imin = torch.einsum("tbj,rbj->btr", sub_sums, w["mins"].long())
+        acc = _fma_chain(isum.float(), (xd.T[:, :, None] * w["d"].T[:, None, :]).double())
+        acc_m = _fma_chain(imin.float(), (xd.T[:, :, None] * w["dmin"].T[:, None, :]).double())
+        return acc - acc_m
+
+    def _q6_k(self, prepared, rows: torch.Tensor) -> torch.Tensor:
+        q8, xd = prepared
+        w = k_quant_ints(T.Q6_K, rows)
+        n_in, n_blocks, n_rows = len(q8), xd.shape[1], len(rows)
+        # (blocks, 8 chunks of 32, 8 lanes, n_in, rows): values 4l..4l+3 of each chunk, exact in float32
+        dots = _small_int_dots(q8.reshape(n_in, n_blocks * 64, 4), w["values"].reshape(n_rows, n_blocks * 64, 4))
+        dots = dots.reshape(n_blocks, 8, 8, n_in, n_rows).long()
+        scales = w["scales"].permute(1, 2, 0).long()                          # (blocks, 16, rows)
+        lane_scales = scales.reshape(n_blocks, 8, 2, n_rows).repeat_interleave(4, 2)[:, :, :, None]  # lane l: 2k + l // 4
+        lanes = (dots * lane_scales).sum(1)                                   # (blocks, 8, n_in, rows)
+        bsums = q8.reshape(n_in, n_blocks, 16, 16).sum(-1).long().permute(1, 2, 0)   # (blocks, 16, n_in)
+        offset = (bsums[:, :, :, None] * scales[:, :, None]).reshape(n_blocks, 8, 2, n_in, n_rows).sum(2)
+        lanes = lanes - 32 * offset
+        d = (xd.T[:, :, None] * w["d"].T[:, None, :]).double()[:, None]
+        return gm.hsum8(_fma_chain(lanes.float(), d).movedim(0, -1))
+
+
+def _small_int_dots(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x (n_in, groups, k), w (rows, groups, k) float32 small integers -> (groups, n_in, rows), each sum exact."""
+    return torch.bmm(x.transpose(0, 1), w.float().permute(1, 2, 0))
 
 
 def _fma_chain(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
