@@ -28,6 +28,7 @@ from ggtools.runtime.kernels.workers import claim, enter, leave
 QK_K = 256
 Q4_K_BLOCK, Q6_K_BLOCK = 144, 210
 F32 = np.float32
+U = np.uint64
 
 
 @njit(**EXACT)
@@ -57,41 +58,42 @@ def quantize_q8_k_row(x, q, d, bsums):
 
 @njit(inline="always", **EXACT)
 def f16_at(buf, o):
-    return FP16_TO_F32[np.int64(buf[o]) | (np.int64(buf[o + 1]) << 8)]
+    return FP16_TO_F32[np.int64(buf[o]) | (np.int64(buf[o + U(1)]) << 8)]
 
 
 @njit(inline="always", **EXACT)
 def q4_k_scales(buf, so, sc, mn):
     """get_scale_min_k4 for the 8 sub-blocks: sc[j], mn[j] from the 12 packed bytes at so."""
     for j in range(4):
-        sc[j] = np.int32(buf[so + j]) & 63
-        mn[j] = np.int32(buf[so + j + 4]) & 63
+        sc[j] = np.int32(buf[so + U(j)]) & 63
+        mn[j] = np.int32(buf[so + U(j + 4)]) & 63
     for j in range(4, 8):
-        sc[j] = (np.int32(buf[so + j + 4]) & 15) | ((np.int32(buf[so + j - 4]) >> 6) << 4)
-        mn[j] = (np.int32(buf[so + j + 4]) >> 4) | ((np.int32(buf[so + j]) >> 6) << 4)
+        sc[j] = (np.int32(buf[so + U(j + 4)]) & 15) | ((np.int32(buf[so + U(j - 4)]) >> 6) << 4)
+        mn[j] = (np.int32(buf[so + U(j + 4)]) >> 4) | ((np.int32(buf[so + U(j)]) >> 6) << 4)
 
 
 @njit(inline="always", **EXACT)
-def dot_q4_k_repacked(buf, so, n_blocks, q8, xd, bsums, sc, mn):
+def dot_q4_k_repacked(buf, so, n_blocks, q8, xd, bsums, sc, mn, n16):
     acc, acc_m = F32(0.0), F32(0.0)
+    n32 = n16 + n16
     for b in range(n_blocks):
-        bo = so + b * Q4_K_BLOCK
-        q4_k_scales(buf, bo + 4, sc, mn)
+        bo = so + U(b) * U(Q4_K_BLOCK)
+        q4_k_scales(buf, bo + U(4), sc, mn)
         isum = np.int32(0)
         for c in range(4):
-            qo, xo = bo + 16 + 32 * c, QK_K * b + 64 * c
+            qo, xo = bo + U(16 + 32 * c), U(QK_K * b + 64 * c)
             lo, hi = np.int32(0), np.int32(0)
-            for i in range(32):
+            for i in range(n32):
                 v = np.int32(buf[qo + i])
                 lo += (v & 15) * np.int32(q8[xo + i])
-                hi += (v >> 4) * np.int32(q8[xo + 32 + i])
+                hi += (v >> 4) * np.int32(q8[xo + n32 + i])
             isum += sc[2 * c] * lo + sc[2 * c + 1] * hi
         imin = np.int32(0)
         for j in range(8):
             imin += mn[j] * (bsums[16 * b + 2 * j] + bsums[16 * b + 2 * j + 1])
         dx = xd[b]
         acc = fma(F32(isum), f16_at(buf, bo) * dx, acc)
-        acc_m = fma(F32(imin), f16_at(buf, bo + 2) * dx, acc_m)
+        acc_m = fma(F32(imin), f16_at(buf, bo + U(2)) * dx, acc_m)
     return acc - acc_m
 
 
@@ -102,61 +104,64 @@ def hsum8(a):
 
 
 @njit(inline="always", **EXACT)
-def dot_q6_k(buf, so, n_blocks, q8, xd, bsums, lanes, products, acc):
+def dot_q6_k(buf, so, n_blocks, q8, xd, bsums, lanes, products, acc, n16):
     acc[:] = F32(0.0)
     for b in range(n_blocks):
-        bo = so + b * Q6_K_BLOCK
-        ql, qh, scales = bo, bo + 128, bo + 192
+        bo = so + U(b) * U(Q6_K_BLOCK)
+        scales = bo + U(192)
         products[:] = 0
         for j in range(2):
+            qh = bo + U(128 + 32 * j)
             for c in range(4):
-                xo = QK_K * b + 128 * j + 32 * c
-                lo_scale = np.int32(np.int8(buf[scales + 8 * j + 2 * c]))
-                hi_scale = np.int32(np.int8(buf[scales + 8 * j + 2 * c + 1]))
-                low = ql + 64 * j + 32 * (c & 1)
-                for i in range(32):
-                    v = (np.int32(buf[low + i]) >> (4 * (c >> 1))) & 15
-                    v |= ((np.int32(buf[qh + 32 * j + i]) >> (2 * c)) & 3) << 4
-                    s = lo_scale if i < 16 else hi_scale
-                    products[i] += s * v * np.int32(q8[xo + i])
+                xo = U(QK_K * b + 128 * j + 32 * c)
+                low, shift, high_shift = bo + U(64 * j + 32 * (c & 1)), np.int32(4 * (c >> 1)), np.int32(2 * c)
+                for half in range(2):
+                    s = np.int32(np.int8(buf[scales + U(8 * j + 2 * c + half)]))
+                    h0 = U(half) * n16
+                    for i in range(n16):
+                        k = h0 + i
+                        v = ((np.int32(buf[low + k]) >> shift) & 15) | (((np.int32(buf[qh + k]) >> high_shift) & 3) << 4)
+                        products[k] += s * v * np.int32(q8[xo + k])
         for l in range(8):
             lane = products[4 * l] + products[4 * l + 1] + products[4 * l + 2] + products[4 * l + 3]
             g = 16 * b + 2 * l
-            lane -= 32 * (bsums[g] * np.int32(np.int8(buf[scales + 2 * l]))
-                          + bsums[g + 1] * np.int32(np.int8(buf[scales + 2 * l + 1])))
+            lane -= 32 * (bsums[g] * np.int32(np.int8(buf[scales + U(2 * l)]))
+                          + bsums[g + 1] * np.int32(np.int8(buf[scales + U(2 * l + 1)])))
             lanes[l] = lane
-        d = xd[b] * f16_at(buf, bo + 208)
+        d = xd[b] * f16_at(buf, bo + U(208))
         for l in range(8):
             acc[l] = fma(d, F32(lanes[l]), acc[l])
     return hsum8(acc)
-
 
 Q4_K_REPACKED = 1000 + 12     # kernel ids: 1000 + GGML_TYPE_Q4_K, as matmul.py names repacked kernels
 Q6_K = 14
 
 
 @njit(**EXACT)
-def rows_q4_k_repacked(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column):
+def rows_q4_k_repacked(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, n16):
     sc, mn = np.empty(8, np.int32), np.empty(8, np.int32)
     for i in range(n_rows):
-        so = offset + i * row_bytes
+        so = U(offset) + U(i) * U(row_bytes)
         for t in range(q8.shape[0]):
-            out[t, column + i] = dot_q4_k_repacked(buf, so, n_blocks, q8[t], xd[t], bsums[t], sc, mn)
+            out[t, column + i] = dot_q4_k_repacked(buf, so, n_blocks, q8[t], xd[t], bsums[t], sc, mn, n16)
 
 
 @njit(**EXACT)
-def rows_q6_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column):
+def rows_q6_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, n16):
     lanes, products, acc = np.empty(8, np.int32), np.empty(32, np.int32), np.empty(8, np.float32)
     for i in range(n_rows):
-        so = offset + i * row_bytes
+        so = U(offset) + U(i) * U(row_bytes)
         for t in range(q8.shape[0]):
-            out[t, column + i] = dot_q6_k(buf, so, n_blocks, q8[t], xd[t], bsums[t], lanes, products, acc)
+            out[t, column + i] = dot_q6_k(buf, so, n_blocks, q8[t], xd[t], bsums[t], lanes, products, acc, n16)
 
 
 @njit(**EXACT)
 def matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, counter):
-    """matmul_block32's task loop (matmul.py) for the integer K-quant kernels."""
+    """matmul_block32's task loop (matmul.py) for the integer K-quant kernels. The 16 of the inner loops comes
+    as a runtime value (q8's row length over its 16-value sums): with constant trip counts LLVM unrolls them and
+    does not vectorize (matmul.py's docstring)."""
     n_blocks = q8.shape[1] // QK_K
+    n16 = U(q8.shape[1] // bsums.shape[1])
     n_template = tasks.shape[0]
     enter(counter)
     while True:
@@ -168,8 +173,8 @@ def matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, gr
         t0, t1 = groups[g], groups[g + 1]
         if kernel == Q4_K_REPACKED:
             rows_q4_k_repacked(buf, offset, row_bytes, n_rows, n_blocks, q8[t0:t1], xd[t0:t1], bsums[t0:t1],
-                               out[t0:t1], column)
+                               out[t0:t1], column, n16)
         else:
             rows_q6_k(buf, offset, row_bytes, n_rows, n_blocks, q8[t0:t1], xd[t0:t1], bsums[t0:t1], out[t0:t1],
-                      column)
+                      column, n16)
     leave(counter)
