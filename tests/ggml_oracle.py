@@ -43,7 +43,7 @@ class _TypeTraitsCpu(ctypes.Structure):
 
 class GGMLCpu:
     """libggml-cpu's kernels: a weight type's input rounding (from_float of its vec_dot_type), its vec_dot, and
-    the 8x8 gemv / gemm that llama.cpp runs repacked Q4_0 and MXFP4 weights through on AVX2."""
+    the 8x8 gemv / gemm that llama.cpp runs repacked Q4_0, MXFP4 and Q4_K weights through on AVX2."""
 
     def __init__(self, path: str):
         lib = ctypes.CDLL(path)
@@ -52,11 +52,12 @@ class GGMLCpu:
         lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(_TypeTraitsCpu)
         lib.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
         for kernel in ("gemv", "gemm"):
-            for name in ("q4_0", "mxfp4"):
-                getattr(lib, f"ggml_{kernel}_{name}_8x8_q8_0").argtypes = [
+            for name in REPACKED_KERNELS.values():
+                getattr(lib, f"ggml_{kernel}_{name}").argtypes = [
                     ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                     ctypes.c_int]
-        lib.ggml_quantize_mat_q8_0_4x8.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        for name in ("q8_0", "q8_K"):
+            getattr(lib, f"ggml_quantize_mat_{name}_4x8").argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
         self.lib = lib
 
     def _traits(self, qtype):
@@ -86,21 +87,25 @@ class GGMLCpu:
         return out
 
     def matmul_repacked(self, qtype, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """w (rows, bytes), Q4_0 or MXFP4 rows (a multiple of 8) repacked as llama.cpp's CPU_REPACK buffer holds
-        them, times x (rows, n) as its forward_mul_mat runs them: input rows in groups of 4 through
-        ggml_gemm_<type>_8x8_q8_0 (inputs rounded by ggml_quantize_mat_q8_0_4x8), the rest one at a time through
-        ggml_gemv_<type>_8x8_q8_0 (quantize_row_q8_0): (x rows, w rows)."""
+        """w (rows, bytes), Q4_0, MXFP4 or Q4_K rows (a multiple of 8) repacked as llama.cpp's CPU_REPACK buffer
+        holds them, times x (rows, n) as its forward_mul_mat runs them: input rows in groups of 4 through
+        ggml_gemm_<type>_8x8_<q8 type> (inputs rounded by ggml_quantize_mat_<q8 type>_4x8) when there are more than
+        3, the rest one at a time through ggml_gemv_<type>_8x8_<q8 type> (the q8 type's from_float): (x rows, w
+        rows)."""
         n_rows, n = w.shape[0], x.shape[1]
+        qtype = GGMLQuantizationType(qtype)
         packed = repack_8x8(qtype, w)
-        name = GGMLQuantizationType(qtype).name.lower()
-        gemm, gemv = getattr(self.lib, f"ggml_gemm_{name}_8x8_q8_0"), getattr(self.lib, f"ggml_gemv_{name}_8x8_q8_0")
+        name = REPACKED_KERNELS[qtype]
+        gemm, gemv = getattr(self.lib, f"ggml_gemm_{name}"), getattr(self.lib, f"ggml_gemv_{name}")
+        quantize_mat = getattr(self.lib, f"ggml_quantize_mat_{name.split('_8x8_')[1]}_4x8")
+        blck, tsize = GGML_QUANT_SIZES[GGMLQuantizationType(self._traits(qtype).vec_dot_type)]
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.zeros((x.shape[0], n_rows), dtype=np.float32)
-        n_gemm = x.shape[0] - x.shape[0] % 4
+        n_gemm = x.shape[0] - x.shape[0] % 4 if x.shape[0] > 3 else 0
         if n_gemm:
-            xq = np.zeros((n_gemm, n // 32 * 34), dtype=np.uint8)     # block_q8_0x4: 4 rows interleaved per group
+            xq = np.zeros((n_gemm, n // blck * tsize), dtype=np.uint8)     # 4 rows interleaved per group
             for t in range(0, n_gemm, 4):
-                self.lib.ggml_quantize_mat_q8_0_4x8(x[t].ctypes.data, xq[t].ctypes.data, n)
+                quantize_mat(x[t].ctypes.data, xq[t].ctypes.data, n)
             gemm(n, out.ctypes.data, n_rows, packed.ctypes.data, xq.ctypes.data, n_gemm, n_rows)
         for t in range(n_gemm, x.shape[0]):
             xq = self.prepare(qtype, x[t:t + 1])
@@ -108,7 +113,9 @@ class GGMLCpu:
         return out
 
 
-# per repacked type: bytes of a block's scale, and the mask make_block_<type>x8 XORs the values with (Q4_0's
+REPACKED_KERNELS = {GGMLQuantizationType.Q4_0: "q4_0_8x8_q8_0", GGMLQuantizationType.MXFP4: "mxfp4_8x8_q8_0",
+                    GGMLQuantizationType.Q4_K: "q4_K_8x8_q8_K"}
+# per repacked 32-value type: bytes of a block's scale, and the mask make_block_<type>x8 XORs the values with (Q4_0's
 # unsigned nibbles become signed ones)
 REPACKED_BLOCKS = {GGMLQuantizationType.Q4_0: (2, 0x88), GGMLQuantizationType.MXFP4: (1, 0x00)}
 
@@ -116,7 +123,9 @@ REPACKED_BLOCKS = {GGMLQuantizationType.Q4_0: (2, 0x88), GGMLQuantizationType.MX
 def repack_8x8(qtype, w: np.ndarray) -> np.ndarray:
     """Rows w (a multiple of 8) of a 32-value 4-bit type as make_block_q4_0x8 / make_block_mxfp4x8 interleave them
     (8 bytes at a time): per group of 8 rows and block, the 8 rows' scales, then 16 chunks of 8 bytes, chunk i
-    from row i % 8, bytes (i // 8) * 8 onwards."""
+    from row i % 8, bytes (i // 8) * 8 onwards. Q4_K: repack_q4_k_8x8."""
+    if GGMLQuantizationType(qtype) == GGMLQuantizationType.Q4_K:
+        return repack_q4_k_8x8(w)
     scale_bytes, mask = REPACKED_BLOCKS[GGMLQuantizationType(qtype)]
     n_rows = w.shape[0]
     blocks = np.ascontiguousarray(w, dtype=np.uint8).reshape(n_rows // 8, 8, -1, scale_bytes + 16)
@@ -126,6 +135,35 @@ def repack_8x8(qtype, w: np.ndarray) -> np.ndarray:
     qs = blocks[..., scale_bytes:].transpose(0, 2, 1, 3) ^ np.uint8(mask)     # (group, block, row, 16)
     for i in range(16):
         at = 8 * scale_bytes + 8 * i
+        packed[..., at:at + 8] = qs[:, :, i % 8, (i // 8) * 8:(i // 8) * 8 + 8]
+    return packed
+
+
+def repack_q4_k_8x8(w: np.ndarray) -> np.ndarray:
+    """Q4_K rows (a multiple of 8) as make_block_q4_Kx8 interleaves them: per group of 8 rows and super-block, the
+    8 rows' d, then their dmin (f16), 96 bytes of scales and mins (per sub-block, the 8 rows' 6-bit scales and mins
+    in 12 bytes), then 128 chunks of 8 bytes of quants, chunk i from row i % 8, bytes (i // 8) * 8 onwards."""
+    n_rows = w.shape[0]
+    blocks = np.ascontiguousarray(w, dtype=np.uint8).reshape(n_rows // 8, 8, -1, 144)
+    groups, n_blocks = n_rows // 8, blocks.shape[2]
+    packed = np.empty((groups, n_blocks, 1152), dtype=np.uint8)
+    packed[..., 0:16] = blocks[..., 0:2].transpose(0, 2, 1, 3).reshape(groups, n_blocks, 16)
+    packed[..., 16:32] = blocks[..., 2:4].transpose(0, 2, 1, 3).reshape(groups, n_blocks, 16)
+    sc = blocks[..., 4:16].transpose(0, 2, 1, 3).astype(np.int64)          # (group, block, row, 12)
+    for half in range(2):
+        for i in range(4):
+            if half == 0:
+                s, m = sc[..., i] & 63, sc[..., i + 4] & 63
+            else:
+                s = ((sc[..., i] & 192) >> 2) | (sc[..., i + 8] & 15)
+                m = ((sc[..., i + 4] & 192) >> 2) | ((sc[..., i + 8] & 240) >> 4)
+            at = 32 + 48 * half + 12 * i
+            packed[..., at:at + 4] = (s[..., :4] & 63) + ((s[..., 4:] & 48) << 2)
+            packed[..., at + 4:at + 8] = (m[..., :4] & 63) + ((m[..., 4:] & 48) << 2)
+            packed[..., at + 8:at + 12] = (s[..., 4:] & 15) + ((m[..., 4:] & 15) << 4)
+    qs = blocks[..., 16:].transpose(0, 2, 1, 3)                                # (group, block, row, 128)
+    for i in range(128):
+        at = 128 + 8 * i
         packed[..., at:at + 8] = qs[:, :, i % 8, (i // 8) * 8:(i // 8) * 8 + 8]
     return packed
 

@@ -271,14 +271,39 @@ def test_repackable_matmul_equals_ggml(qtype, n_rows, n_cols, n_in):
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("n_rows, n_cols", [(5, 256), (16, 1536)])
-@pytest.mark.parametrize("n_in", [1, 3])
-def test_q6_k_matmul_equals_ggml_vec_dot(n_rows, n_cols, n_in):
-    """Q6_K on integers (kquant_dot.py): bit for bit with libggml-cpu's ggml_vec_dot_q6_K_q8_K, which llama.cpp runs
-    every Q6_K row through on x86 (it repacks none), for one input row and a batch."""
+@pytest.mark.parametrize("qtype, n_rows, n_cols", [(T.Q6_K, 5, 256), (T.Q6_K, 16, 1536), (T.Q4_K, 5, 256),
+                                                   (T.Q4_K, 12, 1536)], ids=lambda v: getattr(v, "name", v))
+@pytest.mark.parametrize("n_in", [1, 3, 7])
+def test_k_quant_matmul_equals_ggml_vec_dot(qtype, n_rows, n_cols, n_in):
+    """Q6_K, and Q4_K that llama.cpp does not repack (rows not a multiple of 8), on integers (kquant_dot.py): bit
+    for bit with libggml-cpu's ggml_vec_dot_<type>_q8_K, which llama.cpp runs batches of fewer than 8 rows
+    through, and stepwise batches of any size."""
     from tests.ggml_oracle import load_ggml_cpu
 
-    data, _ = make_weights(T.Q6_K, n_rows=n_rows, n_cols=n_cols, seed=n_rows)
+    data, _ = make_weights(qtype, n_rows=n_rows, n_cols=n_cols, seed=n_rows)
     x = (np.random.default_rng(n_cols).standard_normal((n_in, n_cols)) * 3).astype(np.float32)
-    want = load_ggml_cpu().vec_dot(T.Q6_K, data.reshape(n_rows, -1), x)
-    assert np.array_equal(run_matmul(T.Q6_K, data, n_rows, x).view(np.uint32), want.view(np.uint32))
+    want = load_ggml_cpu().vec_dot(qtype, data.reshape(n_rows, -1), x)
+    assert np.array_equal(run_matmul(qtype, data, n_rows, x).view(np.uint32), want.view(np.uint32))
+    x = np.concatenate([x] * 3)
+    assert np.array_equal(run_matmul(qtype, data, n_rows, x, stepwise=True), np.concatenate([want] * 3))
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("n_rows, n_cols", [(8, 256), (16, 1536)])
+@pytest.mark.parametrize("n_in", [1, 3, 4, 6, 8, 16])
+def test_repacked_q4_k_matmul_equals_ggml(n_rows, n_cols, n_in):
+    """Q4_K on integers (kquant_dot.py), rows a multiple of 8: bit for bit with libggml-cpu's q4_K 8x8 kernels as
+    llama.cpp's forward_mul_mat runs them (gemm for each 4 input rows when more than 3, gemv for the rest), and
+    every row through gemv when the rows go one at a time (stepwise, as mul_mat_id does)."""
+    from tests.ggml_oracle import load_ggml_cpu
+
+    ggml = load_ggml_cpu()
+    data, _ = make_weights(T.Q4_K, n_rows=n_rows, n_cols=n_cols, seed=n_rows)
+    x = (np.random.default_rng(n_cols).standard_normal((n_in, n_cols)) * 3).astype(np.float32)
+    rows = data.reshape(n_rows, -1)
+    assert matmul.Layout(T.Q4_K, n_rows, n_cols).kernel_id == matmul.REPACKED_KERNEL[T.Q4_K]
+    want = ggml.matmul_repacked(T.Q4_K, rows, x)
+    got = run_matmul(T.Q4_K, data, n_rows, x)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    one_at_a_time = np.concatenate([ggml.matmul_repacked(T.Q4_K, rows, x[t:t + 1]) for t in range(n_in)])
+    assert np.array_equal(run_matmul(T.Q4_K, data, n_rows, x, stepwise=True), one_at_a_time)

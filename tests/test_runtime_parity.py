@@ -60,15 +60,23 @@ def smollm2_q4_k_m(smollm2_path, tmp_path_factory, llama_cpp):
     return out
 
 
-def test_k_quant_steps_are_bit_identical(smollm2_q4_k_m, llama_cpp):
-    """Q4_K (repacked) and Q6_K dotted on integers as llama.cpp sums them (kquant_dot.py): single tokens and
-    prompts of 2 and 3 tokens (what llama.cpp runs through its one-row gemv and vec_dot) give llama.cpp's logits
-    bit for bit (the float path before it: 0.20-0.29 off on single tokens). Prompts of 4 or more tokens go through
-    llama.cpp's 4-row q4_K gemm, which this does not reproduce: there the logits differ (measured up to 0.87), as
-    docs/runtime.md says."""
+def test_k_quant_logits_are_bit_identical(smollm2_q4_k_m, llama_cpp):
+    """Q4_K (repacked) and Q6_K on integers as llama.cpp sums them (kquant_dot.py): single tokens, prompts of 2-7
+    tokens (gemv, the 4-row q4_K gemm, Q6_K's vec_dot) and of 8 or more (Q6_K through llama.cpp's tiled kernel)
+    give llama.cpp's logits bit for bit. Before, as floats: 0.20-0.29 off on single tokens, 0.6-1.2 on prompts."""
     oracle, model = LlamaCpp(llama_cpp, smollm2_q4_k_m), TargetModel(smollm2_q4_k_m, threads=2)
-    prompts = [[t] for t in (1, 100, 2000, 9001)] + [[1, 100], [1, 100, 2000], [504, 3, 17]]
-    assert_prompt_logits_identical(oracle, model, prompts, "smollm2-q4_k_m")
+    tokenizer = Tokenizer.from_gguf(model.weights.meta)
+    prompts = [[t] for t in (1, 100, 2000, 9001)] + [[1, 100], [504, 3, 17, 9, 12]]
+    assert_prompt_logits_identical(oracle, model, prompts + [tokenizer.encode(t) for t in TEXT_PROMPTS[:3]],
+                                   "smollm2-q4_k_m")
+
+
+@pytest.mark.slow
+def test_k_quant_greedy_tokens_are_identical(smollm2_q4_k_m, llama_cpp):
+    oracle, model = LlamaCpp(llama_cpp, smollm2_q4_k_m), TargetModel(smollm2_q4_k_m, threads=2)
+    for ids in prompts_for("smollm2-q4_k_m", smollm2_q4_k_m, 3):
+        model.kv.clear()
+        assert greedy(model, ids, N_GREEDY)[0] == oracle.greedy(ids, N_GREEDY)
 
 
 @pytest.fixture(scope="module")

@@ -62,21 +62,22 @@ def shapes_of(qtype) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_matrix_product_equals_numba(qtype):
     """Same input, same weights: a float32 DeviceMatrix gives numba's bits (llama.cpp's roundings and summation
-    orders) for a batch, one row, a stepwise batch, and an expert's rows of a stack."""
+    orders) for a batch (5 rows; 9: K-quants' tiled kernel), one row, a stepwise batch, and an expert's rows of a
+    stack (4 rows; 9)."""
     rng = np.random.default_rng(1)
     for n_rows, n_cols in shapes_of(qtype):
         numba_matrix, device_matrix = matrix_pair(qtype, n_rows, n_cols)
-        x = rng.standard_normal((5, n_cols)).astype(np.float32)
-        for rows, stepwise in ((x, False), (x[:1], False), (x, True)):
+        x = rng.standard_normal((9, n_cols)).astype(np.float32)
+        for rows, stepwise in ((x[:5], False), (x, False), (x[:1], False), (x[:5], True)):
             want = numba_matrix(rows, stepwise)
             got = device_matrix(torch.from_numpy(rows), stepwise).numpy()
             assert np.array_equal(got, want), (n_rows, n_cols, len(rows), stepwise)
         assert np.array_equal(device_matrix.rows([3, 0]).numpy(), numba_matrix.rows([3, 0]))
     numba_stack, device_stack = matrix_pair(qtype, 16, shapes_of(qtype)[0][1], n_expert=3)
-    x = rng.standard_normal((4, device_stack.n_cols)).astype(np.float32)
-    (want,) = MatrixGroup(numba_stack).run_experts(x, None, np.array([0, 2]), np.array([0, 3, 4]))
+    x = rng.standard_normal((12, device_stack.n_cols)).astype(np.float32)
+    (want,) = MatrixGroup(numba_stack).run_experts(x, None, np.array([0, 2]), np.array([0, 3, 12]))
     got = torch.cat([device_stack.product(torch.from_numpy(x[:3]), 0),
-                     device_stack.product(torch.from_numpy(x[3:]), 2)])
+                     device_stack.product(torch.from_numpy(x[3:12]), 2)])
     assert np.array_equal(got.numpy(), want)
 
 

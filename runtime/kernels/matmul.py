@@ -44,7 +44,8 @@ from ggtools.runtime.kernels import workers
 from ggtools.runtime.kernels.workers import (ARGS, CONTROL_SIZE, Job, array_1d, array_2d, claim, close_job, enter,
                                              leave, publish, put_array)
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
-from ggtools.runtime.kernels.kquant_dot import Q4_K_REPACKED, matmul_kquant, quantize_q8_k_row
+from ggtools.runtime.kernels.kquant_dot import (Q4_K_REPACKED, ROWS_EXPERT, matmul_kquant, quantize_q8_k_row,
+                                                rows_mode)
 from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_4x8_stored_1,
                                   dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
                                   stored2_lanes8_4,
@@ -78,7 +79,7 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
 # kernel ids: a type summed as llama.cpp's repacked (CPU_REPACK) kernels sum it
 Q4_0_REPACKED, MXFP4_REPACKED = 1000 + Q4_0, 1000 + MXFP4
 REPACKED_KERNEL = {T.Q4_0: Q4_0_REPACKED, T.MXFP4: MXFP4_REPACKED, T.Q4_K: Q4_K_REPACKED}
-INTEGER_KQUANT_KERNELS = frozenset({Q4_K_REPACKED, Q6_K})     # kquant_dot.py's
+INTEGER_KQUANT_KERNELS = frozenset({Q4_K_REPACKED, Q4_K, Q6_K})     # kquant_dot.py's
 FIRST_EXPERT = np.zeros(1, np.int64)   # a plain matmul: one group of rows through "expert" 0
 ONE_ROW_GROUP = np.array([0, 1], np.int64)   # the group of a one-row input
 
@@ -783,24 +784,25 @@ def matmul_float_entry(address):
 
 
 @njit(**EXACT)
-def matmul_kquant_post(control, entry, kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups):
+def matmul_kquant_post(control, entry, kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, mode):
     if not contiguous(buf, q8, xd, bsums, out, tasks, experts, groups):
-        matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, np.zeros(2, np.int64))
+        matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, mode,
+                      np.zeros(2, np.int64))
         return
-    control[ARGS], control[ARGS + 1] = kernel, row_bytes
-    i = put_array(control, put_array(control, put_array(control, ARGS + 2, xd), out), buf)
+    control[ARGS], control[ARGS + 1], control[ARGS + 2] = kernel, row_bytes, mode
+    i = put_array(control, put_array(control, put_array(control, ARGS + 3, xd), out), buf)
     i = put_array(control, put_array(control, put_array(control, i, q8), bsums), tasks)
     i = put_array(control, put_array(control, i, experts), groups)
     publish(control, entry)
-    matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, control[0:2])
+    matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, mode, control[0:2])
     close_job(control)
 
 
 @cfunc(ENTRY_SIGNATURE, **CFUNC)
 def matmul_kquant_entry(address):
     control = carray(address, (CONTROL_SIZE,))
-    kernel, row_bytes = control[ARGS], control[ARGS + 1]
-    xd, i = array_2d(control, ARGS + 2, np.float32)
+    kernel, row_bytes, mode = control[ARGS], control[ARGS + 1], control[ARGS + 2]
+    xd, i = array_2d(control, ARGS + 3, np.float32)
     out, i = array_2d(control, i, np.float32)
     buf, i = array_1d(control, i, np.uint8)
     q8, i = array_2d(control, i, np.int8)
@@ -808,7 +810,7 @@ def matmul_kquant_entry(address):
     tasks, i = array_2d(control, i, np.int64)
     experts, i = array_1d(control, i, np.int64)
     groups, i = array_1d(control, i, np.int64)
-    matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, control[0:2])
+    matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, mode, control[0:2])
 
 
 MATMUL_BLOCK32 = Job(matmul_block32, matmul_block32_post, matmul_block32_entry)
@@ -951,14 +953,15 @@ class MatmulPlan:
         n_in = a.xq.shape[0]
         # llama.cpp takes tinyBLAS for batches of 2+ rows when the matrix's shape allows, vec_dot otherwise
         one_row = n_in == 1 or stepwise or not self.layout.tinyblas
-        return self._run(a, FIRST_EXPERT, ONE_ROW_GROUP if n_in == 1 else np.array([0, n_in], np.int64), one_row)
+        groups = ONE_ROW_GROUP if n_in == 1 else np.array([0, n_in], np.int64)
+        return self._run(a, FIRST_EXPERT, groups, one_row, rows_mode(stepwise, expert=False))
 
     def run_experts(self, a: PreparedInput, experts: np.ndarray, groups: np.ndarray) -> list:
         """Input rows groups[g]..groups[g + 1]-1 through expert experts[g]'s matrices, each expert's weights
         read once. Every row is a one-row dot, as in llama.cpp's mul_mat_id."""
-        return self._run(a, experts, groups, one_row=True)
+        return self._run(a, experts, groups, True, ROWS_EXPERT)
 
-    def _run(self, a: PreparedInput, experts: np.ndarray, groups: np.ndarray, one_row: bool) -> list:
+    def _run(self, a: PreparedInput, experts: np.ndarray, groups: np.ndarray, one_row: bool, mode: int) -> list:
         layout, n_in = self.layout, a.xq.shape[0]
         out = np.empty((n_in, self.n_rows), np.float32)
         tasks = self.one_row_tasks(workers.pool().n_threads) if n_in <= len(experts) else self.tasks
@@ -966,7 +969,7 @@ class MatmulPlan:
         if layout.block32:
             workers.run_job(self.job, *split, *self.weight_args, a.xq, a.xd, a.xs, out, tasks, experts, groups)
         elif layout.integer_kquant:
-            workers.run_job(self.job, *split, *self.weight_args, a.q8, a.xd, a.xs, out, tasks, experts, groups)
+            workers.run_job(self.job, *split, *self.weight_args, a.q8, a.xd, a.xs, out, tasks, experts, groups, mode)
         else:
             workers.run_job(self.job, *split, *self.weight_args, a.xq, out, tasks, experts, groups,
                             layout.float_type and one_row, layout.qtype != T.F32)

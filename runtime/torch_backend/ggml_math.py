@@ -216,6 +216,16 @@ def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float = 1.702, limit
 
 # ---- sums --------------------------------------------------------------------------------------------------
 
+def fma_chain(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """acc = fma(values[b], scales[b], acc) over b from acc = 0, float32 (values float32, scales float64 holding
+    float32 values: the product is exact in float64; torch computes addcmul in float64 and rounds it once to the
+    float32 output)."""
+    acc = (values[0] * scales[0] + 0.0).float()
+    for b in range(1, len(values)):
+        torch.addcmul(acc, values[b], scales[b], out=acc)
+    return acc
+
+
 def hsum8(v: torch.Tensor) -> torch.Tensor:
     """(..., 8) -> ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)): hsum_float_8, tinyBLAS's hsum."""
     t = v[..., :4] + v[..., 4:]

@@ -53,9 +53,8 @@ class DeviceMatrix:
         out = torch.empty((x.shape[0], self.n_rows), dtype=self.dtype, device=x.device)
         if self.exact is not None:
             prepared = self.exact.prepare(x.float())
-            one_row = self.exact.one_row(len(x), stepwise, expert is not None)
             for r, rows in self._chunks(expert or 0, self.exact.rows_per_chunk(len(x))):
-                out[:, r:r + len(rows)] = self.exact.dot(prepared, rows, one_row)
+                out[:, r:r + len(rows)] = self.exact.dot(prepared, rows, stepwise, expert is not None)
             return out
         x = x.to(self.dtype)
         for r, rows in self._chunks(expert or 0, max(1, CHUNK_VALUES // self.n_cols)):
