@@ -33,6 +33,7 @@ I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
 V8F = ir.VectorType(F32, 8)
 V8I = ir.VectorType(I32, 8)
+V4B = ir.VectorType(I8, 4)
 V16B = ir.VectorType(I8, 16)
 V32B = ir.VectorType(I8, 32)
 
@@ -525,12 +526,12 @@ def _block_bytes(builder, block_ptr, layout):
     values = _nibble_indices(builder, qs_ptr)
     if layout.qh is not None:
         qh_ptr = builder.gep(block_ptr, [ir.Constant(I64, layout.qh)])
-        qh = builder.load(builder.bitcast(qh_ptr, I32.as_pointer()), align=1)
-        v32i = ir.VectorType(I32, 32)
-        lanes = builder.shuffle_vector(builder.insert_element(ir.Constant(v32i, ir.Undefined), qh, ir.Constant(I32, 0)),
-                                       ir.Constant(v32i, ir.Undefined), ir.Constant(v32i, [0] * 32))
-        bit = builder.icmp_unsigned("!=", builder.and_(lanes, ir.Constant(v32i, [1 << k for k in range(32)])),
-                                    ir.Constant(v32i, [0] * 32))
+        # ggml's bytes_from_bits_32: byte k of the 4 qh bytes spread over 8 value bytes, then bit k % 8 of each
+        qh = builder.load(builder.bitcast(qh_ptr, V4B.as_pointer()), align=1)
+        spread = builder.shuffle_vector(qh, ir.Constant(V4B, ir.Undefined),
+                                        ir.Constant(ir.VectorType(I32, 32), [k // 8 for k in range(32)]))
+        bit = builder.icmp_unsigned("!=", builder.and_(spread, ir.Constant(V32B, [1 << (k % 8) for k in range(32)])),
+                                    ir.Constant(V32B, [0] * 32))
         fifth = builder.select(bit, ir.Constant(V32B, [16] * 32), ir.Constant(V32B, [0] * 32))
         values = builder.or_(values, fifth)
     if layout.value_offset:
@@ -555,6 +556,110 @@ def _avx2_lane_sums(builder, decoded, xp):
 
 
 _dot_row_block32_avx2 = _dot_row_block32_with(_avx2_weights, _avx2_lane_sums)
+
+
+# ---- K-quant integer lanes (kquant_dot.py) ---------------------------------------------------------
+
+V32S, V32I = ir.VectorType(ir.IntType(16), 32), ir.VectorType(I32, 32)
+
+
+def _bytes32(builder, ptr):
+    return builder.load(builder.bitcast(ptr, V32B.as_pointer()), align=1)
+
+
+def _lanes_of_4(builder, products):
+    """<32 x i16> products -> <8 x i32>: lane l the sum of products 4l..4l+3 (exact integers)."""
+    wide = builder.sext(products, V32I)
+    picks = [builder.shuffle_vector(wide, ir.Constant(V32I, ir.Undefined), ir.Constant(V8I, [4 * l + k for l in range(8)]))
+             for k in range(4)]
+    return builder.add(builder.add(picks[0], picks[1]), builder.add(picks[2], picks[3]))
+
+
+def _scaled_lanes(builder, values, x, scale_low, scale_high):
+    """<8 x i32>: lane l = scale * (unsigned values[4l..4l+3] . signed x[4l..4l+3]), <32 x i8> each; the scale
+    (i32) is scale_low for lanes 0-3 and scale_high for lanes 4-7. On AVX2 ggml's maddubs + madd."""
+    if HAVE_AVX2:
+        scales16 = builder.shuffle_vector(_splat(builder, builder.trunc(scale_low, ir.IntType(16)), ir.VectorType(ir.IntType(16), 8)),
+                                          _splat(builder, builder.trunc(scale_high, ir.IntType(16)), ir.VectorType(ir.IntType(16), 8)),
+                                          ir.Constant(ir.VectorType(I32, 16), list(range(8)) + list(range(8, 16))))
+        pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, [values, x])
+        return _x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, scales16])
+    scales = builder.shuffle_vector(_splat(builder, scale_low, V8I), _splat(builder, scale_high, V8I),
+                                    ir.Constant(V8I, [0, 1, 2, 3, 12, 13, 14, 15]))
+    return builder.mul(scales, _lanes_of_4(builder, builder.mul(builder.zext(values, V32S), builder.sext(x, V32S))))
+
+
+def _store_lanes(builder, lanes, ptr):
+    builder.store(lanes, builder.bitcast(ptr, V8I.as_pointer()), align=4)
+
+
+@intrinsic
+def q4_k_chunk_lanes(typingctx, buf, bo, q8, xo, scales, out):
+    """One Q4_K super-block (bytes from bo) against Q8_K values q8[xo:xo + 256], exact integers (ggml's maddubs /
+    madd lanes; scales: int32 array of 8): with lanes_c[l] = scales[2c] * (values 4l..4l+3 of sub-block 2c . q8)
+    + scales[2c + 1] * (the same of sub-block 2c + 1) for the 64-value chunks c < 4, out[l] = the sum of lanes_c[l]
+    over c (l < 8) and out[8 + c] = the sum of lanes_c's lanes."""
+    def codegen(context, builder, signature, args):
+        buf_a, bo_v, q8_a, xo_v, sc_a, out_a = args
+        buf_t, _, q8_t, _, sc_t, out_t = signature.args
+        block = _element_ptr(context, builder, buf_t, buf_a, bo_v)
+        xp = _element_ptr(context, builder, q8_t, q8_a, xo_v)
+        for c in range(4):
+            raw = _bytes32(builder, builder.gep(block, [ir.Constant(I64, 16 + 32 * c)]))
+            low = builder.and_(raw, ir.Constant(V32B, [15] * 32))
+            high = builder.lshr(raw, ir.Constant(V32B, [4] * 32))
+            x_low = _bytes32(builder, builder.gep(xp, [ir.Constant(I64, 64 * c)]))
+            x_high = _bytes32(builder, builder.gep(xp, [ir.Constant(I64, 64 * c + 32)]))
+            s_low, s_high = (builder.load(_element_ptr(context, builder, sc_t, sc_a, ir.Constant(I64, 2 * c + k)))
+                             for k in (0, 1))
+            lanes = builder.add(_scaled_lanes(builder, low, x_low, s_low, s_low),
+                                _scaled_lanes(builder, high, x_high, s_high, s_high))
+            total = _lane(builder, _row_sums8(builder, [lanes] * 8), 0)
+            builder.store(total, _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 8 + c)))
+            acc = lanes if c == 0 else builder.add(acc, lanes)
+        _store_lanes(builder, acc, _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 0)))
+        return context.get_dummy_value()
+
+    return types.void(buf, bo, q8, xo, scales, out), codegen
+
+
+@intrinsic
+def q6_k_lanes(typingctx, buf, bo, q8, xo, bsums, go, out):
+    """One Q6_K super-block (bytes from bo) against q8[xo:xo + 256] (its 16-value sums bsums[go:go + 16], int32),
+    exact integers: out[l] = ggml's lane l, the sum over the 32-value chunks of scale * (unsigned values 4l..4l+3
+    . q8) (the scale of the chunk's first or second 16 values) less 32 * (bsums[2l] * scale_2l + bsums[2l + 1] *
+    scale_2l+1); out[8] = the sum of the lanes."""
+    def codegen(context, builder, signature, args):
+        buf_a, bo_v, q8_a, xo_v, bs_a, go_v, out_a = args
+        buf_t, _, q8_t, _, bs_t, _, out_t = signature.args
+        block = _element_ptr(context, builder, buf_t, buf_a, bo_v)
+        xp = _element_ptr(context, builder, q8_t, q8_a, xo_v)
+        acc = ir.Constant(V8I, [0] * 8)
+        for j in range(2):
+            qh = _bytes32(builder, builder.gep(block, [ir.Constant(I64, 128 + 32 * j)]))
+            for c in range(4):
+                ql = _bytes32(builder, builder.gep(block, [ir.Constant(I64, 64 * j + 32 * (c & 1))]))
+                low = builder.and_(builder.lshr(ql, ir.Constant(V32B, [4 * (c >> 1)] * 32)), ir.Constant(V32B, [15] * 32))
+                high = builder.and_(builder.lshr(qh, ir.Constant(V32B, [2 * c] * 32)), ir.Constant(V32B, [3] * 32))
+                q = builder.or_(low, builder.shl(high, ir.Constant(V32B, [4] * 32)))
+                x = _bytes32(builder, builder.gep(xp, [ir.Constant(I64, 128 * j + 32 * c)]))
+                scale = [builder.sext(builder.load(builder.gep(block, [ir.Constant(I64, 192 + 8 * j + 2 * c + k)])), I32)
+                         for k in (0, 1)]
+                acc = builder.add(acc, _scaled_lanes(builder, q, x, scale[0], scale[1]))
+        bs = builder.bitcast(_element_ptr(context, builder, bs_t, bs_a, go_v), ir.VectorType(I32, 16).as_pointer())
+        bs = builder.load(bs, align=4)
+        scales = builder.sext(builder.load(builder.bitcast(builder.gep(block, [ir.Constant(I64, 192)]),
+                                                           V16B.as_pointer()), align=1), ir.VectorType(I32, 16))
+        products = builder.mul(bs, scales)
+        even, odd = (builder.shuffle_vector(products, products, ir.Constant(V8I, [2 * l + k for l in range(8)]))
+                     for k in (0, 1))
+        acc = builder.sub(acc, builder.shl(builder.add(even, odd), ir.Constant(V8I, [5] * 8)))
+        _store_lanes(builder, acc, _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 0)))
+        total = _lane(builder, _row_sums8(builder, [acc] * 8), 0)
+        builder.store(total, _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 8)))
+        return context.get_dummy_value()
+
+    return types.void(buf, bo, q8, xo, bsums, go, out), codegen
 
 
 # ---- attention: many dots against one vector, ggml_v_expf ------------------------------------------
