@@ -23,11 +23,11 @@ def threads():
 def matmuls(seed, count=300):
     """Random matmul cases (matrix types, shapes, batch sizes) that the workers split (over MATMUL_MIN_WORK)."""
     rng = np.random.default_rng(seed)
-    weights = {t: make_weights(t, n_rows=256, n_cols=512, seed=i)[0] for i, t in enumerate(TYPES)}
+    weights = {t: make_weights(t, n_rows=1024, n_cols=512, seed=i)[0] for i, t in enumerate(TYPES)}
     cases = []
     for _ in range(count):
         qtype = TYPES[rng.integers(len(TYPES))]
-        n_rows = int(rng.choice([128, 256]))
+        n_rows = int(rng.choice([512, 1024]))
         x = rng.standard_normal((int(rng.integers(1, 9)), 512)).astype(np.float32)
         cases.append((qtype, n_rows, weights[qtype], x))
     assert all(len(x) * n_rows * 512 >= workers.MATMUL_MIN_WORK for _, n_rows, _, x in cases)

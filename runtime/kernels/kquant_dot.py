@@ -27,6 +27,7 @@ llama.cpp.
 """
 
 import numpy as np
+from gguf import GGMLQuantizationType as T
 from numba import njit
 
 from ggtools.quants.floatbits import FP16_TO_F32, nearest_int
@@ -38,6 +39,15 @@ QK_K = 256
 Q4_K_BLOCK, Q6_K_BLOCK = 144, 210
 F32 = np.float32
 U = np.uint64
+
+Q4_K, Q6_K = int(T.Q4_K), int(T.Q6_K)
+Q4_K_REPACKED = 1000 + Q4_K   # kernel ids: as matmul.py names the kernels of repacked matrices
+TILED_MIN_ROWS = 8            # ggml_tiled_min_batch: a matmul's rows, or the rows routed to one expert
+# how llama.cpp meets a call's input rows: each alone (a stepwise batch: one-token graphs), one mul_mat, or the rows
+# mul_mat_id routes to one expert
+ROWS_STEPWISE, ROWS_MATMUL, ROWS_EXPERT = 0, 1, 2
+# the kernel that sums an input row (module docstring)
+VEC_DOT, GEMV, GEMM, TILED = range(4)
 
 
 @njit(**EXACT)
@@ -149,16 +159,6 @@ def dot_q6_k(variant, buf, so, n_blocks, q8, xd, bsums, w):
         else:
             total = fma(f16_at(buf, bo + U(208)) * F32(lanes[8]), xd[b], total)
     return hsum8(acc) if variant == VEC_DOT else total
-
-
-Q4_K_REPACKED = 1000 + 12     # kernel ids: 1000 + GGML_TYPE_Q4_K, as matmul.py names repacked kernels
-Q4_K, Q6_K = 12, 14
-TILED_MIN_ROWS = 8            # ggml_tiled_min_batch: a matmul's rows, or the rows routed to one expert
-# how llama.cpp meets a call's input rows: each alone (a stepwise batch: one-token graphs), one mul_mat, or the rows
-# mul_mat_id routes to one expert
-ROWS_STEPWISE, ROWS_MATMUL, ROWS_EXPERT = 0, 1, 2
-# the kernel that sums an input row (module docstring)
-VEC_DOT, GEMV, GEMM, TILED = range(4)
 
 
 def rows_mode(stepwise: bool, expert: bool) -> int:
