@@ -20,9 +20,9 @@ operation (see ggmlmath for why):
 - F32 / F16 / BF16: the input is rounded to the weight's type; one-row products follow
   ggml_vec_dot_f32/f16 (4 accumulators x 8 lanes, reduce4x8), batches follow tinyBLAS (8 lanes,
   hsum8) as llama.cpp does; `stepwise` forces the one-row structure for every row.
-- K-quants: the input is rounded through Q8_K. Q6_K, and Q4_K in matrices llama.cpp repacks (rows a multiple of
-  8), are dotted on integers as llama.cpp sums them, bit for bit (kquant_dot.py); the others are decoded to float
-  and dotted in the 8-lane structure: deterministic and batch-invariant, within float rounding of llama.cpp.
+- K-quants: the input is rounded through Q8_K. Q4_K and Q6_K are dotted on integers as llama.cpp sums them, bit
+  for bit (kquant_dot.py); Q2_K, Q3_K and Q5_K are decoded to float and dotted in the 8-lane structure:
+  deterministic and batch-invariant, within float rounding of llama.cpp.
 
 The block decoders are written here rather than called from ggtools.quants' per-block helpers
 because LLVM only vectorizes these loops when trip counts are runtime values (a constant 16 is
@@ -58,7 +58,7 @@ from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, do
 ROWS_PER_TASK = 16     # a multiple of 8: repacked matrices are dotted 8 weight rows at a time
 # a one-row input's tasks: about two per thread, so each thread streams long runs of weight rows. Claimed in
 # turn, 16-row tasks interleave the threads' reads and defeat the hardware prefetcher: on the 2-core VM a
-# decode step's matmuls ran slower on 2 threads than on 1 (docs/runtime.md, "One-row tasks")
+# decode step's matmuls ran slower on 2 threads than on 1 (docs/runtime.md, "Threads and the native anchor")
 ONE_ROW_TASKS_PER_THREAD = 2
 MAX_ROWS_PER_ONE_ROW_TASK = 256
 
@@ -925,7 +925,8 @@ class MatmulPlan:
         for (layout, offset), (column, _) in zip(self.matrices, self.columns):
             step, expert_bytes = rows_per_task(layout.n_rows), layout.n_rows * int(layout.row_bytes)
             for r in range(0, layout.n_rows, step):
-                tasks.append((offset + r * int(layout.row_bytes), min(step, layout.n_rows - r), column + r, expert_bytes))
+                tasks.append((offset + r * int(layout.row_bytes), min(step, layout.n_rows - r), column + r,
+                              expert_bytes))
         return np.array(tasks, np.int64)
 
     def one_row_tasks(self, n_threads: int) -> np.ndarray:

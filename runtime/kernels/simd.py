@@ -570,18 +570,23 @@ def _bytes32(builder, ptr):
 def _lanes_of_4(builder, products):
     """<32 x i16> products -> <8 x i32>: lane l the sum of products 4l..4l+3 (exact integers)."""
     wide = builder.sext(products, V32I)
-    picks = [builder.shuffle_vector(wide, ir.Constant(V32I, ir.Undefined), ir.Constant(V8I, [4 * l + k for l in range(8)]))
-             for k in range(4)]
+    picks = [builder.shuffle_vector(wide, ir.Constant(V32I, ir.Undefined),
+                                    ir.Constant(V8I, [4 * lane + k for lane in range(8)])) for k in range(4)]
     return builder.add(builder.add(picks[0], picks[1]), builder.add(picks[2], picks[3]))
+
+
+def _sum_lanes(builder, v):
+    """The sum of an <8 x i32>'s lanes (exact integers: any order)."""
+    return _lane(builder, _row_sums8(builder, [v] * 8), 0)
 
 
 def _scaled_lanes(builder, values, x, scale_low, scale_high):
     """<8 x i32>: lane l = scale * (unsigned values[4l..4l+3] . signed x[4l..4l+3]), <32 x i8> each; the scale
     (i32) is scale_low for lanes 0-3 and scale_high for lanes 4-7. On AVX2 ggml's maddubs + madd."""
     if HAVE_AVX2:
-        scales16 = builder.shuffle_vector(_splat(builder, builder.trunc(scale_low, ir.IntType(16)), ir.VectorType(ir.IntType(16), 8)),
-                                          _splat(builder, builder.trunc(scale_high, ir.IntType(16)), ir.VectorType(ir.IntType(16), 8)),
-                                          ir.Constant(ir.VectorType(I32, 16), list(range(8)) + list(range(8, 16))))
+        v8s = ir.VectorType(ir.IntType(16), 8)
+        low, high = (_splat(builder, builder.trunc(s, ir.IntType(16)), v8s) for s in (scale_low, scale_high))
+        scales16 = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, 16), list(range(16))))
         pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, [values, x])
         return _x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, scales16])
     scales = builder.shuffle_vector(_splat(builder, scale_low, V8I), _splat(builder, scale_high, V8I),
@@ -614,8 +619,8 @@ def q4_k_chunk_lanes(typingctx, buf, bo, q8, xo, scales, out):
                              for k in (0, 1))
             lanes = builder.add(_scaled_lanes(builder, low, x_low, s_low, s_low),
                                 _scaled_lanes(builder, high, x_high, s_high, s_high))
-            total = _lane(builder, _row_sums8(builder, [lanes] * 8), 0)
-            builder.store(total, _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 8 + c)))
+            total_at = _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 8 + c))
+            builder.store(_sum_lanes(builder, lanes), total_at)
             acc = lanes if c == 0 else builder.add(acc, lanes)
         _store_lanes(builder, acc, _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 0)))
         return context.get_dummy_value()
@@ -639,12 +644,13 @@ def q6_k_lanes(typingctx, buf, bo, q8, xo, bsums, go, out):
             qh = _bytes32(builder, builder.gep(block, [ir.Constant(I64, 128 + 32 * j)]))
             for c in range(4):
                 ql = _bytes32(builder, builder.gep(block, [ir.Constant(I64, 64 * j + 32 * (c & 1))]))
-                low = builder.and_(builder.lshr(ql, ir.Constant(V32B, [4 * (c >> 1)] * 32)), ir.Constant(V32B, [15] * 32))
+                low = builder.and_(builder.lshr(ql, ir.Constant(V32B, [4 * (c >> 1)] * 32)),
+                                   ir.Constant(V32B, [15] * 32))
                 high = builder.and_(builder.lshr(qh, ir.Constant(V32B, [2 * c] * 32)), ir.Constant(V32B, [3] * 32))
                 q = builder.or_(low, builder.shl(high, ir.Constant(V32B, [4] * 32)))
                 x = _bytes32(builder, builder.gep(xp, [ir.Constant(I64, 128 * j + 32 * c)]))
-                scale = [builder.sext(builder.load(builder.gep(block, [ir.Constant(I64, 192 + 8 * j + 2 * c + k)])), I32)
-                         for k in (0, 1)]
+                scale = [builder.sext(builder.load(builder.gep(block, [ir.Constant(I64, 192 + 8 * j + 2 * c + k)])),
+                                      I32) for k in (0, 1)]
                 acc = builder.add(acc, _scaled_lanes(builder, q, x, scale[0], scale[1]))
         bs = builder.bitcast(_element_ptr(context, builder, bs_t, bs_a, go_v), ir.VectorType(I32, 16).as_pointer())
         bs = builder.load(bs, align=4)
@@ -655,8 +661,7 @@ def q6_k_lanes(typingctx, buf, bo, q8, xo, bsums, go, out):
                      for k in (0, 1))
         acc = builder.sub(acc, builder.shl(builder.add(even, odd), ir.Constant(V8I, [5] * 8)))
         _store_lanes(builder, acc, _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 0)))
-        total = _lane(builder, _row_sums8(builder, [acc] * 8), 0)
-        builder.store(total, _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 8)))
+        builder.store(_sum_lanes(builder, acc), _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 8)))
         return context.get_dummy_value()
 
     return types.void(buf, bo, q8, xo, bsums, go, out), codegen

@@ -342,8 +342,8 @@ _pool: Workers | None = None
 # below this many multiply-adds a job runs in the calling thread alone. General path: waking a worker was
 # measured at tens of µs on a VM (a one-row 576 x 3072 matmul took as long on two threads as on one). Fast path:
 # a polling worker joins within a microsecond, but a split matmul also takes a one-token step off its fused call
-# (moe.one_token_experts, attention.one_token_attention): at 2^16 the tiny MoE targets' 2-thread steps took 1.5-2.4x
-# their 1-thread time, at 2^18 the same (qwen3moe Q8_0) or 0.75x (gpt-oss MXFP4), SmolLM2's unchanged
+# (moe.one_token_experts, attention.one_token_attention): at 2^16 the tiny qwen3moe Q8_0 target's 2-thread step took
+# 1.7-2.4x its 1-thread time, at 2^18 the same time (docs/runtime.md); SmolLM2's steps did not change
 MATMUL_MIN_WORK = 1 << 18
 ATTENTION_MIN_WORK = 1 << 18
 
