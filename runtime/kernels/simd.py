@@ -532,8 +532,11 @@ def _block_bytes(builder, block_ptr, layout):
                                         ir.Constant(ir.VectorType(I32, 32), [k // 8 for k in range(32)]))
         bit = builder.icmp_unsigned("!=", builder.and_(spread, ir.Constant(V32B, [1 << (k % 8) for k in range(32)])),
                                     ir.Constant(V32B, [0] * 32))
-        fifth = builder.select(bit, ir.Constant(V32B, [16] * 32), ir.Constant(V32B, [0] * 32))
-        values = builder.or_(values, fifth)
+        if layout.value_offset == 16:
+            # Q5_0 as ggml: (nibble | bit << 4) - 16 is the nibble where the bit is set, nibble | 0xF0 where not
+            return builder.or_(values, builder.select(bit, ir.Constant(V32B, [0] * 32),
+                                                      ir.Constant(V32B, [-16] * 32))), True
+        values = builder.or_(values, builder.select(bit, ir.Constant(V32B, [16] * 32), ir.Constant(V32B, [0] * 32)))
     if layout.value_offset:
         values = builder.sub(values, ir.Constant(V32B, [layout.value_offset] * 32))
     return values, layout.value_offset != 0
