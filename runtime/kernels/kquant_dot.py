@@ -33,7 +33,6 @@ from numba import njit
 from ggtools.quants.floatbits import FP16_TO_F32, nearest_int
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma
 from ggtools.runtime.kernels.simd import q4_k_chunk_lanes, q6_k_lanes
-from ggtools.runtime.kernels.workers import claim, enter, leave
 
 QK_K = 256
 Q4_K_BLOCK, Q6_K_BLOCK = 144, 210
@@ -189,21 +188,3 @@ def rows_kquant(kernel, buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums,
             else:
                 out[t, column + i] = dot_q4_k(variant, buf, so, n_blocks, q8[t], xd[t], bsums[t], q4_scratch)
 
-
-@njit(**EXACT)
-def matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, mode, counter):
-    """matmul_block32's task loop (matmul.py) for the integer K-quant kernels, each group of input rows as llama.cpp
-    runs it (mode: ROWS_*; a group is one mul_mat's rows or one expert's)."""
-    n_blocks = q8.shape[1] // QK_K
-    n_template = tasks.shape[0]
-    enter(counter)
-    while True:
-        k = claim(counter)
-        if k >= n_template * experts.size:
-            break
-        g, j = k // n_template, k % n_template
-        offset, column, n_rows = tasks[j, 0] + experts[g] * tasks[j, 3], tasks[j, 2], tasks[j, 1]
-        t0, t1 = groups[g], groups[g + 1]
-        rows_kquant(kernel, buf, offset, row_bytes, n_rows, n_blocks, q8[t0:t1], xd[t0:t1], bsums[t0:t1],
-                    out[t0:t1], column, mode)
-    leave(counter)

@@ -44,7 +44,7 @@ from ggtools.runtime.kernels import workers
 from ggtools.runtime.kernels.workers import (ARGS, CONTROL_SIZE, Job, array_1d, array_2d, claim, close_job, enter,
                                              leave, publish, put_array)
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
-from ggtools.runtime.kernels.kquant_dot import (Q4_K_REPACKED, ROWS_EXPERT, matmul_kquant, quantize_q8_k_row,
+from ggtools.runtime.kernels.kquant_dot import (Q4_K_REPACKED, QK_K, ROWS_EXPERT, quantize_q8_k_row, rows_kquant,
                                                 rows_mode)
 from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_4x8_stored_1,
                                   dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
@@ -589,6 +589,15 @@ def rows8_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, colum
             t += 1
 
 
+@njit(inline="always", **EXACT)
+def task_at(tasks, experts, groups, k):
+    """Task k of a plan's task loop: (byte offset of its first weight row, its rows, their output column, the first
+    and one past the last input row of its group)."""
+    n_template = tasks.shape[0]
+    g, j = k // n_template, k % n_template
+    return U(tasks[j, 0] + experts[g] * tasks[j, 3]), tasks[j, 1], tasks[j, 2], groups[g], groups[g + 1]
+
+
 @njit(**EXACT)
 def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, counter):
     """Task k = (group g, template task j): template tasks (byte offset of a weight row in buf, rows, output
@@ -597,15 +606,12 @@ def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, e
     (a plain matmul is one group of all rows through expert 0). Repacked kinds take weight rows 8 at a time (their
     matrices' row counts, and so every task's, are multiples of 8)."""
     n_blocks = xq.shape[1] // 32
-    n_template = tasks.shape[0]
     enter(counter)
     while True:
         k = claim(counter)
-        if k >= n_template * experts.size:
+        if k >= tasks.shape[0] * experts.size:
             break
-        g, j = k // n_template, k % n_template
-        offset, column, n_rows = U(tasks[j, 0] + experts[g] * tasks[j, 3]), tasks[j, 2], tasks[j, 1]
-        t0, t1 = groups[g], groups[g + 1]
+        offset, n_rows, column, t0, t1 = task_at(tasks, experts, groups, k)
         gq, gd, gs, g_out = xq[t0:t1], xd[t0:t1], xs[t0:t1], out[t0:t1]
         if qtype == Q4_0_REPACKED:
             rows8_q4_0(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, g_out, column)
@@ -641,16 +647,14 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, 
     direct = qtype == F16 or qtype == F32
     f16 = qtype == F16
     tail = n % (32 if one_row_structure else 8) != 0   # vec_dot's leftover loop (its own summation)
-    n_template = tasks.shape[0]
     enter(counter)
     while True:
         k = claim(counter)
-        if k >= n_template * experts.size:
+        if k >= tasks.shape[0] * experts.size:
             break
-        g, j = k // n_template, k % n_template
-        offset, column = U(tasks[j, 0] + experts[g] * tasks[j, 3]), tasks[j, 2]
-        x, out = x_all[groups[g]:groups[g + 1]], out_all[groups[g]:groups[g + 1]]
-        n_in, n_rows = x.shape[0], tasks[j, 1]
+        offset, n_rows, column, t0, t1 = task_at(tasks, experts, groups, k)
+        x, out = x_all[t0:t1], out_all[t0:t1]
+        n_in = x.shape[0]
         i = 0
         while i < n_rows:
             r = column + i
@@ -704,6 +708,22 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, 
                 if pair:
                     out[t, r + 1] = d1[1]
             i += 2 if pair else 1
+    leave(counter)
+
+
+@njit(**EXACT)
+def matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, mode, counter):
+    """matmul_block32's task loop for the integer K-quant kernels (kquant_dot.rows_kquant), each group of input rows
+    as llama.cpp runs it (mode: kquant_dot.ROWS_*; a group is one mul_mat's rows or one expert's)."""
+    n_blocks = q8.shape[1] // QK_K
+    enter(counter)
+    while True:
+        k = claim(counter)
+        if k >= tasks.shape[0] * experts.size:
+            break
+        offset, n_rows, column, t0, t1 = task_at(tasks, experts, groups, k)
+        rows_kquant(kernel, buf, offset, row_bytes, n_rows, n_blocks, q8[t0:t1], xd[t0:t1], bsums[t0:t1],
+                    out[t0:t1], column, mode)
     leave(counter)
 
 
