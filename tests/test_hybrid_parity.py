@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 
 from ggtools.runtime import TargetModel, greedy
+from ggtools.runtime.target.ffn import dense, shared_expert
+from ggtools.runtime.target.mixers import attention, gated_delta_net
 from tests.float_reference import assert_within_reference_rounding, hf_hidden_states
-from tests.llama_runner import LlamaCpp, assert_greedy_identical, assert_prompt_logits_identical, avx2_llama_cpp
+from tests.llama_runner import (LlamaCpp, assert_greedy_identical, assert_one_call_steps_identical,
+                                assert_prompt_logits_identical, avx2_llama_cpp)
 from tests.target_checks import assert_crop_equals_never_going_further, assert_run_refuses_patched
 
 pytestmark = pytest.mark.oracle
@@ -62,6 +65,22 @@ def test_prompt_logits_are_bit_identical(targets, models, llama_cpp, arch, encod
     oracle, model = LlamaCpp(llama_cpp, targets[arch].gguf[encoding]), models(arch, encoding)
     assert_prompt_logits_identical(oracle, model, [prompt(seed) for seed in PROMPT_SEEDS[arch][:2]],
                                    f"{arch} {encoding}")
+
+
+@pytest.mark.parametrize("arch, encoding", ENCODINGS)
+def test_one_thread_steps_are_bit_identical(targets, llama_cpp, monkeypatch, arch, encoding):
+    """On one thread each half of a one-token step's layers, with the layer's norm before it and the residual after
+    it, runs as one kernel call: the gated attention (attention.one_token_attention), the Gated DeltaNet
+    (gated_delta_net.one_token_delta_net), the dense FFN (dense.one_token_ffn) or the routed and shared experts
+    (shared_expert.one_token_shared_moe)."""
+    path = targets[arch].gguf[encoding]
+    oracle, model = LlamaCpp(llama_cpp, path), TargetModel(path, threads=1)
+    n_recurrent, n_layer = sum(model.hp.recurrent_layers), len(model.layers)
+    ffn = (shared_expert, "one_token_shared_moe") if arch == "qwen35moe" else (dense, "one_token_ffn")
+    assert_one_call_steps_identical(monkeypatch, oracle, model, prompt(PROMPT_SEEDS[arch][0]), 6,
+                                    [(attention, "one_token_attention", n_layer - n_recurrent),
+                                     (gated_delta_net, "one_token_delta_net", n_recurrent), (*ffn, n_layer)],
+                                    f"{arch} {encoding}")
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ part of the mapped file after a run grows with the experts touched, not with the
 
 import contextlib
 import gc
+import inspect
 import os
 import shutil
 
@@ -14,6 +15,7 @@ from gguf import GGUFWriter
 
 from ggtools.runtime import TargetModel
 from ggtools.runtime.errors import NonFiniteError
+from ggtools.runtime.target.ffn import moe
 from ggtools.runtime.target.ffn.moe import RoutedExperts
 
 VOCAB, EMBD, HEADS, HEAD_DIM, LAYERS, TOP_K = 64, 64, 2, 32, 2, 2
@@ -63,20 +65,28 @@ def write_moe(path, n_expert, n_ff, seed=0):
 
 @contextlib.contextmanager
 def recorded_routes(model):
-    """Yields, per layer, the set of experts the model routes tokens to while the context is open."""
+    """Yields, per layer, the set of experts the model routes tokens to while the context is open: from
+    RoutedExperts.route, and from the experts moe.one_token_experts routed a one-token step to (its calls come in
+    layer order)."""
     seen = [set() for _ in model.layers]
-    route = RoutedExperts.route
+    route, fused = RoutedExperts.route, moe.one_token_experts
+    fused_args, n_fused = inspect.signature(fused.py_func), [0]
 
     def recording(ffn, h, stepwise):
         experts, weights = route(ffn, h, stepwise)
         seen[next(i for i, layer in enumerate(model.layers) if layer.ffn is ffn)].update(experts.reshape(-1).tolist())
         return experts, weights
 
-    RoutedExperts.route = recording
+    def recording_fused(*args):
+        fused(*args)
+        seen[n_fused[0] % len(seen)].update(fused_args.bind(*args).arguments["experts"].reshape(-1).tolist())
+        n_fused[0] += 1
+
+    RoutedExperts.route, moe.one_token_experts = recording, recording_fused
     try:
         yield seen
     finally:
-        RoutedExperts.route = route
+        RoutedExperts.route, moe.one_token_experts = route, fused
 
 
 def expert_stacks(model, layer):

@@ -21,7 +21,7 @@ from ggtools.runtime import Drafter, TargetModel, greedy, speculative_generate
 from tests.float_reference import assert_within_reference_rounding, hf_hidden_states
 from ggtools.runtime.target.ffn import moe
 from ggtools.runtime.target.mixers import attention
-from tests.llama_runner import LlamaCpp, avx2_llama_cpp, greedy_logits
+from tests.llama_runner import LlamaCpp, assert_one_call_steps_identical, avx2_llama_cpp
 from tests.speculative_checks import KnowingDrafter
 
 pytestmark = pytest.mark.oracle
@@ -69,23 +69,17 @@ def test_prompt_logits_are_bit_identical(targets, llama_cpp, arch, kind):
         assert np.array_equal(ours.view(np.uint32), want.view(np.uint32))
 
 
-@pytest.mark.parametrize("arch, kind", [("qwen3moe", "Q8_0"), ("gpt-oss", "MXFP4_MOE")])
+@pytest.mark.parametrize("arch, kind", ENCODINGS, ids=IDS)
 def test_one_thread_steps_are_bit_identical(targets, llama_cpp, monkeypatch, arch, kind):
-    """On one thread a one-token step's attention and routed experts each run as one kernel call
-    (attention.one_token_attention, moe.one_token_experts): the logits of every step along llama.cpp's greedy path
-    are its bits (the tokens are followed whatever their margin)."""
+    """On one thread a one-token step's attention and routed experts, each with the layer's norm before it and the
+    residual after it, run as one kernel call each (attention.one_token_attention, moe.one_token_experts) for every
+    weight type here."""
     path = targets[arch].gguf[kind]
     oracle, model = LlamaCpp(llama_cpp, path), TargetModel(path, threads=1)
-    calls = []
-    for module, name in ((moe, "one_token_experts"), (attention, "one_token_attention")):
-        fused = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *args, fused=fused, name=name: calls.append(name) or fused(*args))
-    ids = random_prompt(101, 13)
-    want, want_logits = oracle.greedy_logits(ids, 8)
-    ours, rows = greedy_logits(model, ids, 8)
-    assert sorted(calls) == sorted(["one_token_experts", "one_token_attention"] * 8 * len(model.layers))
-    assert ours == want
-    assert np.array_equal(rows.view(np.uint32), want_logits.view(np.uint32))
+    n_layer = len(model.layers)
+    assert_one_call_steps_identical(monkeypatch, oracle, model, random_prompt(101, 13), 8,
+                                    [(attention, "one_token_attention", n_layer), (moe, "one_token_experts", n_layer)],
+                                    f"{arch} {kind}")
 
 
 @pytest.mark.slow

@@ -11,7 +11,10 @@ import pytest
 
 from ggtools.runtime import TargetModel, Tokenizer, greedy
 from tests.float_reference import assert_within_reference_rounding, hf_hidden_states
-from tests.llama_runner import LlamaCpp, assert_prompt_logits_identical, avx2_llama_cpp
+from ggtools.runtime.target.ffn import dense
+from ggtools.runtime.target.mixers import attention
+from tests.llama_runner import (LlamaCpp, assert_one_call_steps_identical, assert_prompt_logits_identical,
+                                avx2_llama_cpp)
 
 pytestmark = pytest.mark.oracle
 
@@ -109,6 +112,18 @@ def test_greedy_tokens_are_identical(targets, llama_cpp, name):
         model.kv.clear()
         ours, _ = greedy(model, ids, N_GREEDY)
         assert ours == oracle.greedy(ids, N_GREEDY)
+
+
+@pytest.mark.parametrize("name", ["smollm2-q4_1", "smollm2-q8_0", "smollm2-q4_0", "tiny-qwen3-f32", "tiny-qwen3-f16"])
+def test_one_thread_steps_are_bit_identical(targets, llama_cpp, monkeypatch, name):
+    """On one thread a one-token step's attention and dense FFN, each with the layer's norm before it and the
+    residual after it, run as one kernel call each (attention.one_token_attention, dense.one_token_ffn)."""
+    path = targets[name]
+    oracle, model = LlamaCpp(llama_cpp, path), TargetModel(path, threads=1)
+    n_layer = len(model.layers)
+    assert_one_call_steps_identical(monkeypatch, oracle, model, prompts_for(name, path, 1)[0], 6,
+                                    [(attention, "one_token_attention", n_layer), (dense, "one_token_ffn", n_layer)],
+                                    name)
 
 
 def test_f32_kv_cache_matches_llama_cpp(targets, llama_cpp):

@@ -838,6 +838,35 @@ MATMUL_KQUANT = Job(matmul_kquant, matmul_kquant_post, matmul_kquant_entry)
 MATMUL_FLOAT = Job(matmul_float, matmul_float_post, matmul_float_entry)
 
 
+# ---- a plan run from numba (the one-token paths of the layers' pieces) ------------------------------
+
+FAMILY_BLOCK32, FAMILY_FLOAT = 0, 1     # MatmulPlan.call_args' first field
+
+
+@njit(**EXACT)
+def plan_rows(plan, x, repeat, experts, groups, counter):
+    """A plan's kernel (MatmulPlan.call_args) in this thread on x's rows, or with repeat on x's first row taken for
+    each of the plan's input rows (rounded once): one-row dots, as PreparedInput and MatmulPlan._run make them for
+    one-row inputs and experts. Returns the plan's out."""
+    family, kind, kernel, qk, block_bytes, row_bytes, buf, xq, xd, xs, xf, tasks, out = plan
+    n = 1 if repeat else x.shape[0]
+    if family == FAMILY_BLOCK32:
+        prepare_rows(kind, x[:n], xq[:n], xd[:n], xs[:n])
+        for j in range(n, xq.shape[0]):
+            xq[j], xd[j], xs[j] = xq[0], xd[0], xs[0]
+    else:
+        prepare_rows(kind, x[:n], xf[:n], xd, xs)
+        for j in range(n, xf.shape[0]):
+            xf[j] = xf[0]
+    counter[:] = 0
+    if family == FAMILY_BLOCK32:
+        matmul_block32(kernel, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, counter)
+    else:
+        matmul_float(kernel, qk, block_bytes, row_bytes, buf, xf, out, tasks, experts, groups, True, kernel != F32,
+                     counter)
+    return out
+
+
 @njit(**EXACT)
 def decode_rows(qtype, qk, block_bytes, row_bytes, data, rows, out):
     """out[i] = dequantized row rows[i] (embedding lookups)."""
@@ -958,14 +987,28 @@ class MatmulPlan:
             self._one_row_tasks[n_threads] = self._tasks(rows_per_task)
         return self._one_row_tasks[n_threads]
 
+    @property
+    def one_call(self) -> bool:
+        """Whether call_args and plan_rows serve this plan: block32 and F32 / F16 / BF16 weights."""
+        return self.layout.block32 or self.layout.float_type
+
     def call_args(self, n_in: int) -> tuple:
-        """For calling a block32 plan's kernel from numba on n_in input rows: (activation kind, kernel id, block
-        bytes, row bytes, buf, xq, xd, xs, tasks, out), scratch xq, xd, xs and out shaped as PreparedInput and _run
-        make them, kept by the caller and written anew by every call."""
-        kernel_id, block_bytes, row_bytes, buf = self.weight_args
-        prepared = PreparedInput(np.zeros((n_in, self.layout.n_cols), np.float32), self.layout.activation)
-        return (self.layout.activation, kernel_id, block_bytes, row_bytes, buf, prepared.xq, prepared.xd,
-                np.ascontiguousarray(prepared.xs), self.tasks, np.empty((n_in, self.n_rows), np.float32))
+        """For running the plan from numba (plan_rows) on n_in input rows, one row per group: (family, activation
+        kind, kernel id, qk, block bytes, row bytes, buf, xq, xd, xs, xf, tasks, out), the same types for every
+        plan that has one_call, with scratch arrays shaped as PreparedInput and _run make them (xq, xd, xs a
+        block32 plan's rounded input, xf a float plan's), kept by the caller and written anew by every call."""
+        layout = self.layout
+        prepared = PreparedInput(np.zeros((n_in, layout.n_cols), np.float32), layout.activation)
+        unused = np.empty((n_in, 0), np.float32)
+        if layout.block32:
+            kernel_id, block_bytes, row_bytes, buf = self.weight_args
+            xq, xd, xs, xf = prepared.xq, prepared.xd, np.ascontiguousarray(prepared.xs), unused
+        else:
+            kernel_id, block_bytes, row_bytes, buf = layout.type_id, layout.block_bytes, layout.row_bytes, self.buf
+            xq, xd, xs, xf = np.empty((n_in, 0), XQ_DTYPE), unused, unused, prepared.xq
+        return (np.int64(FAMILY_BLOCK32 if layout.block32 else FAMILY_FLOAT), np.int64(layout.activation),
+                np.int64(kernel_id), layout.qk, block_bytes, row_bytes, buf, xq, xd, xs, xf, self.tasks,
+                np.empty((n_in, self.n_rows), np.float32))
 
     def run(self, a: PreparedInput, stepwise: bool = False) -> list:
         """(rows, n_cols) input prepared for the plan's activation kind -> one (rows, n_rows) output

@@ -362,6 +362,11 @@ def in_caller(n_tasks: int, work: int, min_work: int) -> bool:
     return work < min_work or n_tasks <= 1 or pool().n_threads <= 1
 
 
+def matmuls_in_caller(splits) -> bool:
+    """Whether run_job runs every matmul of splits, (n_tasks, work) each, in the calling thread."""
+    return all(in_caller(n_tasks, work, MATMUL_MIN_WORK) for n_tasks, work in splits)
+
+
 def run_job(job: Job, n_tasks: int, work: int, min_work: int, *args) -> None:
     """The same on the fast path (args: C-contiguous arrays and integers, as job.post takes them)."""
     if in_caller(n_tasks, work, min_work):

@@ -169,13 +169,13 @@ class TargetModel:
     def mix(self, i: int, x, positions, rope, stepwise: bool = False):
         """x plus layer i's token mixer on its normed x (run_layer's first half)."""
         layer, hp = self.layers[i], self.hp
-        return layer.mixer(self.ops.rms_norm(x, layer.attn_norm, hp.rms_eps), positions, rope, self.kv, layer.slot,
-                           hp, stepwise) + x
+        return layer.mixer.with_residual(self.ops, x, layer.attn_norm, hp.rms_eps, positions, rope, self.kv, layer.slot,
+                                         hp, stepwise)
 
     def feed_forward(self, i: int, x, stepwise: bool = False):
         """x plus layer i's FFN on its normed x (run_layer's second half)."""
         layer = self.layers[i]
-        return layer.ffn(self.ops.rms_norm(x, layer.ffn_norm, self.hp.rms_eps), stepwise) + x
+        return layer.ffn.with_residual(self.ops, x, layer.ffn_norm, self.hp.rms_eps, stepwise)
 
     def rope_tables(self, positions):
         """RoPE's cos, sin tables at positions (M-RoPE's text angles where the model has sections), as the

@@ -23,10 +23,15 @@ SWIGLU, SWIGLU_OAI, SITU = "swiglu", "swiglu_oai", "situ"
 
 class Piece:
     """What every piece's description shares: the hook where a backend's subclass prepares its ops (matrix
-    groups, copies on the device) once the tensors are loaded."""
+    groups, copies on the device) once the tensors are loaded, and the piece run between a layer's RMS norm and
+    its residual add."""
 
     def __post_init__(self):
         pass
+
+    def with_residual(self, ops, x, norm, eps, *args):
+        """x + self(rms_norm(x) * norm, *args) with the backend's ops (numba's one-token paths run it as one call)."""
+        return self(ops.rms_norm(x, norm, eps), *args) + x
 
 
 @dataclass(frozen=True)

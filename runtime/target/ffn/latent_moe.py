@@ -52,6 +52,9 @@ def situ(gate: np.ndarray, up: np.ndarray, beta: float, linear_beta: float) -> n
 
 
 class SituFFN(SituFFNTensors, DenseFFN):
+    def _one_token_args(self):
+        return None         # situ, not SwiGLU: DenseFFN's one-call path does not apply
+
     def __call__(self, h, stepwise: bool) -> np.ndarray:
         gate, up = self.gate_up(h, stepwise)
         return self.down(situ(gate, up, self.beta, self.linear_beta), stepwise)
@@ -64,6 +67,9 @@ class LatentMoE(LatentMoETensors, RoutedExperts):
         # shared experts' gate and up
         shared = (self.shared.gate, self.shared.up) if self.shared is not None else ()
         self.inputs = MatrixGroup(self.router, *([self.routed_down] if self.routed_down else []), *shared)
+
+    def _one_token_args(self):
+        return None         # sigmoid routing, situ, latent projections: RoutedExperts' one-call path does not apply
 
     def route(self, h: np.ndarray, stepwise: bool, logits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(T, n_embd) (or the router's logits) -> experts (T, k) int64 in descending order of selection, weights

@@ -152,25 +152,28 @@ def combine_rows(down, bias, sorted_experts, slot_pos, weights, out):
 
 
 @njit(**EXACT)
-def one_token_experts(h, used, weights, gate_up, gate_cols, up_cols, down, gate_bias, up_bias, down_bias, oai, act,
-                      slot_pos, groups, counter, out):
-    """RoutedExperts on one routed token (its k experts `used`, their weights (1, k)) in one call, with the same
-    kernels in the same order as the general path: the input rounded once and taken k times, gate and up (one
-    matmul_block32 call), activate, the activations rounded, down, combine_rows. gate_up, down: (kind, kernel id,
-    block bytes, row bytes, buf, xq, xd, xs, tasks, out) of a block32 plan with scratch arrays for k rows."""
-    k = used.size
-    kind, qtype, block_bytes, row_bytes, buf, xq, xd, xs, tasks, gu = gate_up
-    matmul.prepare_rows(kind, h, xq[0:1], xd[0:1], xs[0:1])
-    for j in range(1, k):
-        xq[j], xd[j], xs[j] = xq[0], xd[0], xs[0]
-    counter[:] = 0
-    matmul.matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, gu, tasks, used, groups, counter)
+def one_token_experts(x, residual, norm, eps, h, moe, experts, weights, counter, out):
+    """RoutedExperts on one token in one call, with the same kernels in the same order as the general path: with
+    residual, out = x + the experts of rms_norm(x) * norm, else out = the experts of x. The router (route_rows), the
+    input rounded once and taken k times, gate and up (one plan), activate, the activations rounded, down,
+    combine_rows. moe: RoutedExperts.one_token's arguments (the plans: MatmulPlan.call_args for one row, k rows and
+    k rows); experts, weights: (1, k) scratch for the routing."""
+    (router, router_bias, gating, normalize, scale, gate_up, gate_cols, up_cols, down, gate_bias, up_bias, down_bias,
+     oai, act, slot_pos, groups) = moe
+    if residual:
+        ops.rms_norm_rows(x, norm, eps, h)
+    else:
+        h[:] = x
+    logits = matmul.plan_rows(router, h, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
+    route_rows(logits, router_bias, experts.shape[1], gating, normalize, scale, experts, weights)
+    used = experts[0]
+    gu = matmul.plan_rows(gate_up, h, True, used, groups, counter)
     activate(gu[:, gate_cols[0]:gate_cols[1]], gu[:, up_cols[0]:up_cols[1]], gate_bias, up_bias, used, oai, act)
-    kind, qtype, block_bytes, row_bytes, buf, xq, xd, xs, tasks, dn = down
-    matmul.prepare_rows(kind, act, xq, xd, xs)
-    counter[:] = 0
-    matmul.matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, dn, tasks, used, groups, counter)
+    dn = matmul.plan_rows(down, act, False, used, groups, counter)
     combine_rows(dn, down_bias, used, slot_pos, weights, out)
+    if residual:
+        for i in range(out.shape[1]):
+            out[0, i] = out[0, i] + x[0, i]
 
 
 class RoutedExperts(RoutedExpertsTensors):
@@ -187,20 +190,25 @@ class RoutedExperts(RoutedExpertsTensors):
         self.one_token = self._one_token_args()
 
     def _one_token_args(self):
-        """one_token_experts' fixed arguments and scratch arrays, where it applies: gate and up one block32 plan,
-        down another, no expert stack paged (its bytes are asked for before the kernels run); else None. With the
-        kernels' task counts and work, to run it only where workers.run_job would run them in this thread."""
+        """one_token_experts' fixed arguments and scratch arrays, where it applies: the router one plan, gate and up
+        another, down a third, all with one_call, no expert stack paged (its bytes are asked for before the kernels
+        run); else None. With the kernels' task counts and work, to run it only where workers.run_job would run
+        them in this thread."""
         if len(self.gate_up.parts) != 1 or len(self.down_group.parts) != 1 or self.gate_up.paged \
                 or self.down_group.paged:
             return None
-        (idx, gate_up), (_, down) = self.gate_up.parts[0], self.down_group.parts[0]
-        if not (gate_up.layout.block32 and down.layout.block32):
+        router, (idx, gate_up), (_, down) = self.router.plan, self.gate_up.parts[0], self.down_group.parts[0]
+        if router is None or not (router.one_call and gate_up.one_call and down.one_call):
             return None
         k = self.n_expert_used
         gate_cols, up_cols = (np.array(gate_up.columns[idx.index(i)], np.int64) for i in (0, 1))
         act = np.empty((k, self.gate.n_rows), np.float32)
-        splits = [(len(plan.tasks) * k, k * plan.n_rows * plan.layout.n_cols) for plan in (gate_up, down)]
-        return (gate_up.call_args(k), gate_cols, up_cols, down.call_args(k), act), splits
+        _, slot_pos, groups = self.one_token_slots
+        splits = [(len(router.tasks), router.n_rows * router.layout.n_cols)]
+        splits += [(len(plan.tasks) * k, k * plan.n_rows * plan.layout.n_cols) for plan in (gate_up, down)]
+        return (router.call_args(1), self.bias, self.routing.gating, self.routing.normalize, self.weights_scale,
+                gate_up.call_args(k), gate_cols, up_cols, down.call_args(k), self.gate_bias, self.up_bias,
+                self.down_bias, self.oai, act, slot_pos, groups), splits
 
     def route(self, h: np.ndarray, stepwise: bool) -> tuple[np.ndarray, np.ndarray]:
         """(T, n_embd) -> experts (T, k) int64 in descending order of probability, weights (T, k) float32."""
@@ -218,10 +226,18 @@ class RoutedExperts(RoutedExpertsTensors):
         rows, slot_pos, groups = self.one_token_slots
         return rows, experts[0], slot_pos, experts[0], groups
 
+    def in_one_call(self, x: np.ndarray) -> bool:
+        """Whether x (one token) runs as one_token_experts: it applies, and every kernel runs in this thread."""
+        return len(x) == 1 and self.one_token is not None and workers.matmuls_in_caller(self.one_token[1])
+
+    def with_residual(self, ops, x, norm, eps, stepwise: bool) -> np.ndarray:
+        if self.in_one_call(x):
+            return self._one_token(x, True, norm, eps)
+        return super().with_residual(ops, x, norm, eps, stepwise)
+
     def __call__(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
-        if len(h) == 1 and self.one_token is not None and all(
-                workers.in_caller(n_tasks, work, workers.MATMUL_MIN_WORK) for n_tasks, work in self.one_token[1]):
-            return self._one_token(h, stepwise)
+        if self.in_one_call(h):
+            return self._one_token(np.ascontiguousarray(h, np.float32), False, NO_ROUTER_BIAS, 0.0)
         experts, weights = self.route(h, stepwise)
         rows, sorted_experts, slot_pos, used, groups = self.slots(experts)
         self.down_group.prefetch(used)      # experts paged from disk: down's bytes come in while gate and up run
@@ -233,13 +249,11 @@ class RoutedExperts(RoutedExpertsTensors):
         combine_rows(down, self.down_bias, sorted_experts, slot_pos, weights, out)
         return out
 
-    def _one_token(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
-        """__call__ on one token in one kernel call (one_token_experts): the same bits, less the per-call glue."""
-        (gate_up, gate_cols, up_cols, down, act), _ = self.one_token
-        experts, weights = self.route(h, stepwise)
-        out = np.empty((1, down[-1].shape[1]), np.float32)
-        _, slot_pos, groups = self.one_token_slots
-        one_token_experts(np.ascontiguousarray(h, np.float32), experts[0], weights, gate_up, gate_cols, up_cols, down,
-                          self.gate_bias, self.up_bias, self.down_bias, self.oai, act, slot_pos, groups,
-                          np.zeros(2, np.int64), out)
+    def _one_token(self, x: np.ndarray, residual: bool, norm: np.ndarray, eps: float) -> np.ndarray:
+        """One token in one kernel call (one_token_experts): the same bits as the general path, less the per-call
+        glue; with residual, with_residual's result, else __call__'s."""
+        k = self.n_expert_used
+        out = np.empty_like(x)
+        one_token_experts(x, residual, norm, np.float32(eps), np.empty_like(x), self.one_token[0],
+                          np.empty((1, k), np.int64), np.empty((1, k), np.float32), np.zeros(2, np.int64), out)
         return out

@@ -2,13 +2,48 @@
 token by sigmoid(gate . h) (llama.cpp's qwen35moe build_layer_ffn: ffn_moe_out + ffn_shexp * sigmoid(shared gate))."""
 
 import numpy as np
+from numba import njit
 
-from ggtools.runtime.kernels import ops
+from ggtools.runtime.kernels import matmul, ops, workers
+from ggtools.runtime.kernels.ggmlmath import EXACT
+from ggtools.runtime.target.ffn.dense import swiglu_ffn
+from ggtools.runtime.target.ffn.moe import one_token_experts
 from ggtools.runtime.target.pieces import SharedExpertTensors
 
 
+@njit(**EXACT)
+def one_token_shared_moe(x, norm, eps, h, routed, experts, weights, shared, shared_gate, counter, out):
+    """out = x + SharedExpertMoE(rms_norm(x) * norm) on one token in one call, with the same kernels as the general
+    path: the norm, the routed experts (one_token_experts), the shared expert (swiglu_ffn), its gate (a one-row plan)
+    through sigmoid, routed + shared * gate, the residual."""
+    ops.rms_norm_rows(x, norm, eps, h)
+    one_token_experts(h, False, norm, eps, h, routed, experts, weights, counter, out)
+    dn = swiglu_ffn(h, *shared, counter)
+    gate = matmul.plan_rows(shared_gate, h, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
+    ops.sigmoid_rows(gate, gate)
+    for i in range(out.shape[1]):
+        out[0, i] = (out[0, i] + dn[0, i] * gate[0, 0]) + x[0, i]
+
+
 class SharedExpertMoE(SharedExpertTensors):
+    def __post_init__(self):
+        gate = self.shared_gate.plan
+        self.one_token = None
+        if self.routed.one_token and self.shared.one_token and gate is not None and gate.one_call:
+            self.one_token = gate.call_args(1), self.routed.one_token[1] + self.shared.one_token[1] + [
+                (len(gate.tasks), gate.n_rows * gate.layout.n_cols)]
+
     def __call__(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
         gate = self.shared_gate(h, stepwise)
         ops.sigmoid_rows(gate, gate)
         return self.routed(h, stepwise) + self.shared(h, stepwise) * gate
+
+    def with_residual(self, ops_, x, norm, eps, stepwise: bool) -> np.ndarray:
+        if len(x) == 1 and self.one_token is not None and workers.matmuls_in_caller(self.one_token[1]):
+            k = self.routed.n_expert_used
+            out = np.empty_like(x)
+            one_token_shared_moe(x, norm, np.float32(eps), np.empty_like(x), self.routed.one_token[0],
+                                 np.empty((1, k), np.int64), np.empty((1, k), np.float32), self.shared.one_token[0],
+                                 self.one_token[0], np.zeros(2, np.int64), out)
+            return out
+        return super().with_residual(ops_, x, norm, eps, stepwise)

@@ -175,24 +175,34 @@ def prepare_attention(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, neox, 
 
 
 @njit(**EXACT)
-def one_token_attention(h, qkv, q_cols, k_cols, v_cols, bq, bk, bv, q_norm, k_norm, eps, cos, sin, neox, k_cache,
-                        vt_cache, start, f16, positions, scale, window, sinks, wo, roped, attended, experts, groups,
-                        counter):
-    """Attention.__call__ on one token in one call, with the same kernels in the same order: the input rounded, Q,
-    K and V (one matmul_block32 call), prepare_attention, attention_rows, the attention output rounded, the
-    output projection (into wo's out). qkv, wo: MatmulPlan.call_args of block32 plans for one row."""
-    kind, qtype, block_bytes, row_bytes, buf, xq, xd, xs, tasks, proj = qkv
-    matmul.prepare_rows(kind, h, xq, xd, xs)
-    counter[:] = 0
-    matmul.matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, proj, tasks, experts, groups, counter)
-    prepare_attention(proj[:, q_cols[0]:q_cols[1]], proj[:, k_cols[0]:k_cols[1]], proj[:, v_cols[0]:v_cols[1]], bq,
-                      bk, bv, q_norm, k_norm, eps, cos, sin, neox, k_cache, vt_cache, start, f16, roped)
+def one_token_attention(x, norm, eps, h, qkv, q_cols, k_cols, v_cols, bq, bk, bv, q_norm, k_norm, cos, sin, neox,
+                        k_cache, vt_cache, start, f16, positions, scale, window, sinks, output_gate, wo, bo, q, gate,
+                        roped, attended, experts, groups, counter, x_out):
+    """x_out = x + Attention.__call__(rms_norm(x) * norm) on one token in one call, with the same kernels in the same
+    order: the norm, Q, K and V (one plan), prepare_attention, attention_rows, with output_gate the product with
+    sigmoid(gate), the output projection, its bias (empty: none), the residual. qkv, wo: MatmulPlan.call_args of
+    plans for one row; q, gate: (1, n_head * d) scratch for the queries and gates of a gated Q projection."""
+    ops.rms_norm_rows(x, norm, eps, h)
+    proj = matmul.plan_rows(qkv, h, False, experts, groups, counter)
+    if output_gate:         # each head's query then its gate
+        d = roped.shape[2]
+        for j in range(roped.shape[1]):
+            o = q_cols[0] + 2 * j * d
+            q[0, j * d:(j + 1) * d] = proj[0, o:o + d]
+            gate[0, j * d:(j + 1) * d] = proj[0, o + d:o + 2 * d]
+    else:
+        q = proj[:, q_cols[0]:q_cols[1]]
+    prepare_attention(q, proj[:, k_cols[0]:k_cols[1]], proj[:, v_cols[0]:v_cols[1]], bq, bk, bv, q_norm, k_norm, eps,
+                      cos, sin, neox, k_cache, vt_cache, start, f16, roped)
     counter[:] = 0
     attention_rows(roped, k_cache, vt_cache, positions, start + 1, scale, window, sinks, True, f16, attended, counter)
-    kind, qtype, block_bytes, row_bytes, buf, xq, xd, xs, tasks, out = wo
-    matmul.prepare_rows(kind, attended, xq, xd, xs)
-    counter[:] = 0
-    matmul.matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, counter)
+    if output_gate:
+        ops.sigmoid_rows(gate, gate)
+        for i in range(attended.shape[1]):
+            attended[0, i] = attended[0, i] * gate[0, i]
+    out = matmul.plan_rows(wo, attended, False, experts, groups, counter)
+    for i in range(x.shape[1]):
+        x_out[0, i] = (out[0, i] + bo[i] if bo.size else out[0, i]) + x[0, i]
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positions: np.ndarray,
@@ -236,15 +246,16 @@ class Attention(AttentionTensors):
     def __post_init__(self):
         self.qkv = MatrixGroup(self.wq, self.wk, self.wv)
         self.biases = tuple(NO_BIAS if b is None else b for b in (self.bq, self.bk, self.bv))
+        self.out_bias = NO_BIAS if self.bo is None else self.bo
         self.one_token = self._one_token_args()
 
     def _one_token_args(self):
         """one_token_attention's projections (MatmulPlan.call_args) and their column ranges, where it applies: Q, K
-        and V one block32 plan, the output projection another, no output gate; else None."""
-        if self.output_gate or len(self.qkv.parts) != 1 or self.wo.plan is None:
+        and V one plan, the output projection another, both with one_call; else None."""
+        if len(self.qkv.parts) != 1 or self.wo.plan is None:
             return None
         idx, qkv = self.qkv.parts[0]
-        if not (qkv.layout.block32 and self.wo.layout.block32):
+        if not (qkv.one_call and self.wo.plan.one_call):
             return None
         columns = [np.array(qkv.columns[idx.index(i)], np.int64) for i in (0, 1, 2)]
         return qkv.call_args(1), columns, self.wo.plan.call_args(1)
@@ -259,9 +270,6 @@ class Attention(AttentionTensors):
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         n_tokens = h.shape[0]
-        if n_tokens == 1 and kv.tree is None and self.one_token is not None \
-                and self._in_caller(int(positions[0]) + 1, hp):
-            return self._one_token(h, positions, rope, kv, slot, hp)
         q, k, v = self.qkv(h, stepwise)
         if self.output_gate:
             heads = q.reshape(n_tokens, hp.n_head, 2, hp.head_dim)
@@ -284,17 +292,22 @@ class Attention(AttentionTensors):
             out += self.bo
         return out
 
-    def _one_token(self, h, positions, rope, kv, slot: int, hp) -> np.ndarray:
-        """__call__ on one token in one kernel call (one_token_attention): the same bits, less the per-call glue."""
+    def with_residual(self, ops, x, norm, eps, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
+        if len(x) == 1 and kv.tree is None and self.one_token is not None \
+                and self._in_caller(int(positions[0]) + 1, hp):
+            return self._one_token(x, norm, eps, positions, rope, kv, slot, hp)
+        return super().with_residual(ops, x, norm, eps, positions, rope, kv, slot, hp, stepwise)
+
+    def _one_token(self, x, norm, eps, positions, rope, kv, slot: int, hp) -> np.ndarray:
+        """with_residual on one token in one kernel call (one_token_attention): the same bits, less the per-call
+        glue."""
         qkv, (q_cols, k_cols, v_cols), wo = self.one_token
+        h, x_out = np.empty((2, 1, hp.n_embd), np.float32)
         roped = np.empty((1, hp.n_head, hp.head_dim), np.float32)
-        attended = np.empty((1, hp.n_head * hp.head_dim), np.float32)
-        one_token_attention(np.ascontiguousarray(h, np.float32), qkv, q_cols, k_cols, v_cols, *self.biases,
-                            self.q_norm, self.k_norm, np.float32(hp.rms_eps), *rope, hp.rope_neox, kv.k[slot],
-                            kv.v[slot], int(positions[0]), kv.f16, np.asarray(positions, np.int64),
-                            np.float32(hp.attn_scale), self.window, self.sinks, wo, roped, attended,
-                            matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, np.zeros(2, np.int64))
-        out = wo[-1].copy()
-        if self.bo is not None:
-            out += self.bo
-        return out
+        q, gate, attended = np.empty((3, 1, hp.n_head * hp.head_dim), np.float32)
+        one_token_attention(x, norm, np.float32(eps), h, qkv, q_cols, k_cols, v_cols, *self.biases, self.q_norm,
+                            self.k_norm, *rope, hp.rope_neox, kv.k[slot], kv.v[slot], int(positions[0]), kv.f16,
+                            positions, np.float32(hp.attn_scale), self.window, self.sinks, self.output_gate, wo,
+                            self.out_bias, q, gate, roped, attended, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP,
+                            np.zeros(2, np.int64), x_out)
+        return x_out
