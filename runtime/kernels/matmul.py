@@ -850,18 +850,16 @@ def plan_rows(plan, x, repeat, experts, groups, counter):
     one-row inputs and experts. Returns the plan's out."""
     family, kind, kernel, qk, block_bytes, row_bytes, buf, xq, xd, xs, xf, tasks, out = plan
     n = 1 if repeat else x.shape[0]
+    counter[:] = 0
     if family == FAMILY_BLOCK32:
         prepare_rows(kind, x[:n], xq[:n], xd[:n], xs[:n])
         for j in range(n, xq.shape[0]):
             xq[j], xd[j], xs[j] = xq[0], xd[0], xs[0]
+        matmul_block32(kernel, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, counter)
     else:
         prepare_rows(kind, x[:n], xf[:n], xd, xs)
         for j in range(n, xf.shape[0]):
             xf[j] = xf[0]
-    counter[:] = 0
-    if family == FAMILY_BLOCK32:
-        matmul_block32(kernel, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, counter)
-    else:
         matmul_float(kernel, qk, block_bytes, row_bytes, buf, xf, out, tasks, experts, groups, True, kernel != F32,
                      counter)
     return out

@@ -46,6 +46,9 @@ SMOLLM2_REQUANTS = {"Q8_0": 7, "Q4_K_M": 15}     # llama_ftype: LLAMA_FTYPE_MOST
 PROMPT = ("The history of the Roman Empire spans more than a thousand years, from the founding of the "
           "city to the fall of Constantinople. In this essay we look at its government, its army, its "
           "roads and aqueducts, and the daily life of its citizens, beginning with")
+# seconds of idle before each runtime's turn: on the 2-vCPU VM a decode right after another process's run measured
+# 25-40 % slower than after a pause (docs/runtime.md, "One call per half-layer"), whichever runtime came second
+SETTLE_S = 1.0
 DECODE_GOAL = {"SmolLM2": 1.0}     # by model name prefix; the tiny targets' goal is TINY_GOAL
 TINY_GOAL = 0.8
 
@@ -167,6 +170,7 @@ def _measure(path, threads, tokens, rounds, ours, refs):
     for _ in range(rounds):
         for runtime in [ours] + refs:
             name = runtime.label
+            time.sleep(SETTLE_S)
             sample = {"prompt_s": best_of(2, lambda: runtime.prompt(ids))}
             rate, generated[name] = runtime.decode(ids, tokens)
             sample.update(decode_tok_s=-rate, step1_s=runtime.step_cost(ids, 1), step16_s=runtime.step_cost(ids, 16))
