@@ -1,3 +1,3 @@
-from ggtools.cli import main
+from ggtools.cli import entry
 
-main()
+entry()

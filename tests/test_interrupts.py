@@ -241,3 +241,21 @@ def test_an_interruption_swallowed_in_a_c_callback_comes_again(capfd):
                 time.sleep(0.01)
     assert state.signum == signal.SIGTERM
     assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_sigint_after_the_command_ends_the_process_without_a_traceback(pair, tmp_path):
+    """A ^C that comes after the command finished, while the interpreter exits (here from an atexit hook, as it
+    came in a CI run's shard process), ends the process by the signal: no KeyboardInterrupt traceback from the
+    teardown, the finished output kept."""
+    _, files = pair
+    out = tmp_path / "l.gguf"
+    code = ("import atexit, os, signal, sys, time\n"
+            "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))\n"
+            "from ggtools.cli import entry\n"
+            f"sys.argv = ['ggtools', 'convert', 'gguf-layout', {files['drafter']!r}, '--to', 'lucebox', '-o', "
+            f"{str(out)!r}]\n"
+            "entry()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGINT, p.stderr
+    assert "Traceback" not in p.stderr and "KeyboardInterrupt" not in p.stderr, p.stderr
+    assert out.exists()

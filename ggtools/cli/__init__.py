@@ -7,6 +7,7 @@ Text given on the command line must be Unicode (a path may be any bytes). See do
 """
 
 import importlib
+import signal
 import sys
 
 import click
@@ -108,3 +109,12 @@ def main(ctx, debug):
       ggtools validate --deep model-00001-of-00032.gguf
     """
     ctx.obj = {"debug": debug}
+
+
+def entry():
+    """The process's entry point (the console script, `python -m ggtools`). A ^C outside the command, while click
+    parses or after the command while the interpreter exits, ends the process as the signal's default action does:
+    Python's KeyboardInterrupt there would print a traceback from wherever it landed (an atexit hook, say). Within
+    the command, signals.stop_signals_interrupt handles it and restores this default after."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    main()
