@@ -227,9 +227,9 @@ class GatedDeltaNet(DeltaNetTensors):
         beta_in, alpha, g, beta = np.empty((4, 1, n_v), np.float32)
         x_out = np.empty_like(x)
         one_token_delta_net(x, norm, F32(eps), np.empty_like(x), inputs, where, self.dt_bias, self.a, self.conv,
-                            self.key_dim, self.head_dim, self.norm, F32(self.eps), wout, state.conv, state.ssm, qkv, z, beta_in,
-                            alpha, g, beta, conv, np.empty((1, 2 * self.key_dim), np.float32), core, normed,
-                            np.zeros(2, np.int64), x_out)
+                            self.key_dim, self.head_dim, self.norm, F32(self.eps), wout, state.conv, state.ssm, qkv,
+                            z, beta_in, alpha, g, beta, conv, np.empty((1, 2 * self.key_dim), np.float32), core,
+                            normed, np.zeros(2, np.int64), x_out)
         state.append(qkv, g, beta)
         return x_out
 
