@@ -80,14 +80,19 @@ def f16_at(buf, o):
 
 
 @njit(inline="always", **EXACT)
-def q4_k_scales(buf, so, sc, mn):
-    """get_scale_min_k4 for the 8 sub-blocks: sc[j], mn[j] from the 12 packed bytes at so."""
-    for j in range(4):
-        sc[j] = np.int32(buf[so + U(j)]) & 63
-        mn[j] = np.int32(buf[so + U(j + 4)]) & 63
-    for j in range(4, 8):
-        sc[j] = (np.int32(buf[so + U(j + 4)]) & 15) | ((np.int32(buf[so + U(j - 4)]) >> 6) << 4)
-        mn[j] = (np.int32(buf[so + U(j + 4)]) >> 4) | ((np.int32(buf[so + U(j)]) >> 6) << 4)
+def q4_k_row_scales(buf, so, n_blocks, sc, mn, d, dmin):
+    """A Q4_K weight row's per-super-block numbers, decoded once for all the input rows it meets: get_scale_min_k4
+    for the 8 sub-blocks of super-block b into sc[8b:8b + 8], mn[8b:8b + 8], and its d and dmin."""
+    for b in range(n_blocks):
+        bo = so + U(b) * U(Q4_K_BLOCK)
+        o, k = bo + U(4), 8 * b
+        for j in range(4):
+            sc[k + j] = np.int32(buf[o + U(j)]) & 63
+            mn[k + j] = np.int32(buf[o + U(j + 4)]) & 63
+        for j in range(4, 8):
+            sc[k + j] = (np.int32(buf[o + U(j + 4)]) & 15) | ((np.int32(buf[o + U(j - 4)]) >> 6) << 4)
+            mn[k + j] = (np.int32(buf[o + U(j + 4)]) >> 4) | ((np.int32(buf[o + U(j)]) >> 6) << 4)
+        d[b], dmin[b] = f16_at(buf, bo), f16_at(buf, bo + U(2))
 
 
 @njit(inline="always", **EXACT)
@@ -97,36 +102,35 @@ def hsum8(a):
 
 
 @njit(inline="always", **EXACT)
-def q4_k_mins(mn, bsums, g, c):
-    """min * q8 sum of sub-blocks 2c and 2c + 1 (bsums from index g: the super-block's 16-value sums)."""
+def q4_k_mins(mn, m, bsums, g, c):
+    """min * q8 sum of sub-blocks 2c and 2c + 1 (the mins from mn[m], bsums from index g: the super-block's 16-value
+    sums)."""
     o = g + 4 * c
-    return mn[2 * c] * (bsums[o] + bsums[o + 1]) + mn[2 * c + 1] * (bsums[o + 2] + bsums[o + 3])
+    return mn[m + 2 * c] * (bsums[o] + bsums[o + 1]) + mn[m + 2 * c + 1] * (bsums[o + 2] + bsums[o + 3])
 
 
 @njit(inline="always", **EXACT)
 def dot_q4_k(variant, buf, so, n_blocks, q8, xd, bsums, w):
-    """One Q4_K weight row . one Q8_K input row, as `variant` sums it (module docstring); w: scratch (sc, mn, lanes
-    (12: simd.q4_k_chunk_lanes), acc (8), acc_m (4))."""
-    sc, mn, lanes, acc, acc_m = w
+    """One Q4_K weight row . one Q8_K input row, as `variant` sums it (module docstring); w: the row's numbers from
+    q4_k_row_scales (sc, mn, d, dmin) and scratch (lanes (12: simd.q4_k_chunk_lanes), acc (8), acc_m (4))."""
+    sc, mn, d_ws, dmin_ws, lanes, acc, acc_m = w
     acc[:] = F32(0.0)
     acc_m[:] = F32(0.0)
     total, total_m = F32(0.0), F32(0.0)
     for b in range(n_blocks):
-        bo = so + U(b) * U(Q4_K_BLOCK)
-        q4_k_scales(buf, bo + U(4), sc, mn)
-        q4_k_chunk_lanes(buf, bo, q8, U(QK_K * b), sc, lanes)
-        d_w, dmin_w = f16_at(buf, bo), f16_at(buf, bo + U(2))
+        q4_k_chunk_lanes(buf, so + U(b) * U(Q4_K_BLOCK), q8, U(QK_K * b), sc, U(8 * b), lanes)
+        d_w, dmin_w = d_ws[b], dmin_ws[b]
         if variant == VEC_DOT:
             d, dmin = xd[b] * d_w, -xd[b] * dmin_w
             for l in range(8):
                 acc[l] = fma(d, F32(lanes[l]), acc[l])
             for k in range(4):
-                acc_m[k] = fma(dmin, F32(q4_k_mins(mn, bsums, 16 * b, k)), acc_m[k])
+                acc_m[k] = fma(dmin, F32(q4_k_mins(mn, 8 * b, bsums, 16 * b, k)), acc_m[k])
             continue
         isum, imin = np.int32(0), np.int32(0)
         for c in range(4):
             isum += lanes[8 + c]
-            imin += q4_k_mins(mn, bsums, 16 * b, c)
+            imin += q4_k_mins(mn, 8 * b, bsums, 16 * b, c)
             if variant == GEMM:
                 total = fma(F32(isum), d_w * xd[b], total)
                 total_m = fma(F32(imin), dmin_w * xd[b], total_m)
@@ -171,11 +175,14 @@ def rows_kquant(kernel, buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums,
     n_in = q8.shape[0]
     gemm_rows = n_in // 4 * 4 if kernel == Q4_K_REPACKED and mode == ROWS_MATMUL and n_in > 3 else 0
     tiled = kernel != Q4_K_REPACKED and mode != ROWS_STEPWISE and n_in >= TILED_MIN_ROWS
-    q4_scratch = (np.empty(8, np.int32), np.empty(8, np.int32), np.empty(12, np.int32), np.empty(8, np.float32),
+    q4_scratch = (np.empty(8 * n_blocks, np.int32), np.empty(8 * n_blocks, np.int32), np.empty(n_blocks, np.float32),
+                  np.empty(n_blocks, np.float32), np.empty(12, np.int32), np.empty(8, np.float32),
                   np.empty(4, np.float32))
     q6_scratch = (np.empty(9, np.int32), np.empty(8, np.float32))
     for i in range(n_rows):
         so = U(offset) + U(i) * U(row_bytes)
+        if kernel != Q6_K:
+            q4_k_row_scales(buf, so, n_blocks, q4_scratch[0], q4_scratch[1], q4_scratch[2], q4_scratch[3])
         for t in range(n_in):
             if tiled:
                 variant = TILED

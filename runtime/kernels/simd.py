@@ -602,14 +602,15 @@ def _store_lanes(builder, lanes, ptr):
 
 
 @intrinsic
-def q4_k_chunk_lanes(typingctx, buf, bo, q8, xo, scales, out):
+def q4_k_chunk_lanes(typingctx, buf, bo, q8, xo, scales, so, out):
     """One Q4_K super-block (bytes from bo) against Q8_K values q8[xo:xo + 256], exact integers (ggml's maddubs /
-    madd lanes; scales: int32 array of 8): with lanes_c[l] = scales[2c] * (values 4l..4l+3 of sub-block 2c . q8)
-    + scales[2c + 1] * (the same of sub-block 2c + 1) for the 64-value chunks c < 4, out[l] = the sum of lanes_c[l]
-    over c (l < 8) and out[8 + c] = the sum of lanes_c's lanes."""
+    madd lanes; its 8 scales: int32 scales[so:so + 8]): with lanes_c[l] = scale 2c * (values 4l..4l+3 of sub-block
+    2c . q8) + scale 2c + 1 * (the same of sub-block 2c + 1) for the 64-value chunks c < 4, out[l] = the sum of
+    lanes_c[l] over c (l < 8) and out[8 + c] = the sum of lanes_c's lanes."""
     def codegen(context, builder, signature, args):
-        buf_a, bo_v, q8_a, xo_v, sc_a, out_a = args
-        buf_t, _, q8_t, _, sc_t, out_t = signature.args
+        buf_a, bo_v, q8_a, xo_v, sc_a, so_v, out_a = args
+        buf_t, _, q8_t, _, sc_t, _, out_t = signature.args
+        scales_at = _element_ptr(context, builder, sc_t, sc_a, so_v)
         block = _element_ptr(context, builder, buf_t, buf_a, bo_v)
         xp = _element_ptr(context, builder, q8_t, q8_a, xo_v)
         for c in range(4):
@@ -618,8 +619,7 @@ def q4_k_chunk_lanes(typingctx, buf, bo, q8, xo, scales, out):
             high = builder.lshr(raw, ir.Constant(V32B, [4] * 32))
             x_low = _bytes32(builder, builder.gep(xp, [ir.Constant(I64, 64 * c)]))
             x_high = _bytes32(builder, builder.gep(xp, [ir.Constant(I64, 64 * c + 32)]))
-            s_low, s_high = (builder.load(_element_ptr(context, builder, sc_t, sc_a, ir.Constant(I64, 2 * c + k)))
-                             for k in (0, 1))
+            s_low, s_high = (builder.load(builder.gep(scales_at, [ir.Constant(I64, 2 * c + k)])) for k in (0, 1))
             lanes = builder.add(_scaled_lanes(builder, low, x_low, s_low, s_low),
                                 _scaled_lanes(builder, high, x_high, s_high, s_high))
             total_at = _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 8 + c))
@@ -628,7 +628,7 @@ def q4_k_chunk_lanes(typingctx, buf, bo, q8, xo, scales, out):
         _store_lanes(builder, acc, _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 0)))
         return context.get_dummy_value()
 
-    return types.void(buf, bo, q8, xo, scales, out), codegen
+    return types.void(buf, bo, q8, xo, scales, so, out), codegen
 
 
 @intrinsic
