@@ -3,8 +3,9 @@
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.kernels import matmul, ops, workers
+from ggtools.runtime.kernels import matmul, ops
 from ggtools.runtime.kernels.ggmlmath import EXACT
+from ggtools.runtime.target.ffn.one_call import OneCallFFN
 from ggtools.runtime.target.pieces import DenseFFNTensors
 from ggtools.runtime.weights import MatrixGroup
 
@@ -28,7 +29,7 @@ def one_token_ffn(x, norm, eps, h, ffn, counter, out):
         out[0, i] = dn[0, i] + x[0, i]
 
 
-class DenseFFN(DenseFFNTensors):
+class DenseFFN(DenseFFNTensors, OneCallFFN):
     def __post_init__(self):
         self.gate_up = MatrixGroup(self.gate, self.up)
         self.one_token = self._one_token_args()
@@ -45,10 +46,6 @@ class DenseFFN(DenseFFNTensors):
         splits = [(len(plan.tasks), plan.n_rows * plan.layout.n_cols) for plan in (gate_up, down)]
         act = np.empty((1, self.gate.n_rows), np.float32)
         return (gate_up.call_args(1), gate_cols, up_cols, down.call_args(1), act), splits
-
-    def in_one_call(self, x) -> bool:
-        """Whether x (one token) runs in one call: it applies, and every kernel runs in this thread."""
-        return len(x) == 1 and self.one_token is not None and workers.matmuls_in_caller(self.one_token[1])
 
     def __call__(self, h, stepwise: bool) -> np.ndarray:
         gate, up = self.gate_up(h, stepwise)

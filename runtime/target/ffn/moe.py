@@ -17,8 +17,9 @@ A shared expert (qwen35moe) composes with this class: `RoutedExperts` is the rou
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.kernels import matmul, ops, workers
+from ggtools.runtime.kernels import matmul, ops
 from ggtools.runtime.kernels.ggmlmath import EXACT
+from ggtools.runtime.target.ffn.one_call import OneCallFFN
 from ggtools.runtime.target.pieces import SOFTMAX, SWIGLU_OAI, RoutedExpertsTensors
 from ggtools.runtime.weights import MatrixGroup
 
@@ -176,7 +177,7 @@ def one_token_experts(x, residual, norm, eps, h, moe, experts, weights, counter,
             out[0, i] = out[0, i] + x[0, i]
 
 
-class RoutedExperts(RoutedExpertsTensors):
+class RoutedExperts(RoutedExpertsTensors, OneCallFFN):
     """The routed-expert FFN of one layer on numba: rows grouped by expert, each routed expert's stack read once."""
 
     def __post_init__(self):
@@ -226,14 +227,10 @@ class RoutedExperts(RoutedExpertsTensors):
         rows, slot_pos, groups = self.one_token_slots
         return rows, experts[0], slot_pos, experts[0], groups
 
-    def in_one_call(self, x: np.ndarray) -> bool:
-        """Whether x (one token) runs as one_token_experts: it applies, and every kernel runs in this thread."""
-        return len(x) == 1 and self.one_token is not None and workers.matmuls_in_caller(self.one_token[1])
-
-    def with_residual(self, ops, x, norm, eps, stepwise: bool) -> np.ndarray:
+    def with_residual(self, ops_, x, norm, eps, stepwise: bool) -> np.ndarray:
         if self.in_one_call(x):
             return self._one_token(x, True, norm, eps)
-        return super().with_residual(ops, x, norm, eps, stepwise)
+        return super().with_residual(ops_, x, norm, eps, stepwise)
 
     def __call__(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
         if self.in_one_call(h):

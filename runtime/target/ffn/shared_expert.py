@@ -4,10 +4,11 @@ token by sigmoid(gate . h) (llama.cpp's qwen35moe build_layer_ffn: ffn_moe_out +
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.kernels import matmul, ops, workers
+from ggtools.runtime.kernels import matmul, ops
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.dense import swiglu_ffn
 from ggtools.runtime.target.ffn.moe import one_token_experts
+from ggtools.runtime.target.ffn.one_call import OneCallFFN
 from ggtools.runtime.target.pieces import SharedExpertTensors
 
 
@@ -25,7 +26,7 @@ def one_token_shared_moe(x, norm, eps, h, routed, experts, weights, shared, shar
         out[0, i] = (out[0, i] + dn[0, i] * gate[0, 0]) + x[0, i]
 
 
-class SharedExpertMoE(SharedExpertTensors):
+class SharedExpertMoE(SharedExpertTensors, OneCallFFN):
     def __post_init__(self):
         gate = self.shared_gate.plan
         self.one_token = None
@@ -39,7 +40,7 @@ class SharedExpertMoE(SharedExpertTensors):
         return self.routed(h, stepwise) + self.shared(h, stepwise) * gate
 
     def with_residual(self, ops_, x, norm, eps, stepwise: bool) -> np.ndarray:
-        if len(x) == 1 and self.one_token is not None and workers.matmuls_in_caller(self.one_token[1]):
+        if self.in_one_call(x):
             k = self.routed.n_expert_used
             out = np.empty_like(x)
             one_token_shared_moe(x, norm, np.float32(eps), np.empty_like(x), self.routed.one_token[0],
