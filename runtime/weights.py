@@ -238,6 +238,20 @@ class MatrixGroup:
                       for idx in parts.values()]
         self.paged = any(getattr(m, "paged", False) for m in matrices)
 
+    def one_token_args(self):
+        """matmul.group_rows' plans and where for one input row, with the first column of each matrix in its output
+        and the plans' (n_tasks, work) (workers.run_job's rule); None where a plan has no one_call."""
+        plans = [plan for _, plan in self.parts]
+        if not all(plan.one_call for plan in plans):
+            return None
+        starts = np.cumsum([0] + [m.n_rows for m in self.matrices])
+        where = np.zeros((len(self.matrices), 4), np.int64)
+        for j, (idx, plan) in enumerate(self.parts):
+            for i, m in enumerate(idx):
+                where[m] = (j, *plan.columns[i], starts[m])
+        splits = [(len(plan.tasks), plan.n_rows * plan.layout.n_cols) for plan in plans]
+        return (tuple(plan.call_args(1) for plan in plans), where), starts, splits
+
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> list[np.ndarray]:
         return self._each_plan(x, None, lambda plan, prepared: plan.run(prepared, stepwise))
 

@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 
 from ggtools.runtime import TargetModel
-from tests.llama_runner import LlamaCpp, assert_greedy_identical, assert_prompt_logits_identical, avx2_llama_cpp
+from ggtools.runtime.target.ffn import latent_moe
+from ggtools.runtime.target.mixers import kda, mla
+from tests.llama_runner import (LlamaCpp, assert_greedy_identical, assert_one_call_steps_identical,
+                                assert_prompt_logits_identical, avx2_llama_cpp)
 from tests.target_checks import assert_crop_equals_never_going_further, assert_run_refuses_patched
 
 pytestmark = pytest.mark.oracle
@@ -116,6 +119,24 @@ def test_q8_0_fixture_has_the_field_reports_layout(kimi_k3_target):
 def test_prompt_logits_are_bit_identical(files, models, llama_cpp, encoding):
     oracle, model = K3Oracle(llama_cpp, files[encoding]), models(encoding)
     assert_prompt_logits_identical(oracle, model, [prompt(seed) for seed in PROMPT_SEEDS[:2]], f"kimi-k3 {encoding}")
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_one_thread_steps_are_bit_identical(files, llama_cpp, monkeypatch, encoding):
+    """On one thread each piece of a one-token step runs as one kernel call: the KDA (kda.one_token_kda), the MLA
+    (mla.one_token_mla), the leading dense situ FFN (latent_moe.situ_ffn) and the latent MoE with its shared experts
+    (latent_moe.one_token_latent_moe); the cross-layer residual mix around them stays as it is."""
+    path = files[encoding]
+    oracle, model = K3Oracle(llama_cpp, path), TargetModel(path, threads=1)
+    kinds = [(type(layer.mixer).__name__, type(layer.ffn).__name__) for layer in model.layers]
+    count = lambda name: sum(name in kind for kind in kinds)
+    assert all(count(name) for name in ("KDA", "MLA", "SituFFN", "LatentMoE")), kinds
+    assert_one_call_steps_identical(monkeypatch, oracle, model, prompt(PROMPT_SEEDS[0]), 6,
+                                    [(kda, "one_token_kda", count("KDA")), (mla, "one_token_mla", count("MLA")),
+                                     (latent_moe, "situ_ffn", count("SituFFN")),
+                                     (latent_moe, "one_token_latent_moe", count("LatentMoE"))],
+                                    f"kimi-k3 {encoding}")
+    model.close()
 
 
 @pytest.mark.slow

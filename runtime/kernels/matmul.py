@@ -866,6 +866,19 @@ def plan_rows(plan, x, repeat, experts, groups, counter):
 
 
 @njit(**EXACT)
+def group_rows(plans, where, x, counter, out):
+    """A MatrixGroup's plans (MatmulPlan.call_args for one row each, in the group's order) on the one row x, each
+    matrix's output copied into out's columns: where[m] = (its plan, first and end column there, first column in
+    out) (MatrixGroup.one_token_args)."""
+    for j in range(len(plans)):
+        res = plan_rows(plans[j], x, False, FIRST_EXPERT, ONE_ROW_GROUP, counter)
+        for m in range(where.shape[0]):
+            if where[m, 0] == j:
+                lo, hi, at = where[m, 1], where[m, 2], where[m, 3]
+                out[:, at:at + hi - lo] = res[:, lo:hi]
+
+
+@njit(**EXACT)
 def decode_rows(qtype, qk, block_bytes, row_bytes, data, rows, out):
     """out[i] = dequantized row rows[i] (embedding lookups)."""
     for i in range(rows.size):

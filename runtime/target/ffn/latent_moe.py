@@ -17,11 +17,12 @@ token routes to are never read.
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.kernels import ops
+from ggtools.runtime.kernels import matmul, ops
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.dense import DenseFFN
 from ggtools.runtime.target.ffn.moe import RoutedExperts, combine_rows, normalize_and_scale, top_k
 from ggtools.runtime.target.kimi_k3_pieces import LatentMoETensors, SituFFNTensors
+from ggtools.runtime.target.pieces import Piece
 from ggtools.runtime.weights import MatrixGroup
 
 F32 = np.float32
@@ -51,25 +52,101 @@ def situ(gate: np.ndarray, up: np.ndarray, beta: float, linear_beta: float) -> n
     return out
 
 
+@njit(**EXACT)
+def situ_ffn(h, gate_up, gate_cols, up_cols, down, act, beta, linear_beta, counter):
+    """SituFFN on one token h: gate and up (one plan), situ into act, down. Returns down's out. gate_up, down:
+    MatmulPlan.call_args for one row (dense.DenseFFN's one_token arguments)."""
+    gu = matmul.plan_rows(gate_up, h, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
+    ops.situ_rows(gu[:, gate_cols[0]:gate_cols[1]], gu[:, up_cols[0]:up_cols[1]], beta, linear_beta, act)
+    return matmul.plan_rows(down, act, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
+
+
+@njit(**EXACT)
+def one_token_latent_moe(h, inputs, where, proj, routed_cols, shared_cols, probs_bias, normalize, scale, gate_up,
+                         gate_cols, up_cols, down, slot_pos, groups, latent, act, beta, linear_beta, routed_norm, eps,
+                         routed_up, shared_down, shared_act, shared_beta, shared_linear_beta, experts, weights,
+                         counter, out):
+    """LatentMoE on one token in one call, with the same kernels in the same order: the full-width matmuls
+    (matmul.group_rows: the router, routed_down, the shared experts' gate and up side by side in proj), the
+    routing, the routed experts on the latent (proj's routed_cols, or h without routed_down: routed_cols[0] < 0),
+    situ, down, combine_rows, routed_norm (empty: none), routed_up (None: none), the shared experts' situ and down
+    (shared_down None: none), their sum into out (1, n_embd)."""
+    matmul.group_rows(inputs, where, h, counter, proj)
+    k = experts.shape[1]
+    route_sigmoid_rows(proj[:, :probs_bias.size], probs_bias, k, normalize, scale, experts, weights)
+    if routed_cols[0] < 0:
+        latent[:] = h
+    else:
+        latent[:] = proj[:, routed_cols[0]:routed_cols[1]]
+    used = experts[0]
+    gu = matmul.plan_rows(gate_up, latent, True, used, groups, counter)
+    ops.situ_rows(gu[:, gate_cols[0]:gate_cols[1]], gu[:, up_cols[0]:up_cols[1]], beta, linear_beta, act)
+    dn = matmul.plan_rows(down, act, False, used, groups, counter)
+    combined = np.empty((1, dn.shape[1]), np.float32)
+    combine_rows(dn, NO_BIAS, used, slot_pos, weights, combined)
+    if routed_norm.size:
+        ops.rms_norm_rows(combined, routed_norm, eps, combined)
+    if routed_up is not None:
+        combined = matmul.plan_rows(routed_up, combined, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
+    if shared_down is None:
+        out[:] = combined
+    else:
+        n_ff = shared_act.shape[1]
+        ops.situ_rows(proj[:, shared_cols[0]:shared_cols[0] + n_ff], proj[:, shared_cols[0] + n_ff:shared_cols[1]],
+                      shared_beta, shared_linear_beta, shared_act)
+        sd = matmul.plan_rows(shared_down, shared_act, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
+        for i in range(out.shape[1]):
+            out[0, i] = combined[0, i] + sd[0, i]
+
+
 class SituFFN(SituFFNTensors, DenseFFN):
-    def _one_token_args(self):
-        return None         # situ, not SwiGLU: DenseFFN's one-call path does not apply
+    with_residual = Piece.with_residual     # DenseFFN's one-call residual path is SwiGLU's; __call__ has situ's
 
     def __call__(self, h, stepwise: bool) -> np.ndarray:
+        if self.in_one_call(h):
+            return situ_ffn(np.ascontiguousarray(h, np.float32), *self.one_token[0], F32(self.beta),
+                            F32(self.linear_beta), np.zeros(2, np.int64)).copy()
         gate, up = self.gate_up(h, stepwise)
         return self.down(situ(gate, up, self.beta, self.linear_beta), stepwise)
 
 
 class LatentMoE(LatentMoETensors, RoutedExperts):
+    with_residual = Piece.with_residual     # RoutedExperts' one-call residual path is theirs; __call__ has this one's
+
     def __post_init__(self):
-        super().__post_init__()
         # what reads the full-width input, one call (each matrix its own kernel's bits): router, routed_down, the
         # shared experts' gate and up
         shared = (self.shared.gate, self.shared.up) if self.shared is not None else ()
         self.inputs = MatrixGroup(self.router, *([self.routed_down] if self.routed_down else []), *shared)
+        super().__post_init__()
 
     def _one_token_args(self):
-        return None         # sigmoid routing, situ, latent projections: RoutedExperts' one-call path does not apply
+        """one_token_latent_moe's arguments after h and the (n_tasks, work) of its matmuls, where it applies: every
+        plan with one_call (gate and up one plan, down another), no expert stack paged; else None."""
+        group, shared, k = self.inputs.one_token_args(), self.shared, self.n_expert_used
+        if group is None or len(self.gate_up.parts) != 1 or len(self.down_group.parts) != 1 or self.gate_up.paged \
+                or self.down_group.paged:
+            return None
+        (idx, gate_up), (_, down) = self.gate_up.parts[0], self.down_group.parts[0]
+        singles = [m.plan for m in (self.routed_up, shared and shared.down) if m]
+        if not all(plan is not None and plan.one_call for plan in [gate_up, down] + singles):
+            return None
+        (inputs, where), starts, splits = group
+        splits = splits + [(len(plan.tasks) * k, k * plan.n_rows * plan.layout.n_cols) for plan in (gate_up, down)]
+        splits += [(len(plan.tasks), plan.n_rows * plan.layout.n_cols) for plan in singles]
+        gate_cols, up_cols = (np.array(gate_up.columns[idx.index(i)], np.int64) for i in (0, 1))
+        routed_cols = np.array(starts[1:3] if self.routed_down else (-1, -1), np.int64)
+        shared_cols = np.array((starts[-3], starts[-1]) if shared else (-1, -1), np.int64)
+        _, slot_pos, groups = self.one_token_slots
+        return (inputs, where, np.empty((1, int(starts[-1])), np.float32), routed_cols, shared_cols, self.probs_bias,
+                self.weights_norm, self.weights_scale, gate_up.call_args(k), gate_cols, up_cols, down.call_args(k),
+                slot_pos, groups, np.empty((1, self.gate.n_cols), np.float32),
+                np.empty((k, self.gate.n_rows), np.float32), F32(self.beta), F32(self.linear_beta),
+                np.zeros(0, np.float32) if self.routed_norm is None else self.routed_norm, F32(self.eps),
+                self.routed_up.plan.call_args(1) if self.routed_up else None,
+                shared.down.plan.call_args(1) if shared else None,
+                np.empty((1, shared.gate.n_rows if shared else 0), np.float32),
+                F32(shared.beta if shared else 1.0), F32(shared.linear_beta if shared else 0.0)), splits
 
     def route(self, h: np.ndarray, stepwise: bool, logits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(T, n_embd) (or the router's logits) -> experts (T, k) int64 in descending order of selection, weights
@@ -81,6 +158,12 @@ class LatentMoE(LatentMoETensors, RoutedExperts):
         return experts, weights
 
     def __call__(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
+        if self.in_one_call(h):
+            k = self.n_expert_used
+            out = np.empty((1, h.shape[1]), np.float32)
+            one_token_latent_moe(np.ascontiguousarray(h, np.float32), *self.one_token[0], np.empty((1, k), np.int64),
+                                 np.empty((1, k), np.float32), np.zeros(2, np.int64), out)
+            return out
         logits, *rest = self.inputs(h, stepwise)
         routed_in = h if self.routed_down is None else rest.pop(0)
         experts, weights = self.route(h, stepwise, logits)

@@ -153,28 +153,18 @@ def gated_norm_heads(x, weight, z, eps, out):
 
 
 @njit(**EXACT)
-def take_columns(out, where, m, j, dst):
-    """dst = input projection m's columns of out, when out is plan j's (one_token_delta_net's `where`)."""
-    if where[m, 0] == j:
-        dst[:] = out[:, where[m, 1]:where[m, 2]]
-
-
-@njit(**EXACT)
-def one_token_delta_net(x, norm, eps, h, inputs, where, dt_bias, a, conv_weight, key_dim, head_dim, ssm_norm, ssm_eps,
-                        wout, conv_state, ssm_state, qkv, z, beta_in, alpha, g, beta, conv, qk, core, normed, counter,
-                        x_out):
+def one_token_delta_net(x, norm, eps, h, inputs, where, proj, dt_bias, a, conv_weight, key_dim, head_dim, ssm_norm,
+                        ssm_eps, wout, conv_state, ssm_state, g, beta, conv, qk, core, normed, counter, x_out):
     """x_out = x + GatedDeltaNet.mix(rms_norm(x) * norm) on one token in one call, with the same kernels in the same
-    order: the norm, the input projections (inputs: the plans of the group qkv, z, beta, alpha; where: each one's
-    plan and columns), decay_and_beta, the recurrence (conv_silu_l2, delta_rule_heads; conv_state and ssm_state
-    advanced), gated_norm_heads, the output projection, the residual. qkv, g and beta are left with the step's
-    inputs, for the state's log."""
+    order: the norm, the input projections (matmul.group_rows: qkv, z, beta, alpha side by side in proj),
+    decay_and_beta, the recurrence (conv_silu_l2, delta_rule_heads; conv_state and ssm_state advanced),
+    gated_norm_heads, the output projection, the residual. proj's qkv, g and beta are left with the step's inputs,
+    for the state's log."""
     ops.rms_norm_rows(x, norm, eps, h)
-    for j in range(len(inputs)):
-        out = matmul.plan_rows(inputs[j], h, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
-        take_columns(out, where, 0, j, qkv)
-        take_columns(out, where, 1, j, z)
-        take_columns(out, where, 2, j, beta_in)
-        take_columns(out, where, 3, j, alpha)
+    matmul.group_rows(inputs, where, h, counter, proj)
+    channels, value_dim, n_v = conv.shape[1], core.shape[1], g.shape[1]
+    qkv, z = proj[:, :channels], proj[:, channels:channels + value_dim]
+    beta_in, alpha = proj[:, channels + value_dim:-n_v], proj[:, -n_v:]
     decay_and_beta(alpha, beta_in, dt_bias, a, g, beta)
     conv_silu_l2(conv_state, qkv, conv_weight, key_dim, head_dim, ssm_eps, conv, qk)
     counter[:] = 0
@@ -194,19 +184,16 @@ class GatedDeltaNet(DeltaNetTensors):
         self.one_token = self._one_token_args()
 
     def _one_token_args(self):
-        """one_token_delta_net's plans (each group part's, then the output projection's call_args) and where each
-        input projection lies in them, where it applies: every plan with one_call; else None. With the kernels'
-        task counts and work (workers.run_job's and run's rule)."""
-        plans = [plan for _, plan in self.inputs.parts]
-        if self.wout.plan is None or not all(plan.one_call for plan in plans + [self.wout.plan]):
+        """one_token_delta_net's plans (the input group's, MatrixGroup.one_token_args, then the output projection's
+        call_args), where each plan's kernels may run (the matmuls' and the recurrence's (n_tasks, work)); None
+        where a plan has no one_call."""
+        group = self.inputs.one_token_args()
+        if group is None or self.wout.plan is None or not self.wout.plan.one_call:
             return None
-        where = np.zeros((4, 3), np.int64)
-        for j, (idx, plan) in enumerate(self.inputs.parts):
-            for i, m in enumerate(idx):
-                where[m] = (j, *plan.columns[i])
-        splits = [(len(plan.tasks), plan.n_rows * plan.layout.n_cols) for plan in plans + [self.wout.plan]]
+        (plans, where), _, splits = group
+        splits = splits + [(len(self.wout.plan.tasks), self.wout.plan.n_rows * self.wout.plan.layout.n_cols)]
         rule = (self.n_v_heads, self.n_v_heads * self.head_dim * self.head_dim * 3)
-        return (tuple(plan.call_args(1) for plan in plans), where, self.wout.plan.call_args(1)), splits, rule
+        return (plans, where, self.wout.plan.call_args(1)), splits, rule
 
     def with_residual(self, ops_, x, norm, eps, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         if len(x) == 1 and kv.tree is None and self.one_token is not None and self._in_caller():
@@ -222,15 +209,16 @@ class GatedDeltaNet(DeltaNetTensors):
         per-call glue; the step's inputs logged as mix logs them."""
         (inputs, where, wout), _, _ = self.one_token
         channels, value_dim, n_v = self.conv.shape[1], self.n_v_heads * self.head_dim, self.n_v_heads
-        qkv, conv = np.empty((2, 1, channels), np.float32)
-        z, core, normed = np.empty((3, 1, value_dim), np.float32)
-        beta_in, alpha, g, beta = np.empty((4, 1, n_v), np.float32)
+        proj = np.empty((1, channels + value_dim + 2 * n_v), np.float32)
+        conv = np.empty((1, channels), np.float32)
+        core, normed = np.empty((2, 1, value_dim), np.float32)
+        g, beta = np.empty((2, 1, n_v), np.float32)
         x_out = np.empty_like(x)
-        one_token_delta_net(x, norm, F32(eps), np.empty_like(x), inputs, where, self.dt_bias, self.a, self.conv,
-                            self.key_dim, self.head_dim, self.norm, F32(self.eps), wout, state.conv, state.ssm, qkv,
-                            z, beta_in, alpha, g, beta, conv, np.empty((1, 2 * self.key_dim), np.float32), core,
-                            normed, np.zeros(2, np.int64), x_out)
-        state.append(qkv, g, beta)
+        one_token_delta_net(x, norm, F32(eps), np.empty_like(x), inputs, where, proj, self.dt_bias, self.a,
+                            self.conv, self.key_dim, self.head_dim, self.norm, F32(self.eps), wout, state.conv,
+                            state.ssm, g, beta, conv, np.empty((1, 2 * self.key_dim), np.float32), core, normed,
+                            np.zeros(2, np.int64), x_out)
+        state.append(proj[:, :channels].copy(), g, beta)
         return x_out
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:

@@ -23,7 +23,7 @@ the accepted path's rows replayed by keep_path.
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.kernels import workers
+from ggtools.runtime.kernels import matmul, workers
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, sigmoid_rows, silu_rows
 from ggtools.runtime.target.kimi_k3_pieces import KDATensors
@@ -68,16 +68,74 @@ def conv_silu_l2_parts(conv_state, qkv, weight, d, head_dim, eps, conv, qk):
     l2_norm_heads(conv[:, :2 * d], head_dim, eps, qk)
 
 
+@njit(**EXACT)
+def one_token_kda(h, inputs, where, proj, wf_b, dt_bias, a, head_dim, lower_bound, conv_weight, eps, norm, wo,
+                  conv_state, ssm_state, g, beta, conv, qk, core, normed, counter):
+    """KDA.mix on one token in one call, with the same kernels in the same order: the input projections
+    (matmul.group_rows: q, k, v, f_a, beta, the gate side by side in proj), f_b, decay_gate, beta's sigmoid, the
+    recurrence (conv_silu_l2_parts, delta_rule_heads; conv_state and ssm_state advanced), sigmoid_gated_norm_heads,
+    the output projection. Returns its out; proj's q, k, v, g and beta are left with the step's inputs, for the
+    state's log."""
+    matmul.group_rows(inputs, where, h, counter, proj)
+    d, n_head = core.shape[1], beta.shape[1]
+    f_a = proj[:, 3 * d:3 * d + head_dim]
+    decay_gate(matmul.plan_rows(wf_b, f_a, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter), dt_bias, a,
+               head_dim, lower_bound, g)
+    sigmoid_rows(proj[:, 3 * d + head_dim:3 * d + head_dim + n_head], beta)
+    conv_silu_l2_parts(conv_state, proj[:, :3 * d], conv_weight, d, head_dim, eps, conv, qk)
+    counter[:] = 0
+    delta_rule_heads(qk[:, :d], qk[:, d:], conv[:, 2 * d:], g, beta, ssm_state, head_dim, core, counter)
+    sigmoid_gated_norm_heads(core, norm, proj[:, 3 * d + head_dim + n_head:], eps, normed)
+    return matmul.plan_rows(wo, normed, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
+
+
 class KDA(KDATensors):
     tree_verify = True
 
     def __post_init__(self):
         self.inputs = MatrixGroup(self.wq, self.wk, self.wv, self.wf_a, self.wbeta, self.wg)
         self.lower_bound = F32(self.gate_lower_bound)
+        self.one_token = self._one_token_args()
+
+    def _one_token_args(self):
+        """one_token_kda's plans (the input group's, MatrixGroup.one_token_args, then f_b's and the output
+        projection's call_args) and the (n_tasks, work) of its matmuls; None where a plan has no one_call."""
+        group, rest = self.inputs.one_token_args(), [self.wf_b.plan, self.wo.plan]
+        if group is None or not all(plan is not None and plan.one_call for plan in rest):
+            return None
+        (plans, where), _, splits = group
+        splits = splits + [(len(plan.tasks), plan.n_rows * plan.layout.n_cols) for plan in rest]
+        return (plans, where, rest[0].call_args(1), rest[1].call_args(1)), splits
+
+    def _in_one_call(self, h, tree) -> bool:
+        """Whether h (one token, no tree) runs as one_token_kda: the path applies, and every kernel of it would run
+        in this thread (workers.run_job's and run's rule)."""
+        if len(h) != 1 or tree is not None or self.one_token is None:
+            return False
+        work = self.n_v_heads * self.head_dim * self.head_dim * 3
+        return workers.matmuls_in_caller(self.one_token[1]) \
+            and workers.in_caller(self.n_v_heads, work, workers.ATTENTION_MIN_WORK)
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         """The mixer interface: kv is a HybridCache and slot this layer's index among its recurrent states."""
+        if self._in_one_call(h, kv.tree):
+            return self._one_token(h, kv.recurrent[slot])
         return self.mix(h, kv.recurrent[slot], stepwise, kv.tree)
+
+    def _one_token(self, h, state) -> np.ndarray:
+        """mix on one token in one kernel call (one_token_kda): the same bits, less the per-call glue; the step's
+        inputs logged as mix logs them."""
+        (inputs, where, wf_b, wo), _ = self.one_token
+        d, n_head = self.d_inner, self.n_v_heads
+        proj = np.empty((1, 4 * d + self.head_dim + n_head), np.float32)
+        g, core, normed = np.empty((3, 1, d), np.float32)
+        beta = np.empty((1, n_head), np.float32)
+        out = one_token_kda(np.ascontiguousarray(h, np.float32), inputs, where, proj, wf_b, self.dt_bias, self.a,
+                            self.head_dim, self.lower_bound, self.conv, F32(self.eps), self.norm, wo, state.conv,
+                            state.ssm, g, beta, np.empty((1, 3 * d), np.float32), np.empty((1, 2 * d), np.float32),
+                            core, normed, np.zeros(2, np.int64))
+        state.append(proj[:, :3 * d].copy(), g, beta)
+        return out.copy()
 
     def mix(self, h: np.ndarray, state, stepwise: bool, tree=None) -> np.ndarray:
         """h: (T, n_embd) normed input; state: this layer's RecurrentState, advanced by T tokens (a tree batch,

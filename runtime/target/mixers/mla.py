@@ -24,11 +24,14 @@ from numba import njit
 
 from gguf import GGMLQuantizationType as T
 
-from ggtools.runtime.kernels import matmul, ops
+from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16
 from ggtools.runtime.target.kimi_k3_pieces import MLATensors
-from ggtools.runtime.target.mixers.attention import attention, tree_attention
+from ggtools.runtime.target.mixers.attention import attention, attention_rows, tree_attention
+from ggtools.runtime.target.pieces import NO_SINKS
 from ggtools.runtime.weights import Matrix, MatrixGroup
+
+F32 = np.float32
 
 
 @njit(**EXACT)
@@ -43,6 +46,45 @@ def write_latent(latent, k_pe, k_cache, vt_cache, start, f16):
             k_cache[0, start + t, i] = x
             if i < n_lora:
                 vt_cache[0, i, start + t] = x
+
+
+@njit(**EXACT)
+def one_token_mla(h, inputs, where, proj, q_cols, kv_cols, gate_cols, wq_b, q_a_norm, kv_a_norm, eps, k_b, v_b,
+                  heads, head_groups, nope, k_cache, vt_cache, start, f16, positions, scale, wo, q, query, counter):
+    """MLA.__call__ on one token in one call, with the same kernels in the same order: the input projections
+    (matmul.group_rows: q or q_a, kv_a, the gate (gate_cols[0] < 0: none) side by side in proj), q_a's norm and
+    q_b (wq_b None: none), kv_a's norm, k_b per head (one plan over the head stack), the cache write, attention
+    over the latent cache, v_b per head, the gate's sigmoid product, the output projection. Returns its out. q:
+    (1, n_head * (nope + rope)) scratch; query: (1, n_head, kv_lora + rope)."""
+    matmul.group_rows(inputs, where, h, counter, proj)
+    if wq_b is None:
+        q[:] = proj[:, q_cols[0]:q_cols[1]]
+    else:
+        q_a = np.empty((1, q_a_norm.size), np.float32)
+        ops.rms_norm_rows(proj[:, q_cols[0]:q_cols[1]], q_a_norm, eps, q_a)
+        q[:] = matmul.plan_rows(wq_b, q_a, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
+    n_head, kv_lora = heads.size, kv_a_norm.size
+    q_head = q.shape[1] // n_head
+    latent = np.empty((1, kv_lora), np.float32)
+    ops.rms_norm_rows(proj[:, kv_cols[0]:kv_cols[0] + kv_lora], kv_a_norm, eps, latent)
+    q_nope = np.empty((n_head, nope), np.float32)
+    for j in range(n_head):
+        q_nope[j] = q[0, j * q_head:j * q_head + nope]
+    absorbed = matmul.plan_rows(k_b, q_nope, False, heads, head_groups, counter)
+    for j in range(n_head):
+        query[0, j, :kv_lora] = absorbed[j]
+        query[0, j, kv_lora:] = q[0, j * q_head + nope:(j + 1) * q_head]
+    write_latent(latent, proj[:, kv_cols[0] + kv_lora:kv_cols[1]].copy(), k_cache, vt_cache, start, f16)
+    mixed = np.empty((1, n_head * kv_lora), np.float32)
+    counter[:] = 0
+    attention_rows(query, k_cache, vt_cache, positions, start + 1, scale, 0, NO_SINKS, True, f16, mixed, counter)
+    out = matmul.plan_rows(v_b, mixed.reshape(n_head, kv_lora), False, heads, head_groups, counter).reshape(1, -1)
+    if gate_cols[0] >= 0:
+        gate = np.empty((1, gate_cols[1] - gate_cols[0]), np.float32)
+        ops.sigmoid_rows(proj[:, gate_cols[0]:gate_cols[1]], gate)
+        for i in range(out.shape[1]):
+            out[0, i] = out[0, i] * gate[0, i]
+    return matmul.plan_rows(wo, out, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
 
 
 def plain_order(m: Matrix) -> Matrix:
@@ -73,6 +115,49 @@ class MLA(MLATensors):
         self.heads = np.arange(self.n_head, dtype=np.int64)
         # the permuted q_nope: F32 weights take it row by row (no tinyBLAS without a contiguous input)
         self.k_b_stepwise = self.wk_b[0].qtype == T.F32
+        self.one_token = self._one_token_args()
+
+    def _one_token_args(self):
+        """one_token_mla's plans and column ranges, and the (n_tasks, work) of its matmuls, where it applies: every
+        plan with one_call, k_b and v_b each one head stack; else None."""
+        group = self.inputs.one_token_args()
+        stacks = [self.k_b_stack, self.v_b_stack]
+        if group is None or None in stacks:
+            return None
+        k_b, v_b = (stack.parts[0][1] for stack in stacks)
+        plans = [k_b, v_b, self.wo.plan] + ([self.wq_b.plan] if self.wq is None else [])
+        if not all(plan is not None and plan.one_call for plan in plans):
+            return None
+        (inputs, where), starts, splits = group
+        n = self.n_head
+        splits = splits + [(len(plan.tasks) * n, n * plan.n_rows * plan.layout.n_cols) for plan in (k_b, v_b)]
+        splits += [(len(plan.tasks), plan.n_rows * plan.layout.n_cols) for plan in plans[2:]]
+        gate_cols = (starts[2], starts[3]) if self.wgate else (-1, -1)
+        return (inputs, where, np.empty((1, int(starts[-1])), np.float32), np.array(starts[0:2], np.int64),
+                np.array(starts[1:3], np.int64), np.array(gate_cols, np.int64),
+                self.wq_b.plan.call_args(1) if self.wq is None else None,
+                np.zeros(0, np.float32) if self.q_a_norm is None else self.q_a_norm, self.kv_a_norm, F32(self.eps),
+                k_b.call_args(n), v_b.call_args(n), self.heads, np.arange(n + 1, dtype=np.int64), self.qk_nope), \
+            splits, self.wo.plan.call_args(1)
+
+    def _in_one_call(self, h, positions, kv) -> bool:
+        """Whether h (one token, no tree) runs as one_token_mla: the path applies, and every kernel of it would run
+        in this thread (workers.run_job's and run's rule)."""
+        if len(h) != 1 or kv.tree is not None or self.one_token is None:
+            return False
+        work = self.n_head * (int(positions[0]) + 1) * (self.kv_lora + self.rope_dims) * 2
+        return workers.matmuls_in_caller(self.one_token[1]) \
+            and workers.in_caller(self.n_head, work, workers.ATTENTION_MIN_WORK)
+
+    def _one_token(self, h, positions, kv, slot: int, hp) -> np.ndarray:
+        """__call__ on one token in one kernel call (one_token_mla): the same bits, less the per-call glue."""
+        args, _, wo = self.one_token
+        out = one_token_mla(np.ascontiguousarray(h, np.float32), *args, kv.k[slot], kv.v[slot], int(positions[0]),
+                            kv.f16, positions, F32(hp.attn_scale), wo,
+                            np.empty((1, self.n_head * self.q_head), np.float32),
+                            np.empty((1, self.n_head, self.kv_lora + self.rope_dims), np.float32),
+                            np.zeros(2, np.int64))
+        return out.copy()
 
     def per_head(self, slices: list, stack, x: np.ndarray, stepwise: bool) -> np.ndarray:
         """x (T, n_head, n_cols) through each head's matrix -> (T, n_head, n_rows)."""
@@ -88,6 +173,8 @@ class MLA(MLATensors):
         return out
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
+        if self._in_one_call(h, positions, kv):
+            return self._one_token(h, positions, kv, slot, hp)
         n_tokens, n_head, eps = len(h), self.n_head, self.eps
         q, kv_a, *gate = self.inputs(h, stepwise)
         if self.wq is None:
