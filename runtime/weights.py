@@ -239,8 +239,8 @@ class MatrixGroup:
         self.paged = any(getattr(m, "paged", False) for m in matrices)
 
     def one_token_args(self):
-        """matmul.group_rows' plans and where for one input row, with the first column of each matrix in its output
-        and the plans' (n_tasks, work) (workers.run_job's rule); None where a plan has no one_call."""
+        """matmul.group_rows' plans and where for one input row, with the first column of each matrix in its output;
+        None where a plan has no one_call."""
         plans = [plan for _, plan in self.parts]
         if not all(plan.one_call for plan in plans):
             return None
@@ -249,8 +249,7 @@ class MatrixGroup:
         for j, (idx, plan) in enumerate(self.parts):
             for i, m in enumerate(idx):
                 where[m] = (j, *plan.columns[i], starts[m])
-        splits = [(len(plan.tasks), plan.n_rows * plan.layout.n_cols) for plan in plans]
-        return (tuple(plan.call_args(1) for plan in plans), where), starts, splits
+        return (tuple(plan.call_args(1) for plan in plans), where), starts
 
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> list[np.ndarray]:
         return self._each_plan(x, None, lambda plan, prepared: plan.run(prepared, stepwise))

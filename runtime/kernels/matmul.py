@@ -845,23 +845,33 @@ FAMILY_BLOCK32, FAMILY_FLOAT = 0, 1     # MatmulPlan.call_args' first field
 
 @njit(**EXACT)
 def plan_rows(plan, x, repeat, experts, groups, counter):
-    """A plan's kernel (MatmulPlan.call_args) in this thread on x's rows, or with repeat on x's first row taken for
-    each of the plan's input rows (rounded once): one-row dots, as PreparedInput and MatmulPlan._run make them for
-    one-row inputs and experts. Returns the plan's out."""
-    family, kind, kernel, qk, block_bytes, row_bytes, buf, xq, xd, xs, xf, tasks, out = plan
+    """A plan's kernel (MatmulPlan.call_args) on x's rows, or with repeat on x's first row taken for each of the
+    plan's input rows (rounded once): one-row dots, as PreparedInput and MatmulPlan._run make them for one-row
+    inputs and experts. In this thread, or, where counter is the pool's control array (workers.one_call_counter)
+    and the plan is worth splitting, shared with the workers on the fast path. Returns the plan's out."""
+    family, kind, kernel, qk, block_bytes, row_bytes, buf, xq, xd, xs, xf, tasks, out, entry, split = plan
     n = 1 if repeat else x.shape[0]
-    counter[:] = 0
+    workers.restart(counter)
+    share = split and counter.size > 2
     if family == FAMILY_BLOCK32:
         prepare_rows(kind, x[:n], xq[:n], xd[:n], xs[:n])
         for j in range(n, xq.shape[0]):
             xq[j], xd[j], xs[j] = xq[0], xd[0], xs[0]
-        matmul_block32(kernel, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, counter)
+        if share:
+            matmul_block32_post(counter, entry, kernel, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts,
+                                groups)
+        else:
+            matmul_block32(kernel, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, counter)
     else:
         prepare_rows(kind, x[:n], xf[:n], xd, xs)
         for j in range(n, xf.shape[0]):
             xf[j] = xf[0]
-        matmul_float(kernel, qk, block_bytes, row_bytes, buf, xf, out, tasks, experts, groups, True, kernel != F32,
-                     counter)
+        if share:
+            matmul_float_post(counter, entry, kernel, qk, block_bytes, row_bytes, buf, xf, out, tasks, experts, groups,
+                              True, kernel != F32)
+        else:
+            matmul_float(kernel, qk, block_bytes, row_bytes, buf, xf, out, tasks, experts, groups, True, kernel != F32,
+                         counter)
     return out
 
 
@@ -1005,9 +1015,11 @@ class MatmulPlan:
 
     def call_args(self, n_in: int) -> tuple:
         """For running the plan from numba (plan_rows) on n_in input rows, one row per group: (family, activation
-        kind, kernel id, qk, block bytes, row bytes, buf, xq, xd, xs, xf, tasks, out), the same types for every
-        plan that has one_call, with scratch arrays shaped as PreparedInput and _run make them (xq, xd, xs a
-        block32 plan's rounded input, xf a float plan's), kept by the caller and written anew by every call."""
+        kind, kernel id, qk, block bytes, row bytes, buf, xq, xd, xs, xf, tasks, out, the fast-path job's entry,
+        whether to split it), the same types for every plan that has one_call, with scratch arrays shaped as
+        PreparedInput and _run make them (xq, xd, xs a block32 plan's rounded input, xf a float plan's), kept by the
+        caller and written anew by every call. The tasks and the split are _run's for one-row inputs on the pool's
+        threads."""
         layout = self.layout
         prepared = PreparedInput(np.zeros((n_in, layout.n_cols), np.float32), layout.activation)
         unused = np.empty((n_in, 0), np.float32)
@@ -1017,9 +1029,11 @@ class MatmulPlan:
         else:
             kernel_id, block_bytes, row_bytes, buf = layout.type_id, layout.block_bytes, layout.row_bytes, self.buf
             xq, xd, xs, xf = np.empty((n_in, 0), XQ_DTYPE), unused, unused, prepared.xq
+        tasks = self.one_row_tasks(workers.pool().n_threads)
+        split = len(tasks) * n_in > 1 and n_in * self.n_rows * layout.n_cols >= workers.MATMUL_MIN_WORK
         return (np.int64(FAMILY_BLOCK32 if layout.block32 else FAMILY_FLOAT), np.int64(layout.activation),
-                np.int64(kernel_id), layout.qk, block_bytes, row_bytes, buf, xq, xd, xs, xf, self.tasks,
-                np.empty((n_in, self.n_rows), np.float32))
+                np.int64(kernel_id), layout.qk, block_bytes, row_bytes, buf, xq, xd, xs, xf, tasks,
+                np.empty((n_in, self.n_rows), np.float32), np.int64(self.job.entry), split)
 
     def run(self, a: PreparedInput, stepwise: bool = False) -> list:
         """(rows, n_cols) input prepared for the plan's activation kind -> one (rows, n_rows) output

@@ -168,6 +168,14 @@ def leave(counter):
 
 
 @njit(cache=True, nogil=True)
+def restart(counter):
+    """A fresh count on counter for the next kernel: its claim and inside slots only (a one-call path's counter may be
+    the pool's control array, whose other slots are the workers')."""
+    counter[CLAIM] = 0
+    counter[INSIDE] = 0
+
+
+@njit(cache=True, nogil=True)
 def wait_zero(array, index):
     """Spin until array[index] is 0, then yield the CPU between polls."""
     spins = 0
@@ -348,6 +356,17 @@ MATMUL_MIN_WORK = 1 << 18
 ATTENTION_MIN_WORK = 1 << 18
 
 
+def one_call_counter() -> np.ndarray:
+    """The counter of a one-call path (numba code that runs a piece's kernels one after the other, restarting the
+    counter between them): the pool's control array where there are workers, awake, so that matmul.plan_rows can
+    post the plans worth splitting to them; else a fresh two-slot counter."""
+    workers = pool()
+    if workers.n_threads == 1:
+        return np.zeros(2, np.int64)
+    workers.wake()
+    return workers.control
+
+
 def run(kernel, n_tasks: int, work: int, min_work: int, *args) -> None:
     """kernel(*args, counter) over n_tasks tasks (general path): on the workers, or in this thread alone when
     `work` (multiply-adds) is under min_work."""
@@ -360,11 +379,6 @@ def run(kernel, n_tasks: int, work: int, min_work: int, *args) -> None:
 def in_caller(n_tasks: int, work: int, min_work: int) -> bool:
     """Whether run_job runs a job of n_tasks tasks and `work` multiply-adds in the calling thread alone."""
     return work < min_work or n_tasks <= 1 or pool().n_threads <= 1
-
-
-def matmuls_in_caller(splits) -> bool:
-    """Whether run_job runs every matmul of splits, (n_tasks, work) each, in the calling thread."""
-    return all(in_caller(n_tasks, work, MATMUL_MIN_WORK) for n_tasks, work in splits)
 
 
 def run_job(job: Job, n_tasks: int, work: int, min_work: int, *args) -> None:

@@ -3,7 +3,7 @@
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.kernels import matmul, ops
+from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.one_call import OneCallFFN
 from ggtools.runtime.target.pieces import DenseFFNTensors
@@ -36,16 +36,15 @@ class DenseFFN(DenseFFNTensors, OneCallFFN):
 
     def _one_token_args(self):
         """one_token_ffn's plans, column ranges and scratch, where it applies: gate and up one plan, down another,
-        both with one_call; else None. With the plans' task counts and work (workers.run_job's rule)."""
+        both with one_call; else None."""
         if len(self.gate_up.parts) != 1 or self.down.plan is None:
             return None
         (idx, gate_up), down = self.gate_up.parts[0], self.down.plan
         if not (gate_up.one_call and down.one_call):
             return None
         gate_cols, up_cols = (np.array(gate_up.columns[idx.index(i)], np.int64) for i in (0, 1))
-        splits = [(len(plan.tasks), plan.n_rows * plan.layout.n_cols) for plan in (gate_up, down)]
         act = np.empty((1, self.gate.n_rows), np.float32)
-        return (gate_up.call_args(1), gate_cols, up_cols, down.call_args(1), act), splits
+        return gate_up.call_args(1), gate_cols, up_cols, down.call_args(1), act
 
     def __call__(self, h, stepwise: bool) -> np.ndarray:
         gate, up = self.gate_up(h, stepwise)
@@ -54,6 +53,6 @@ class DenseFFN(DenseFFNTensors, OneCallFFN):
     def with_residual(self, ops_, x, norm, eps, stepwise: bool) -> np.ndarray:
         if self.in_one_call(x):
             out = np.empty_like(x)
-            one_token_ffn(x, norm, np.float32(eps), np.empty_like(x), self.one_token[0], np.zeros(2, np.int64), out)
+            one_token_ffn(x, norm, np.float32(eps), np.empty_like(x), self.one_token, workers.one_call_counter(), out)
             return out
         return super().with_residual(ops_, x, norm, eps, stepwise)

@@ -17,7 +17,7 @@ token routes to are never read.
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.kernels import matmul, ops
+from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.dense import DenseFFN
 from ggtools.runtime.target.ffn.moe import RoutedExperts, combine_rows, normalize_and_scale, top_k
@@ -104,8 +104,8 @@ class SituFFN(SituFFNTensors, DenseFFN):
 
     def __call__(self, h, stepwise: bool) -> np.ndarray:
         if self.in_one_call(h):
-            return situ_ffn(np.ascontiguousarray(h, np.float32), *self.one_token[0], F32(self.beta),
-                            F32(self.linear_beta), np.zeros(2, np.int64)).copy()
+            return situ_ffn(np.ascontiguousarray(h, np.float32), *self.one_token, F32(self.beta),
+                            F32(self.linear_beta), workers.one_call_counter()).copy()
         gate, up = self.gate_up(h, stepwise)
         return self.down(situ(gate, up, self.beta, self.linear_beta), stepwise)
 
@@ -121,8 +121,8 @@ class LatentMoE(LatentMoETensors, RoutedExperts):
         super().__post_init__()
 
     def _one_token_args(self):
-        """one_token_latent_moe's arguments after h and the (n_tasks, work) of its matmuls, where it applies: every
-        plan with one_call (gate and up one plan, down another), no expert stack paged; else None."""
+        """one_token_latent_moe's arguments after h, where it applies: every plan with one_call (gate and up one plan,
+        down another), no expert stack paged; else None."""
         group, shared, k = self.inputs.one_token_args(), self.shared, self.n_expert_used
         if group is None or len(self.gate_up.parts) != 1 or len(self.down_group.parts) != 1 or self.gate_up.paged \
                 or self.down_group.paged:
@@ -131,9 +131,7 @@ class LatentMoE(LatentMoETensors, RoutedExperts):
         singles = [m.plan for m in (self.routed_up, shared and shared.down) if m]
         if not all(plan is not None and plan.one_call for plan in [gate_up, down] + singles):
             return None
-        (inputs, where), starts, splits = group
-        splits = splits + [(len(plan.tasks) * k, k * plan.n_rows * plan.layout.n_cols) for plan in (gate_up, down)]
-        splits += [(len(plan.tasks), plan.n_rows * plan.layout.n_cols) for plan in singles]
+        (inputs, where), starts = group
         gate_cols, up_cols = (np.array(gate_up.columns[idx.index(i)], np.int64) for i in (0, 1))
         routed_cols = np.array(starts[1:3] if self.routed_down else (-1, -1), np.int64)
         shared_cols = np.array((starts[-3], starts[-1]) if shared else (-1, -1), np.int64)
@@ -146,7 +144,7 @@ class LatentMoE(LatentMoETensors, RoutedExperts):
                 self.routed_up.plan.call_args(1) if self.routed_up else None,
                 shared.down.plan.call_args(1) if shared else None,
                 np.empty((1, shared.gate.n_rows if shared else 0), np.float32),
-                F32(shared.beta if shared else 1.0), F32(shared.linear_beta if shared else 0.0)), splits
+                F32(shared.beta if shared else 1.0), F32(shared.linear_beta if shared else 0.0))
 
     def route(self, h: np.ndarray, stepwise: bool, logits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(T, n_embd) (or the router's logits) -> experts (T, k) int64 in descending order of selection, weights
@@ -161,8 +159,8 @@ class LatentMoE(LatentMoETensors, RoutedExperts):
         if self.in_one_call(h):
             k = self.n_expert_used
             out = np.empty((1, h.shape[1]), np.float32)
-            one_token_latent_moe(np.ascontiguousarray(h, np.float32), *self.one_token[0], np.empty((1, k), np.int64),
-                                 np.empty((1, k), np.float32), np.zeros(2, np.int64), out)
+            one_token_latent_moe(np.ascontiguousarray(h, np.float32), *self.one_token, np.empty((1, k), np.int64),
+                                 np.empty((1, k), np.float32), workers.one_call_counter(), out)
             return out
         logits, *rest = self.inputs(h, stepwise)
         routed_in = h if self.routed_down is None else rest.pop(0)

@@ -17,7 +17,7 @@ A shared expert (qwen35moe) composes with this class: `RoutedExperts` is the rou
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.kernels import matmul, ops
+from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.one_call import OneCallFFN
 from ggtools.runtime.target.pieces import SOFTMAX, SWIGLU_OAI, RoutedExpertsTensors
@@ -193,8 +193,7 @@ class RoutedExperts(RoutedExpertsTensors, OneCallFFN):
     def _one_token_args(self):
         """one_token_experts' fixed arguments and scratch arrays, where it applies: the router one plan, gate and up
         another, down a third, all with one_call, no expert stack paged (its bytes are asked for before the kernels
-        run); else None. With the kernels' task counts and work, to run it only where workers.run_job would run
-        them in this thread."""
+        run); else None."""
         if len(self.gate_up.parts) != 1 or len(self.down_group.parts) != 1 or self.gate_up.paged \
                 or self.down_group.paged:
             return None
@@ -205,11 +204,9 @@ class RoutedExperts(RoutedExpertsTensors, OneCallFFN):
         gate_cols, up_cols = (np.array(gate_up.columns[idx.index(i)], np.int64) for i in (0, 1))
         act = np.empty((k, self.gate.n_rows), np.float32)
         _, slot_pos, groups = self.one_token_slots
-        splits = [(len(router.tasks), router.n_rows * router.layout.n_cols)]
-        splits += [(len(plan.tasks) * k, k * plan.n_rows * plan.layout.n_cols) for plan in (gate_up, down)]
         return (router.call_args(1), self.bias, self.routing.gating, self.routing.normalize, self.weights_scale,
                 gate_up.call_args(k), gate_cols, up_cols, down.call_args(k), self.gate_bias, self.up_bias,
-                self.down_bias, self.oai, act, slot_pos, groups), splits
+                self.down_bias, self.oai, act, slot_pos, groups)
 
     def route(self, h: np.ndarray, stepwise: bool) -> tuple[np.ndarray, np.ndarray]:
         """(T, n_embd) -> experts (T, k) int64 in descending order of probability, weights (T, k) float32."""
@@ -251,6 +248,6 @@ class RoutedExperts(RoutedExpertsTensors, OneCallFFN):
         glue; with residual, with_residual's result, else __call__'s."""
         k = self.n_expert_used
         out = np.empty_like(x)
-        one_token_experts(x, residual, norm, np.float32(eps), np.empty_like(x), self.one_token[0],
-                          np.empty((1, k), np.int64), np.empty((1, k), np.float32), np.zeros(2, np.int64), out)
+        one_token_experts(x, residual, norm, np.float32(eps), np.empty_like(x), self.one_token,
+                          np.empty((1, k), np.int64), np.empty((1, k), np.float32), workers.one_call_counter(), out)
         return out

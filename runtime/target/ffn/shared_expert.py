@@ -4,7 +4,7 @@ token by sigmoid(gate . h) (llama.cpp's qwen35moe build_layer_ffn: ffn_moe_out +
 import numpy as np
 from numba import njit
 
-from ggtools.runtime.kernels import matmul, ops
+from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.dense import swiglu_ffn
 from ggtools.runtime.target.ffn.moe import one_token_experts
@@ -31,8 +31,7 @@ class SharedExpertMoE(SharedExpertTensors, OneCallFFN):
         gate = self.shared_gate.plan
         self.one_token = None
         if self.routed.one_token and self.shared.one_token and gate is not None and gate.one_call:
-            self.one_token = gate.call_args(1), self.routed.one_token[1] + self.shared.one_token[1] + [
-                (len(gate.tasks), gate.n_rows * gate.layout.n_cols)]
+            self.one_token = gate.call_args(1)
 
     def __call__(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
         gate = self.shared_gate(h, stepwise)
@@ -43,8 +42,8 @@ class SharedExpertMoE(SharedExpertTensors, OneCallFFN):
         if self.in_one_call(x):
             k = self.routed.n_expert_used
             out = np.empty_like(x)
-            one_token_shared_moe(x, norm, np.float32(eps), np.empty_like(x), self.routed.one_token[0],
-                                 np.empty((1, k), np.int64), np.empty((1, k), np.float32), self.shared.one_token[0],
-                                 self.one_token[0], np.zeros(2, np.int64), out)
+            one_token_shared_moe(x, norm, np.float32(eps), np.empty_like(x), self.routed.one_token,
+                                 np.empty((1, k), np.int64), np.empty((1, k), np.float32), self.shared.one_token,
+                                 self.one_token, workers.one_call_counter(), out)
             return out
         return super().with_residual(ops_, x, norm, eps, stepwise)

@@ -194,7 +194,7 @@ def one_token_attention(x, norm, eps, h, qkv, q_cols, k_cols, v_cols, bq, bk, bv
         q = proj[:, q_cols[0]:q_cols[1]]
     prepare_attention(q, proj[:, k_cols[0]:k_cols[1]], proj[:, v_cols[0]:v_cols[1]], bq, bk, bv, q_norm, k_norm, eps,
                       cos, sin, neox, k_cache, vt_cache, start, f16, roped)
-    counter[:] = 0
+    workers.restart(counter)
     attention_rows(roped, k_cache, vt_cache, positions, start + 1, scale, window, sinks, True, f16, attended, counter)
     if output_gate:
         ops.sigmoid_rows(gate, gate)
@@ -260,13 +260,11 @@ class Attention(AttentionTensors):
         columns = [np.array(qkv.columns[idx.index(i)], np.int64) for i in (0, 1, 2)]
         return qkv.call_args(1), columns, self.wo.plan.call_args(1)
 
-    def _in_caller(self, n_ctx: int, hp) -> bool:
-        """Whether every kernel of a one-token step runs in the calling thread (workers.run_job's and run's rule)."""
-        (*_, qkv_tasks, _), _, (*_, wo_tasks, _) = self.one_token
-        return (workers.in_caller(len(qkv_tasks), self.qkv.parts[0][1].n_rows * self.wq.n_cols,
-                                  workers.MATMUL_MIN_WORK)
-                and workers.in_caller(len(wo_tasks), self.wo.n_rows * self.wo.n_cols, workers.MATMUL_MIN_WORK)
-                and workers.in_caller(hp.n_head, hp.n_head * n_ctx * hp.head_dim * 2, workers.ATTENTION_MIN_WORK))
+    @staticmethod
+    def _attention_in_caller(n_ctx: int, hp) -> bool:
+        """Whether a one-token step's attention runs in the calling thread (workers.run's rule), as
+        one_token_attention runs it (its matmuls split where worth it: matmul.plan_rows)."""
+        return workers.in_caller(hp.n_head, hp.n_head * n_ctx * hp.head_dim * 2, workers.ATTENTION_MIN_WORK)
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         n_tokens = h.shape[0]
@@ -294,7 +292,7 @@ class Attention(AttentionTensors):
 
     def with_residual(self, ops, x, norm, eps, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         if len(x) == 1 and kv.tree is None and self.one_token is not None \
-                and self._in_caller(int(positions[0]) + 1, hp):
+                and self._attention_in_caller(int(positions[0]) + 1, hp):
             return self._one_token(x, norm, eps, positions, rope, kv, slot, hp)
         return super().with_residual(ops, x, norm, eps, positions, rope, kv, slot, hp, stepwise)
 
@@ -309,5 +307,5 @@ class Attention(AttentionTensors):
                             self.k_norm, *rope, hp.rope_neox, kv.k[slot], kv.v[slot], int(positions[0]), kv.f16,
                             positions, np.float32(hp.attn_scale), self.window, self.sinks, self.output_gate, wo,
                             self.out_bias, q, gate, roped, attended, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP,
-                            np.zeros(2, np.int64), x_out)
+                            workers.one_call_counter(), x_out)
         return x_out

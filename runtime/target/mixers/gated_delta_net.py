@@ -167,7 +167,7 @@ def one_token_delta_net(x, norm, eps, h, inputs, where, proj, dt_bias, a, conv_w
     beta_in, alpha = proj[:, channels + value_dim:-n_v], proj[:, -n_v:]
     decay_and_beta(alpha, beta_in, dt_bias, a, g, beta)
     conv_silu_l2(conv_state, qkv, conv_weight, key_dim, head_dim, ssm_eps, conv, qk)
-    counter[:] = 0
+    workers.restart(counter)
     delta_rule_heads(qk[:, :key_dim], qk[:, key_dim:], conv[:, 2 * key_dim:], g, beta, ssm_state, head_dim, core,
                      counter)
     gated_norm_heads(core, ssm_norm, z, ssm_eps, normed)
@@ -185,29 +185,28 @@ class GatedDeltaNet(DeltaNetTensors):
 
     def _one_token_args(self):
         """one_token_delta_net's plans (the input group's, MatrixGroup.one_token_args, then the output projection's
-        call_args), where each plan's kernels may run (the matmuls' and the recurrence's (n_tasks, work)); None
-        where a plan has no one_call."""
+        call_args); None where a plan has no one_call."""
         group = self.inputs.one_token_args()
         if group is None or self.wout.plan is None or not self.wout.plan.one_call:
             return None
-        (plans, where), _, splits = group
-        splits = splits + [(len(self.wout.plan.tasks), self.wout.plan.n_rows * self.wout.plan.layout.n_cols)]
-        rule = (self.n_v_heads, self.n_v_heads * self.head_dim * self.head_dim * 3)
-        return (plans, where, self.wout.plan.call_args(1)), splits, rule
+        (plans, where), _ = group
+        return plans, where, self.wout.plan.call_args(1)
 
     def with_residual(self, ops_, x, norm, eps, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
-        if len(x) == 1 and kv.tree is None and self.one_token is not None and self._in_caller():
+        if len(x) == 1 and kv.tree is None and self.one_token is not None and self._recurrence_in_caller():
             return self._one_token(x, norm, eps, kv.recurrent[slot])
         return super().with_residual(ops_, x, norm, eps, positions, rope, kv, slot, hp, stepwise)
 
-    def _in_caller(self) -> bool:
-        _, splits, (n_tasks, work) = self.one_token
-        return workers.in_caller(n_tasks, work, workers.ATTENTION_MIN_WORK) and workers.matmuls_in_caller(splits)
+    def _recurrence_in_caller(self) -> bool:
+        """Whether the delta rule runs in this thread (workers.run's rule), as one_token_delta_net runs it (its
+        matmuls split where worth it: matmul.plan_rows)."""
+        work = self.n_v_heads * self.head_dim * self.head_dim * 3
+        return workers.in_caller(self.n_v_heads, work, workers.ATTENTION_MIN_WORK)
 
     def _one_token(self, x, norm, eps, state) -> np.ndarray:
         """with_residual on one token in one kernel call (one_token_delta_net): the same bits as mix, less the
         per-call glue; the step's inputs logged as mix logs them."""
-        (inputs, where, wout), _, _ = self.one_token
+        inputs, where, wout = self.one_token
         channels, value_dim, n_v = self.conv.shape[1], self.n_v_heads * self.head_dim, self.n_v_heads
         proj = np.empty((1, channels + value_dim + 2 * n_v), np.float32)
         conv = np.empty((1, channels), np.float32)
@@ -217,7 +216,7 @@ class GatedDeltaNet(DeltaNetTensors):
         one_token_delta_net(x, norm, F32(eps), np.empty_like(x), inputs, where, proj, self.dt_bias, self.a,
                             self.conv, self.key_dim, self.head_dim, self.norm, F32(self.eps), wout, state.conv,
                             state.ssm, g, beta, conv, np.empty((1, 2 * self.key_dim), np.float32), core, normed,
-                            np.zeros(2, np.int64), x_out)
+                            workers.one_call_counter(), x_out)
         state.append(proj[:, :channels].copy(), g, beta)
         return x_out
 

@@ -83,7 +83,7 @@ def one_token_kda(h, inputs, where, proj, wf_b, dt_bias, a, head_dim, lower_boun
                head_dim, lower_bound, g)
     sigmoid_rows(proj[:, 3 * d + head_dim:3 * d + head_dim + n_head], beta)
     conv_silu_l2_parts(conv_state, proj[:, :3 * d], conv_weight, d, head_dim, eps, conv, qk)
-    counter[:] = 0
+    workers.restart(counter)
     delta_rule_heads(qk[:, :d], qk[:, d:], conv[:, 2 * d:], g, beta, ssm_state, head_dim, core, counter)
     sigmoid_gated_norm_heads(core, norm, proj[:, 3 * d + head_dim + n_head:], eps, normed)
     return matmul.plan_rows(wo, normed, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
@@ -99,22 +99,20 @@ class KDA(KDATensors):
 
     def _one_token_args(self):
         """one_token_kda's plans (the input group's, MatrixGroup.one_token_args, then f_b's and the output
-        projection's call_args) and the (n_tasks, work) of its matmuls; None where a plan has no one_call."""
+        projection's call_args); None where a plan has no one_call."""
         group, rest = self.inputs.one_token_args(), [self.wf_b.plan, self.wo.plan]
         if group is None or not all(plan is not None and plan.one_call for plan in rest):
             return None
-        (plans, where), _, splits = group
-        splits = splits + [(len(plan.tasks), plan.n_rows * plan.layout.n_cols) for plan in rest]
-        return (plans, where, rest[0].call_args(1), rest[1].call_args(1)), splits
+        (plans, where), _ = group
+        return plans, where, rest[0].call_args(1), rest[1].call_args(1)
 
     def _in_one_call(self, h, tree) -> bool:
-        """Whether h (one token, no tree) runs as one_token_kda: the path applies, and every kernel of it would run
-        in this thread (workers.run_job's and run's rule)."""
+        """Whether h (one token, no tree) runs as one_token_kda: the path applies, and the delta rule would run in
+        this thread (workers.run's rule; the matmuls split where worth it: matmul.plan_rows)."""
         if len(h) != 1 or tree is not None or self.one_token is None:
             return False
         work = self.n_v_heads * self.head_dim * self.head_dim * 3
-        return workers.matmuls_in_caller(self.one_token[1]) \
-            and workers.in_caller(self.n_v_heads, work, workers.ATTENTION_MIN_WORK)
+        return workers.in_caller(self.n_v_heads, work, workers.ATTENTION_MIN_WORK)
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         """The mixer interface: kv is a HybridCache and slot this layer's index among its recurrent states."""
@@ -125,7 +123,7 @@ class KDA(KDATensors):
     def _one_token(self, h, state) -> np.ndarray:
         """mix on one token in one kernel call (one_token_kda): the same bits, less the per-call glue; the step's
         inputs logged as mix logs them."""
-        (inputs, where, wf_b, wo), _ = self.one_token
+        inputs, where, wf_b, wo = self.one_token
         d, n_head = self.d_inner, self.n_v_heads
         proj = np.empty((1, 4 * d + self.head_dim + n_head), np.float32)
         g, core, normed = np.empty((3, 1, d), np.float32)
@@ -133,7 +131,7 @@ class KDA(KDATensors):
         out = one_token_kda(np.ascontiguousarray(h, np.float32), inputs, where, proj, wf_b, self.dt_bias, self.a,
                             self.head_dim, self.lower_bound, self.conv, F32(self.eps), self.norm, wo, state.conv,
                             state.ssm, g, beta, np.empty((1, 3 * d), np.float32), np.empty((1, 2 * d), np.float32),
-                            core, normed, np.zeros(2, np.int64))
+                            core, normed, workers.one_call_counter())
         state.append(proj[:, :3 * d].copy(), g, beta)
         return out.copy()
 

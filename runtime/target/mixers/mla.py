@@ -50,7 +50,7 @@ def write_latent(latent, k_pe, k_cache, vt_cache, start, f16):
 
 @njit(**EXACT)
 def one_token_mla(h, inputs, where, proj, q_cols, kv_cols, gate_cols, wq_b, q_a_norm, kv_a_norm, eps, k_b, v_b,
-                  heads, head_groups, nope, k_cache, vt_cache, start, f16, positions, scale, wo, q, query, counter):
+                  heads, head_groups, nope, wo, k_cache, vt_cache, start, f16, positions, scale, q, query, counter):
     """MLA.__call__ on one token in one call, with the same kernels in the same order: the input projections
     (matmul.group_rows: q or q_a, kv_a, the gate (gate_cols[0] < 0: none) side by side in proj), q_a's norm and
     q_b (wq_b None: none), kv_a's norm, k_b per head (one plan over the head stack), the cache write, attention
@@ -76,7 +76,7 @@ def one_token_mla(h, inputs, where, proj, q_cols, kv_cols, gate_cols, wq_b, q_a_
         query[0, j, kv_lora:] = q[0, j * q_head + nope:(j + 1) * q_head]
     write_latent(latent, proj[:, kv_cols[0] + kv_lora:kv_cols[1]].copy(), k_cache, vt_cache, start, f16)
     mixed = np.empty((1, n_head * kv_lora), np.float32)
-    counter[:] = 0
+    workers.restart(counter)
     attention_rows(query, k_cache, vt_cache, positions, start + 1, scale, 0, NO_SINKS, True, f16, mixed, counter)
     out = matmul.plan_rows(v_b, mixed.reshape(n_head, kv_lora), False, heads, head_groups, counter).reshape(1, -1)
     if gate_cols[0] >= 0:
@@ -118,8 +118,8 @@ class MLA(MLATensors):
         self.one_token = self._one_token_args()
 
     def _one_token_args(self):
-        """one_token_mla's plans and column ranges, and the (n_tasks, work) of its matmuls, where it applies: every
-        plan with one_call, k_b and v_b each one head stack; else None."""
+        """one_token_mla's plans, column ranges and norms, where it applies: every plan with one_call, k_b and v_b
+        each one head stack; else None."""
         group = self.inputs.one_token_args()
         stacks = [self.k_b_stack, self.v_b_stack]
         if group is None or None in stacks:
@@ -128,35 +128,31 @@ class MLA(MLATensors):
         plans = [k_b, v_b, self.wo.plan] + ([self.wq_b.plan] if self.wq is None else [])
         if not all(plan is not None and plan.one_call for plan in plans):
             return None
-        (inputs, where), starts, splits = group
+        (inputs, where), starts = group
         n = self.n_head
-        splits = splits + [(len(plan.tasks) * n, n * plan.n_rows * plan.layout.n_cols) for plan in (k_b, v_b)]
-        splits += [(len(plan.tasks), plan.n_rows * plan.layout.n_cols) for plan in plans[2:]]
         gate_cols = (starts[2], starts[3]) if self.wgate else (-1, -1)
         return (inputs, where, np.empty((1, int(starts[-1])), np.float32), np.array(starts[0:2], np.int64),
                 np.array(starts[1:3], np.int64), np.array(gate_cols, np.int64),
                 self.wq_b.plan.call_args(1) if self.wq is None else None,
                 np.zeros(0, np.float32) if self.q_a_norm is None else self.q_a_norm, self.kv_a_norm, F32(self.eps),
-                k_b.call_args(n), v_b.call_args(n), self.heads, np.arange(n + 1, dtype=np.int64), self.qk_nope), \
-            splits, self.wo.plan.call_args(1)
+                k_b.call_args(n), v_b.call_args(n), self.heads, np.arange(n + 1, dtype=np.int64), self.qk_nope,
+                self.wo.plan.call_args(1))
 
     def _in_one_call(self, h, positions, kv) -> bool:
-        """Whether h (one token, no tree) runs as one_token_mla: the path applies, and every kernel of it would run
-        in this thread (workers.run_job's and run's rule)."""
+        """Whether h (one token, no tree) runs as one_token_mla: the path applies, and the attention would run in this
+        thread (workers.run's rule; the matmuls split where worth it: matmul.plan_rows)."""
         if len(h) != 1 or kv.tree is not None or self.one_token is None:
             return False
         work = self.n_head * (int(positions[0]) + 1) * (self.kv_lora + self.rope_dims) * 2
-        return workers.matmuls_in_caller(self.one_token[1]) \
-            and workers.in_caller(self.n_head, work, workers.ATTENTION_MIN_WORK)
+        return workers.in_caller(self.n_head, work, workers.ATTENTION_MIN_WORK)
 
     def _one_token(self, h, positions, kv, slot: int, hp) -> np.ndarray:
         """__call__ on one token in one kernel call (one_token_mla): the same bits, less the per-call glue."""
-        args, _, wo = self.one_token
-        out = one_token_mla(np.ascontiguousarray(h, np.float32), *args, kv.k[slot], kv.v[slot], int(positions[0]),
-                            kv.f16, positions, F32(hp.attn_scale), wo,
+        out = one_token_mla(np.ascontiguousarray(h, np.float32), *self.one_token, kv.k[slot], kv.v[slot],
+                            int(positions[0]), kv.f16, positions, F32(hp.attn_scale),
                             np.empty((1, self.n_head * self.q_head), np.float32),
                             np.empty((1, self.n_head, self.kv_lora + self.rope_dims), np.float32),
-                            np.zeros(2, np.int64))
+                            workers.one_call_counter())
         return out.copy()
 
     def per_head(self, slices: list, stack, x: np.ndarray, stepwise: bool) -> np.ndarray:
