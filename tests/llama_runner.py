@@ -83,19 +83,30 @@ def assert_greedy_identical(oracle: LlamaCpp, model, ids, n: int, min_margin: fl
     assert np.array_equal(rows, want_rows)
 
 
-def assert_one_call_steps_identical(monkeypatch, oracle: LlamaCpp, model, ids, n: int, one_calls, label: str) -> None:
-    """One-token steps (the model on one thread) that take the pieces' one-call paths: one_calls, (module, function
-    name, calls per step), are the numba functions each step must call that often; the logits of every step along
-    llama.cpp's greedy path are its bits (the tokens are followed whatever their margin)."""
-    calls = {name: 0 for _, name, _ in one_calls}
+def assert_one_call_steps_identical(monkeypatch, oracle: LlamaCpp, model, ids, n: int, one_calls, label: str,
+                                    shared: bool = False) -> None:
+    """One-token steps that take the pieces' one-call paths: one_calls, (module, function name, calls per step), are
+    the numba functions each step must call that often; the logits of every step along llama.cpp's greedy path are
+    its bits (the tokens are followed whatever their margin). shared: whether some of those calls must have shared a
+    matmul with the workers (the pool's job generation moved during the call: matmul.plan_rows posted it), or none
+    may have."""
+    from ggtools.runtime.kernels import workers
+
+    control = workers.pool().control
+    calls, sharing = {name: 0 for _, name, _ in one_calls}, []
     for module, name, _ in one_calls:
         def counted(*args, fused=getattr(module, name), name=name):
             calls[name] += 1
-            return fused(*args)
+            generation = control[workers.GEN]
+            out = fused(*args)
+            sharing.append(control[workers.GEN] != generation)
+            return out
         monkeypatch.setattr(module, name, counted)
     want, want_rows = oracle.greedy_logits(ids, n)
     ours, rows = greedy_logits(model, ids, n)
-    print(f"{label}: {len(ids)} + {n} tokens, max abs logit difference {np.abs(rows - want_rows).max()}")
+    print(f"{label}: {len(ids)} + {n} tokens, max abs logit difference {np.abs(rows - want_rows).max()}, "
+          f"{sum(sharing)} of {len(sharing)} calls shared a matmul with the workers")
     assert calls == {name: per_step * n for _, name, per_step in one_calls}
+    assert any(sharing) == shared
     assert ours == want
     assert np.array_equal(rows.view(np.uint32), want_rows.view(np.uint32))

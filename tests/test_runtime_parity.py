@@ -114,16 +114,19 @@ def test_greedy_tokens_are_identical(targets, llama_cpp, name):
         assert ours == oracle.greedy(ids, N_GREEDY)
 
 
-@pytest.mark.parametrize("name", ["smollm2-q4_1", "smollm2-q8_0", "smollm2-q4_0", "tiny-qwen3-f32", "tiny-qwen3-f16"])
-def test_one_thread_steps_are_bit_identical(targets, llama_cpp, monkeypatch, name):
-    """On one thread a one-token step's attention and dense FFN, each with the layer's norm before it and the
-    residual after it, run as one kernel call each (attention.one_token_attention, dense.one_token_ffn)."""
+@pytest.mark.parametrize("name, threads", [(name, 1) for name in ["smollm2-q4_1", "smollm2-q8_0", "smollm2-q4_0",
+                                                                     "tiny-qwen3-f32", "tiny-qwen3-f16"]]
+                         + [("smollm2-q4_1", 2), ("smollm2-q8_0", 2)])
+def test_one_call_steps_are_bit_identical(targets, llama_cpp, monkeypatch, name, threads):
+    """A one-token step's attention and dense FFN, each with the layer's norm before it and the residual after it,
+    run as one kernel call each (attention.one_token_attention, dense.one_token_ffn); on 2 threads SmolLM2's FFN
+    matmuls (576 x 1536, over workers.ONE_CALL_MIN_WORK) are shared with the worker from inside those calls."""
     path = targets[name]
-    oracle, model = LlamaCpp(llama_cpp, path), TargetModel(path, threads=1)
+    oracle, model = LlamaCpp(llama_cpp, path), TargetModel(path, threads=threads)
     n_layer = len(model.layers)
     assert_one_call_steps_identical(monkeypatch, oracle, model, prompts_for(name, path, 1)[0], 6,
                                     [(attention, "one_token_attention", n_layer), (dense, "one_token_ffn", n_layer)],
-                                    name)
+                                    f"{name}, {threads} thread(s)", shared=threads > 1)
 
 
 def test_f32_kv_cache_matches_llama_cpp(targets, llama_cpp):

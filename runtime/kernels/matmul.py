@@ -1030,7 +1030,7 @@ class MatmulPlan:
             kernel_id, block_bytes, row_bytes, buf = layout.type_id, layout.block_bytes, layout.row_bytes, self.buf
             xq, xd, xs, xf = np.empty((n_in, 0), XQ_DTYPE), unused, unused, prepared.xq
         tasks = self.one_row_tasks(workers.pool().n_threads)
-        split = len(tasks) * n_in > 1 and n_in * self.n_rows * layout.n_cols >= workers.MATMUL_MIN_WORK
+        split = len(tasks) * n_in > 1 and n_in * self.n_rows * layout.n_cols >= workers.ONE_CALL_MIN_WORK
         return (np.int64(FAMILY_BLOCK32 if layout.block32 else FAMILY_FLOAT), np.int64(layout.activation),
                 np.int64(kernel_id), layout.qk, block_bytes, row_bytes, buf, xq, xd, xs, xf, tasks,
                 np.empty((n_in, self.n_rows), np.float32), np.int64(self.job.entry), split)

@@ -354,6 +354,7 @@ _pool: Workers | None = None
 # 1.7-2.4x its 1-thread time, at 2^18 the same time (docs/runtime.md); SmolLM2's steps did not change
 MATMUL_MIN_WORK = 1 << 18
 ATTENTION_MIN_WORK = 1 << 18
+ONE_CALL_MIN_WORK = MATMUL_MIN_WORK     # the same inside a one-call path (matmul.plan_rows), set at load
 
 
 def one_call_counter() -> np.ndarray:
