@@ -67,20 +67,22 @@ def test_prompt_logits_are_bit_identical(targets, models, llama_cpp, arch, encod
                                    f"{arch} {encoding}")
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("arch, encoding", ENCODINGS)
-def test_one_thread_steps_are_bit_identical(targets, llama_cpp, monkeypatch, arch, encoding):
-    """On one thread each half of a one-token step's layers, with the layer's norm before it and the residual after
-    it, runs as one kernel call: the gated attention (attention.one_token_attention), the Gated DeltaNet
+def test_one_call_steps_are_bit_identical(targets, llama_cpp, monkeypatch, arch, encoding, threads):
+    """Each half of a one-token step's layers, with the layer's norm before it and the residual after it, runs as
+    one kernel call: the gated attention (attention.one_token_attention), the Gated DeltaNet
     (gated_delta_net.one_token_delta_net), the dense FFN (dense.one_token_ffn) or the routed and shared experts
-    (shared_expert.one_token_shared_moe)."""
+    (shared_expert.one_token_shared_moe); on 2 threads their larger matmuls are shared with the worker from inside
+    those calls."""
     path = targets[arch].gguf[encoding]
-    oracle, model = LlamaCpp(llama_cpp, path), TargetModel(path, threads=1)
+    oracle, model = LlamaCpp(llama_cpp, path), TargetModel(path, threads=threads)
     n_recurrent, n_layer = sum(model.hp.recurrent_layers), len(model.layers)
     ffn = (shared_expert, "one_token_shared_moe") if arch == "qwen35moe" else (dense, "one_token_ffn")
     assert_one_call_steps_identical(monkeypatch, oracle, model, prompt(PROMPT_SEEDS[arch][0]), 6,
                                     [(attention, "one_token_attention", n_layer - n_recurrent),
                                      (gated_delta_net, "one_token_delta_net", n_recurrent), (*ffn, n_layer)],
-                                    f"{arch} {encoding}")
+                                    f"{arch} {encoding}, {threads} thread(s)", shared=threads > 1)
 
 
 @pytest.mark.slow

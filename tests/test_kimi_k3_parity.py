@@ -121,13 +121,15 @@ def test_prompt_logits_are_bit_identical(files, models, llama_cpp, encoding):
     assert_prompt_logits_identical(oracle, model, [prompt(seed) for seed in PROMPT_SEEDS[:2]], f"kimi-k3 {encoding}")
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("encoding", ENCODINGS)
-def test_one_thread_steps_are_bit_identical(files, llama_cpp, monkeypatch, encoding):
-    """On one thread each piece of a one-token step runs as one kernel call: the KDA (kda.one_token_kda), the MLA
+def test_one_call_steps_are_bit_identical(files, llama_cpp, monkeypatch, encoding, threads):
+    """Each piece of a one-token step runs as one kernel call: the KDA (kda.one_token_kda), the MLA
     (mla.one_token_mla), the leading dense situ FFN (latent_moe.situ_ffn) and the latent MoE with its shared experts
-    (latent_moe.one_token_latent_moe); the cross-layer residual mix around them stays as it is."""
+    (latent_moe.one_token_latent_moe); the cross-layer residual mix around them stays as it is. On 2 threads their
+    larger matmuls are shared with the worker from inside those calls."""
     path = files[encoding]
-    oracle, model = K3Oracle(llama_cpp, path), TargetModel(path, threads=1)
+    oracle, model = K3Oracle(llama_cpp, path), TargetModel(path, threads=threads)
     kinds = [(type(layer.mixer).__name__, type(layer.ffn).__name__) for layer in model.layers]
     count = lambda name: sum(name in kind for kind in kinds)
     assert all(count(name) for name in ("KDA", "MLA", "SituFFN", "LatentMoE")), kinds
@@ -135,7 +137,7 @@ def test_one_thread_steps_are_bit_identical(files, llama_cpp, monkeypatch, encod
                                     [(kda, "one_token_kda", count("KDA")), (mla, "one_token_mla", count("MLA")),
                                      (latent_moe, "situ_ffn", count("SituFFN")),
                                      (latent_moe, "one_token_latent_moe", count("LatentMoE"))],
-                                    f"kimi-k3 {encoding}")
+                                    f"kimi-k3 {encoding}, {threads} thread(s)", shared=threads > 1)
     model.close()
 
 

@@ -69,17 +69,18 @@ def test_prompt_logits_are_bit_identical(targets, llama_cpp, arch, kind):
         assert np.array_equal(ours.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("arch, kind", ENCODINGS, ids=IDS)
-def test_one_thread_steps_are_bit_identical(targets, llama_cpp, monkeypatch, arch, kind):
-    """On one thread a one-token step's attention and routed experts, each with the layer's norm before it and the
-    residual after it, run as one kernel call each (attention.one_token_attention, moe.one_token_experts) for every
-    weight type here."""
+def test_one_call_steps_are_bit_identical(targets, llama_cpp, monkeypatch, arch, kind, threads):
+    """A one-token step's attention and routed experts, each with the layer's norm before it and the residual after
+    it, run as one kernel call each (attention.one_token_attention, moe.one_token_experts) for every weight type
+    here; on 2 threads their larger matmuls are shared with the worker from inside those calls."""
     path = targets[arch].gguf[kind]
-    oracle, model = LlamaCpp(llama_cpp, path), TargetModel(path, threads=1)
+    oracle, model = LlamaCpp(llama_cpp, path), TargetModel(path, threads=threads)
     n_layer = len(model.layers)
     assert_one_call_steps_identical(monkeypatch, oracle, model, random_prompt(101, 13), 8,
                                     [(attention, "one_token_attention", n_layer), (moe, "one_token_experts", n_layer)],
-                                    f"{arch} {kind}")
+                                    f"{arch} {kind}, {threads} thread(s)", shared=threads > 1)
 
 
 @pytest.mark.slow
