@@ -74,6 +74,20 @@ def test_k_quant_logits_are_bit_identical(smollm2_q4_k_m, llama_cpp):
                                    "smollm2-q4_k_m")
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_k_quant_one_call_steps_are_bit_identical(smollm2_q4_k_m, llama_cpp, monkeypatch, threads):
+    """The one-call paths take the integer K-quant plans too (matmul.plan_rows' K-quant family): every layer's dense
+    FFN (Q5_0 gate and up, Q4_K or Q6_K down) is one call, and so is the attention of the layers whose Q, K and V
+    share a type; on 2 threads those calls share their matmuls with the worker."""
+    oracle, model = LlamaCpp(llama_cpp, smollm2_q4_k_m), TargetModel(smollm2_q4_k_m, threads=threads)
+    n_fused_attention = sum(layer.mixer.one_token is not None for layer in model.layers)
+    assert 0 < n_fused_attention < len(model.layers)
+    assert_one_call_steps_identical(monkeypatch, oracle, model, prompts_for("smollm2-q4_k_m", smollm2_q4_k_m, 1)[0], 6,
+                                    [(attention, "one_token_attention", n_fused_attention),
+                                     (dense, "one_token_ffn", len(model.layers))],
+                                    f"smollm2-q4_k_m, {threads} thread(s)", shared=threads > 1)
+
+
 @pytest.mark.slow
 def test_k_quant_greedy_tokens_are_identical(smollm2_q4_k_m, llama_cpp):
     oracle, model = LlamaCpp(llama_cpp, smollm2_q4_k_m), TargetModel(smollm2_q4_k_m, threads=2)

@@ -840,7 +840,7 @@ MATMUL_FLOAT = Job(matmul_float, matmul_float_post, matmul_float_entry)
 
 # ---- a plan run from numba (the one-token paths of the layers' pieces) ------------------------------
 
-FAMILY_BLOCK32, FAMILY_FLOAT = 0, 1     # MatmulPlan.call_args' first field
+FAMILY_BLOCK32, FAMILY_FLOAT, FAMILY_KQUANT = 0, 1, 2     # MatmulPlan.call_args' first field
 
 
 @njit(**EXACT)
@@ -849,7 +849,7 @@ def plan_rows(plan, x, repeat, experts, groups, counter):
     plan's input rows (rounded once): one-row dots, as PreparedInput and MatmulPlan._run make them for one-row
     inputs and experts. In this thread, or, where counter is the pool's control array (workers.one_call_counter)
     and the plan is worth splitting, shared with the workers on the fast path. Returns the plan's out."""
-    family, kind, kernel, qk, block_bytes, row_bytes, buf, xq, xd, xs, xf, tasks, out, entry, split = plan
+    family, kind, kernel, qk, block_bytes, row_bytes, buf, xq, xd, xs, xf, tasks, out, entry, split, q8, bsums = plan
     n = 1 if repeat else x.shape[0]
     workers.restart(counter)
     share = split and counter.size > 2
@@ -862,6 +862,16 @@ def plan_rows(plan, x, repeat, experts, groups, counter):
                                 groups)
         else:
             matmul_block32(kernel, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, counter)
+    elif family == FAMILY_KQUANT:       # one row per group: every mode gives it the same kernel (rows_kquant)
+        prepare_q8_k_rows(x[:n], xf[:n], q8[:n], xd[:n], bsums[:n])
+        for j in range(n, q8.shape[0]):
+            q8[j], xd[j], bsums[j] = q8[0], xd[0], bsums[0]
+        if share:
+            matmul_kquant_post(counter, entry, kernel, np.int64(row_bytes), buf, q8, xd, bsums, out, tasks, experts,
+                               groups, ROWS_EXPERT)
+        else:
+            matmul_kquant(kernel, np.int64(row_bytes), buf, q8, xd, bsums, out, tasks, experts, groups, ROWS_EXPERT,
+                          counter)
     else:
         prepare_rows(kind, x[:n], xf[:n], xd, xs)
         for j in range(n, xf.shape[0]):
@@ -1010,30 +1020,34 @@ class MatmulPlan:
 
     @property
     def one_call(self) -> bool:
-        """Whether call_args and plan_rows serve this plan: block32 and F32 / F16 / BF16 weights."""
-        return self.layout.block32 or self.layout.float_type
+        """Whether call_args and plan_rows serve this plan: block32, integer K-quant and F32 / F16 / BF16 weights."""
+        return self.layout.block32 or self.layout.integer_kquant or self.layout.float_type
 
     def call_args(self, n_in: int) -> tuple:
         """For running the plan from numba (plan_rows) on n_in input rows, one row per group: (family, activation
         kind, kernel id, qk, block bytes, row bytes, buf, xq, xd, xs, xf, tasks, out, the fast-path job's entry,
-        whether to split it), the same types for every plan that has one_call, with scratch arrays shaped as
-        PreparedInput and _run make them (xq, xd, xs a block32 plan's rounded input, xf a float plan's), kept by the
-        caller and written anew by every call. The tasks and the split are _run's for one-row inputs on the pool's
-        threads."""
+        whether to split it, q8, bsums), the same types for every plan that has one_call, with scratch arrays shaped
+        as PreparedInput and _run make them (xq, xd, xs a block32 plan's rounded input; xf a float plan's, or a
+        K-quant plan's Q8_K values with q8, xd, bsums its integers), kept by the caller and written anew by every
+        call. The tasks and the split are _run's for one-row inputs on the pool's threads."""
         layout = self.layout
         prepared = PreparedInput(np.zeros((n_in, layout.n_cols), np.float32), layout.activation)
         unused = np.empty((n_in, 0), np.float32)
+        kernel_id, block_bytes, row_bytes, buf = layout.kernel_id, layout.block_bytes, layout.row_bytes, self.buf
+        q8, bsums = np.empty((n_in, 0), np.int8), np.empty((n_in, 0), np.int32)
         if layout.block32:
-            kernel_id, block_bytes, row_bytes, buf = self.weight_args
-            xq, xd, xs, xf = prepared.xq, prepared.xd, np.ascontiguousarray(prepared.xs), unused
+            family, xq, xd, xs, xf = FAMILY_BLOCK32, prepared.xq, prepared.xd, np.ascontiguousarray(prepared.xs), unused
+        elif layout.integer_kquant:
+            family, xq, xd, xs, xf = FAMILY_KQUANT, np.empty((n_in, 0), XQ_DTYPE), prepared.xd, unused, prepared.xq
+            q8, bsums = prepared.q8, prepared.xs
         else:
-            kernel_id, block_bytes, row_bytes, buf = layout.type_id, layout.block_bytes, layout.row_bytes, self.buf
-            xq, xd, xs, xf = np.empty((n_in, 0), XQ_DTYPE), unused, unused, prepared.xq
+            kernel_id = layout.type_id
+            family, xq, xd, xs, xf = FAMILY_FLOAT, np.empty((n_in, 0), XQ_DTYPE), unused, unused, prepared.xq
         tasks = self.one_row_tasks(workers.pool().n_threads)
         split = len(tasks) * n_in > 1 and n_in * self.n_rows * layout.n_cols >= workers.ONE_CALL_MIN_WORK
-        return (np.int64(FAMILY_BLOCK32 if layout.block32 else FAMILY_FLOAT), np.int64(layout.activation),
-                np.int64(kernel_id), layout.qk, block_bytes, row_bytes, buf, xq, xd, xs, xf, tasks,
-                np.empty((n_in, self.n_rows), np.float32), np.int64(self.job.entry), split)
+        return (np.int64(family), np.int64(layout.activation), np.int64(kernel_id), layout.qk, block_bytes, row_bytes,
+                buf, xq, xd, xs, xf, tasks, np.empty((n_in, self.n_rows), np.float32), np.int64(self.job.entry), split,
+                q8, bsums)
 
     def run(self, a: PreparedInput, stepwise: bool = False) -> list:
         """(rows, n_cols) input prepared for the plan's activation kind -> one (rows, n_rows) output
