@@ -205,6 +205,17 @@ def one_token_attention(x, norm, eps, h, qkv, q_cols, k_cols, v_cols, bq, bk, bv
         x_out[0, i] = (out[0, i] + bo[i] if bo.size else out[0, i]) + x[0, i]
 
 
+def attention_work(n_tokens: int, n_head: int, n_ctx: int, d: int) -> int:
+    """Multiply-adds of n_tokens queries of n_head heads over n_ctx positions of size d (workers.run's measure)."""
+    return n_tokens * n_head * n_ctx * d * 2
+
+
+def one_token_attention_in_caller(n_head: int, n_ctx: int, d: int) -> bool:
+    """Whether one token's attention runs in the calling thread (workers.run's rule), as the one-call paths run it
+    (their matmuls split where worth it: matmul.plan_rows)."""
+    return workers.in_caller(n_head, attention_work(1, n_head, n_ctx, d), workers.ATTENTION_MIN_WORK)
+
+
 def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positions: np.ndarray,
               n_ctx: int, scale: float, f16: bool = True, stepwise: bool = False, window: int = 0,
               sinks: np.ndarray = NO_SINKS, d_v: int | None = None) -> np.ndarray:
@@ -215,8 +226,8 @@ def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positi
     one_row = n_tokens == 1 or stepwise
     args = (np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64), n_ctx,
             np.float32(scale), window, sinks, one_row, f16, out)
-    workers.run(attention_rows, n_tokens * n_head, n_tokens * n_head * n_ctx * d * 2, workers.ATTENTION_MIN_WORK,
-                *args)
+    workers.run(attention_rows, n_tokens * n_head, attention_work(n_tokens, n_head, n_ctx, d),
+                workers.ATTENTION_MIN_WORK, *args)
     return out
 
 
@@ -228,7 +239,7 @@ def tree_attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, tre
     n_tokens, n_head, d = q.shape
     out = np.empty((n_tokens, n_head * (d_v or d)), np.float32)
     n_blocks = -(-n_tokens // TREE_ROWS_PER_TASK)
-    work = n_tokens * n_head * (tree.start + int(tree.depths.max()) + 1) * d * 2
+    work = attention_work(n_tokens, n_head, tree.start + int(tree.depths.max()) + 1, d)
     workers.run(tree_attention_rows, k_cache.shape[0] * n_blocks, work, workers.ATTENTION_MIN_WORK,
                 np.ascontiguousarray(q, np.float32), k_cache, vt_cache, tree.start, tree.paths, tree.depths,
                 np.float32(scale), window, sinks, n_tokens == 1 or stepwise, f16, out)
@@ -260,12 +271,6 @@ class Attention(AttentionTensors):
         columns = [np.array(qkv.columns[idx.index(i)], np.int64) for i in (0, 1, 2)]
         return qkv.call_args(1), columns, self.wo.plan.call_args(1)
 
-    @staticmethod
-    def _attention_in_caller(n_ctx: int, hp) -> bool:
-        """Whether a one-token step's attention runs in the calling thread (workers.run's rule), as
-        one_token_attention runs it (its matmuls split where worth it: matmul.plan_rows)."""
-        return workers.in_caller(hp.n_head, hp.n_head * n_ctx * hp.head_dim * 2, workers.ATTENTION_MIN_WORK)
-
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         n_tokens = h.shape[0]
         q, k, v = self.qkv(h, stepwise)
@@ -292,7 +297,7 @@ class Attention(AttentionTensors):
 
     def with_residual(self, ops, x, norm, eps, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         if len(x) == 1 and kv.tree is None and self.one_token is not None \
-                and self._attention_in_caller(int(positions[0]) + 1, hp):
+                and one_token_attention_in_caller(hp.n_head, int(positions[0]) + 1, hp.head_dim):
             return self._one_token(x, norm, eps, positions, rope, kv, slot, hp)
         return super().with_residual(ops, x, norm, eps, positions, rope, kv, slot, hp, stepwise)
 

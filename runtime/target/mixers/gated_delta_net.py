@@ -138,6 +138,17 @@ def delta_rule_heads(q, k, v, g, beta, state, head_dim, out, counter):
     leave(counter)
 
 
+def delta_rule_work(n_tokens: int, n_v_heads: int, head_dim: int) -> int:
+    """delta_rule_heads' multiply-adds over n_tokens (workers.run's measure)."""
+    return n_tokens * n_v_heads * head_dim * head_dim * 3
+
+
+def one_token_delta_rule_in_caller(n_v_heads: int, head_dim: int) -> bool:
+    """Whether one token's delta rule runs in the calling thread (workers.run's rule), as the one-call paths run it
+    (their matmuls split where worth it: matmul.plan_rows)."""
+    return workers.in_caller(n_v_heads, delta_rule_work(1, n_v_heads, head_dim), workers.ATTENTION_MIN_WORK)
+
+
 @njit(**EXACT)
 def gated_norm_heads(x, weight, z, eps, out):
     """Per head: rms_norm(x) * weight * silu(z) (silu over each head_dim row of z, as ggml_silu runs it)."""
@@ -193,15 +204,10 @@ class GatedDeltaNet(DeltaNetTensors):
         return plans, where, self.wout.plan.call_args(1)
 
     def with_residual(self, ops_, x, norm, eps, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
-        if len(x) == 1 and kv.tree is None and self.one_token is not None and self._recurrence_in_caller():
+        if len(x) == 1 and kv.tree is None and self.one_token is not None \
+                and one_token_delta_rule_in_caller(self.n_v_heads, self.head_dim):
             return self._one_token(x, norm, eps, kv.recurrent[slot])
         return super().with_residual(ops_, x, norm, eps, positions, rope, kv, slot, hp, stepwise)
-
-    def _recurrence_in_caller(self) -> bool:
-        """Whether the delta rule runs in this thread (workers.run's rule), as one_token_delta_net runs it (its
-        matmuls split where worth it: matmul.plan_rows)."""
-        work = self.n_v_heads * self.head_dim * self.head_dim * 3
-        return workers.in_caller(self.n_v_heads, work, workers.ATTENTION_MIN_WORK)
 
     def _one_token(self, x, norm, eps, state) -> np.ndarray:
         """with_residual on one token in one kernel call (one_token_delta_net): the same bits as mix, less the
@@ -247,6 +253,5 @@ class GatedDeltaNet(DeltaNetTensors):
         conv_silu_l2(conv_state, qkv, self.conv, self.key_dim, self.head_dim, F32(self.eps), conv, qk)
         q, k = qk[:, :self.key_dim], qk[:, self.key_dim:]
         v = conv[:, 2 * self.key_dim:]
-        work = len(qkv) * self.n_v_heads * self.head_dim * self.head_dim * 3
-        workers.run(delta_rule_heads, self.n_v_heads, work, workers.ATTENTION_MIN_WORK,
-                    q, k, v, g, beta, ssm_state, self.head_dim, out)
+        workers.run(delta_rule_heads, self.n_v_heads, delta_rule_work(len(qkv), self.n_v_heads, self.head_dim),
+                    workers.ATTENTION_MIN_WORK, q, k, v, g, beta, ssm_state, self.head_dim, out)

@@ -27,7 +27,8 @@ from ggtools.runtime.kernels import matmul, workers
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, sigmoid_rows, silu_rows
 from ggtools.runtime.target.kimi_k3_pieces import KDATensors
-from ggtools.runtime.target.mixers.gated_delta_net import NO_OUTPUT, conv_rows, delta_rule_heads, l2_norm_heads
+from ggtools.runtime.target.mixers.gated_delta_net import (NO_OUTPUT, conv_rows, delta_rule_heads, delta_rule_work,
+                                                            l2_norm_heads, one_token_delta_rule_in_caller)
 from ggtools.runtime.weights import MatrixGroup
 
 F32 = np.float32
@@ -109,10 +110,8 @@ class KDA(KDATensors):
     def _in_one_call(self, h, tree) -> bool:
         """Whether h (one token, no tree) runs as one_token_kda: the path applies, and the delta rule would run in
         this thread (workers.run's rule; the matmuls split where worth it: matmul.plan_rows)."""
-        if len(h) != 1 or tree is not None or self.one_token is None:
-            return False
-        work = self.n_v_heads * self.head_dim * self.head_dim * 3
-        return workers.in_caller(self.n_v_heads, work, workers.ATTENTION_MIN_WORK)
+        return len(h) == 1 and tree is None and self.one_token is not None \
+            and one_token_delta_rule_in_caller(self.n_v_heads, self.head_dim)
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         """The mixer interface: kv is a HybridCache and slot this layer's index among its recurrent states."""
@@ -158,6 +157,5 @@ class KDA(KDATensors):
         conv = np.empty_like(qkv)
         qk = np.empty((len(qkv), 2 * d), np.float32)
         conv_silu_l2_parts(conv_state, qkv, self.conv, d, self.head_dim, F32(self.eps), conv, qk)
-        work = len(qkv) * self.n_v_heads * self.head_dim * self.head_dim * 3
-        workers.run(delta_rule_heads, self.n_v_heads, work, workers.ATTENTION_MIN_WORK,
-                    qk[:, :d], qk[:, d:], conv[:, 2 * d:], g, beta, ssm_state, self.head_dim, out)
+        workers.run(delta_rule_heads, self.n_v_heads, delta_rule_work(len(qkv), self.n_v_heads, self.head_dim),
+                    workers.ATTENTION_MIN_WORK, qk[:, :d], qk[:, d:], conv[:, 2 * d:], g, beta, ssm_state, self.head_dim, out)

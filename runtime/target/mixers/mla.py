@@ -27,7 +27,8 @@ from gguf import GGMLQuantizationType as T
 from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16
 from ggtools.runtime.target.kimi_k3_pieces import MLATensors
-from ggtools.runtime.target.mixers.attention import attention, attention_rows, tree_attention
+from ggtools.runtime.target.mixers.attention import (attention, attention_rows, one_token_attention_in_caller,
+                                                      tree_attention)
 from ggtools.runtime.target.pieces import NO_SINKS
 from ggtools.runtime.weights import Matrix, MatrixGroup
 
@@ -141,10 +142,8 @@ class MLA(MLATensors):
     def _in_one_call(self, h, positions, kv) -> bool:
         """Whether h (one token, no tree) runs as one_token_mla: the path applies, and the attention would run in this
         thread (workers.run's rule; the matmuls split where worth it: matmul.plan_rows)."""
-        if len(h) != 1 or kv.tree is not None or self.one_token is None:
-            return False
-        work = self.n_head * (int(positions[0]) + 1) * (self.kv_lora + self.rope_dims) * 2
-        return workers.in_caller(self.n_head, work, workers.ATTENTION_MIN_WORK)
+        return len(h) == 1 and kv.tree is None and self.one_token is not None \
+            and one_token_attention_in_caller(self.n_head, int(positions[0]) + 1, self.kv_lora + self.rope_dims)
 
     def _one_token(self, h, positions, kv, slot: int, hp) -> np.ndarray:
         """__call__ on one token in one kernel call (one_token_mla): the same bits, less the per-call glue."""
