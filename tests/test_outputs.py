@@ -49,6 +49,23 @@ def test_commit_with_force_replaces_a_file_that_appeared(tmp_path):
     assert dst.read_bytes() == b"mine" and os.listdir(tmp_path) == ["out.bin"]
 
 
+def test_a_stop_signal_between_placing_and_unlinking_leaves_only_the_output(tmp_path, monkeypatch):
+    """A signal after link(2) gave the output its name but before the temporary name is removed (a worker's
+    manifest write, stopped by the parent's SIGTERM): the output stays, complete, and the temporary file goes."""
+    def link_then_interrupt(tmp, path):
+        os.link(tmp, path)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(outputs, "_place_new", link_then_interrupt)
+    dst = tmp_path / "out.bin"
+    out = outputs.AtomicOutput(dst)
+    out.open().write(b"mine")
+    with pytest.raises(KeyboardInterrupt):
+        out.commit()
+    assert os.listdir(tmp_path) == ["out.bin"] and dst.read_bytes() == b"mine"
+    assert out.tmp not in outputs._pending
+
+
 def _another_writer_finishes_first(monkeypatch):
     """Every commit finds its output already written by someone else."""
     commit = outputs.AtomicOutput.commit

@@ -209,8 +209,8 @@ def _parallel(todo, fingerprints, jobs, job, bars, finished, errors):
                 _reap(running, messages, handle)
     except BaseException:
         _stop(running.values())
-        for i in running:       # what a worker stopped at the wrong moment (or killed) could not remove
-            remove_stale_temps(todo[i].dst)
+        for path in [todo[i].dst for i in running] + [job.manifest] * bool(job.manifest):
+            remove_stale_temps(path)        # what a worker stopped at the wrong moment (or killed) could not remove
         raise
 
 

@@ -196,6 +196,9 @@ class AtomicOutput:
         except OSError as e:
             self.abort()
             raise os_error(self.path, e) from None
+        except BaseException:       # a stop signal between the link and the unlink: the name stays, tmp goes
+            self.abort()
+            raise
         _pending.discard(self.tmp)
         fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
