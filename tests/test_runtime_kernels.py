@@ -185,6 +185,50 @@ def test_portable_block_dot_equals_the_avx2_one(name, n_cols):
     assert np.abs(out[1] - run_matmul(qtype, data, 3, x).T).max() == 0
 
 
+def extreme_q8_0_rows(n_rows, n_cols):
+    """Q8_0 rows of scale 1 whose values run through every byte, -128 included: the largest products."""
+    blocks = np.zeros((n_rows * n_cols // 32, 34), np.uint8)
+    blocks[:, :2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    blocks[:, 2:] = (np.arange(blocks.shape[0] * 32) % 256).reshape(-1, 32)
+    return blocks.reshape(-1)
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "q8_0 extremes"])
+def test_vnni_block_dot_equals_maddubs(name):
+    """Where the CPU has VNNI the block dots sum each 4-value lane in one vpdpbusd (as ggml's VNNI builds); the
+    lanes equal the maddubs + madd sums of ggml's AVX2 builds (the test oracle) bit for bit, also for the largest
+    products (weights -128 and 127 against inputs +-127)."""
+    from numba import njit
+    from ggtools.runtime.kernels import simd
+
+    if not simd.HAVE_VNNI:
+        pytest.skip("the VNNI lanes need a CPU with AVX512-VNNI (and VL) or AVX-VNNI")
+    layout_name = name.split()[0]
+    qtype = T[layout_name.upper()]
+    data, x, prepared, _ = avx2_and_portable_inputs(qtype, 8, 256)
+    if name.endswith("extremes"):
+        data = extreme_q8_0_rows(8, 256)
+        x = np.where(np.arange(256) % 3 == 0, -1.0, 1.0).astype(np.float32)[None].repeat(5, 0)
+        prepared = matmul.PreparedInput(x, matmul.ACTIVATION[qtype])
+        assert np.abs(prepared.xq).max() == 127 and (data.view(np.int8) == -128).any()
+    layout = simd.BLOCK32_LAYOUTS[layout_name]
+    vnni_1, vnni_4 = simd._dot_row_block32_avx2(layout, 1), simd._dot_row_block32_avx2(layout, 4)
+    maddubs_1, maddubs_4 = simd._dot_row_block32_maddubs(layout, 1), simd._dot_row_block32_maddubs(layout, 4)
+
+    @njit
+    def both(data, row_bytes, n_blocks, xq, xd, xs, out):
+        for r in range(out.shape[1]):
+            so = np.uint64(r * row_bytes)
+            out[0, r, 0], out[0, r, 1], out[0, r, 2], out[0, r, 3] = vnni_4(data, so, n_blocks, xq, xd, xs, 0)
+            out[1, r, 0], out[1, r, 1], out[1, r, 2], out[1, r, 3] = maddubs_4(data, so, n_blocks, xq, xd, xs, 0)
+            (out[0, r, 4],) = vnni_1(data, so, n_blocks, xq, xd, xs, 4)
+            (out[1, r, 4],) = maddubs_1(data, so, n_blocks, xq, xd, xs, 4)
+
+    out = np.empty((2, 8, 5), np.float32)
+    both(data, data.size // 8, 256 // 32, prepared.xq, prepared.xd, prepared.xs, out)
+    assert np.array_equal(out[0].view(np.uint32), out[1].view(np.uint32))
+
+
 @pytest.mark.parametrize("name", ["q4_0", "mxfp4"])
 def test_portable_repacked_dot_equals_the_avx2_one(name):
     """The 8-row kernels of llama.cpp's repacked order: float planes and AVX2 integers give the same bits, and

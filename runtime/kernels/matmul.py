@@ -53,7 +53,8 @@ from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, do
                                   dot_row_q4_0_1, dot_row_q4_0_4, dot_rows8_q4_0_1, dot_rows8_q4_0_4,
                                   dot_rows8_mxfp4_1, dot_rows8_mxfp4_4,
                                   dot_row_q4_1_1, dot_row_q4_1_4, dot_row_q5_0_1, dot_row_q5_0_4, dot_row_q5_1_1,
-                                  dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4)
+                                  dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4, dot_row_q4_0_8, dot_row_q4_1_8,
+                                  dot_row_q5_0_8, dot_row_q5_1_8, dot_row_q8_0_8, dot_row_mxfp4_8)
 
 ROWS_PER_TASK = 16     # a multiple of 8: repacked matrices are dotted 8 weight rows at a time
 # a one-row input's tasks: about two per thread, so each thread streams long runs of weight rows. Claimed in
@@ -453,12 +454,17 @@ def prepare_rows(kind, x, xq, xd, xs):
 # its hot loop 1.7x slower (measured on one-row Q8_0 matmuls: 2.2-2.4 against 1.3-1.6 ns per block).
 @njit(**EXACT)
 def rows_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
-    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: four input rows per
-    decode of a weight row, then one at a time (ggml_vec_dot_q4_0_q8_*'s sums)."""
+    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
+    rows per decode of a weight row, then one at a time (ggml_vec_dot_q4_0_q8_*'s sums)."""
     for i in range(n_rows):
         so = offset + U(i) * row_bytes
         r = column + i
         t = 0
+        while t + 8 <= xq.shape[0]:
+            sums = dot_row_q4_0_8(buf, so, n_blocks, xq, xd, xs, t)
+            for j in range(8):
+                out[t + j, r] = sums[j]
+            t += 8
         while t + 4 <= xq.shape[0]:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q4_0_4(buf, so, n_blocks, xq, xd, xs, t)
             t += 4
@@ -469,12 +475,17 @@ def rows_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
 
 @njit(**EXACT)
 def rows_q4_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
-    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: four input rows per
-    decode of a weight row, then one at a time (ggml_vec_dot_q4_1_q8_*'s sums)."""
+    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
+    rows per decode of a weight row, then one at a time (ggml_vec_dot_q4_1_q8_*'s sums)."""
     for i in range(n_rows):
         so = offset + U(i) * row_bytes
         r = column + i
         t = 0
+        while t + 8 <= xq.shape[0]:
+            sums = dot_row_q4_1_8(buf, so, n_blocks, xq, xd, xs, t)
+            for j in range(8):
+                out[t + j, r] = sums[j]
+            t += 8
         while t + 4 <= xq.shape[0]:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q4_1_4(buf, so, n_blocks, xq, xd, xs, t)
             t += 4
@@ -485,12 +496,17 @@ def rows_q4_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
 
 @njit(**EXACT)
 def rows_q5_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
-    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: four input rows per
-    decode of a weight row, then one at a time (ggml_vec_dot_q5_0_q8_*'s sums)."""
+    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
+    rows per decode of a weight row, then one at a time (ggml_vec_dot_q5_0_q8_*'s sums)."""
     for i in range(n_rows):
         so = offset + U(i) * row_bytes
         r = column + i
         t = 0
+        while t + 8 <= xq.shape[0]:
+            sums = dot_row_q5_0_8(buf, so, n_blocks, xq, xd, xs, t)
+            for j in range(8):
+                out[t + j, r] = sums[j]
+            t += 8
         while t + 4 <= xq.shape[0]:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q5_0_4(buf, so, n_blocks, xq, xd, xs, t)
             t += 4
@@ -501,12 +517,17 @@ def rows_q5_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
 
 @njit(**EXACT)
 def rows_q5_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
-    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: four input rows per
-    decode of a weight row, then one at a time (ggml_vec_dot_q5_1_q8_*'s sums)."""
+    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
+    rows per decode of a weight row, then one at a time (ggml_vec_dot_q5_1_q8_*'s sums)."""
     for i in range(n_rows):
         so = offset + U(i) * row_bytes
         r = column + i
         t = 0
+        while t + 8 <= xq.shape[0]:
+            sums = dot_row_q5_1_8(buf, so, n_blocks, xq, xd, xs, t)
+            for j in range(8):
+                out[t + j, r] = sums[j]
+            t += 8
         while t + 4 <= xq.shape[0]:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q5_1_4(buf, so, n_blocks, xq, xd, xs, t)
             t += 4
@@ -517,12 +538,17 @@ def rows_q5_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
 
 @njit(**EXACT)
 def rows_q8_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
-    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: four input rows per
-    decode of a weight row, then one at a time (ggml_vec_dot_q8_0_q8_*'s sums)."""
+    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
+    rows per decode of a weight row, then one at a time (ggml_vec_dot_q8_0_q8_*'s sums)."""
     for i in range(n_rows):
         so = offset + U(i) * row_bytes
         r = column + i
         t = 0
+        while t + 8 <= xq.shape[0]:
+            sums = dot_row_q8_0_8(buf, so, n_blocks, xq, xd, xs, t)
+            for j in range(8):
+                out[t + j, r] = sums[j]
+            t += 8
         while t + 4 <= xq.shape[0]:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q8_0_4(buf, so, n_blocks, xq, xd, xs, t)
             t += 4
@@ -533,12 +559,17 @@ def rows_q8_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
 
 @njit(**EXACT)
 def rows_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
-    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: four input rows per
-    decode of a weight row, then one at a time (ggml_vec_dot_mxfp4_q8_*'s sums)."""
+    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
+    rows per decode of a weight row, then one at a time (ggml_vec_dot_mxfp4_q8_*'s sums)."""
     for i in range(n_rows):
         so = offset + U(i) * row_bytes
         r = column + i
         t = 0
+        while t + 8 <= xq.shape[0]:
+            sums = dot_row_mxfp4_8(buf, so, n_blocks, xq, xd, xs, t)
+            for j in range(8):
+                out[t + j, r] = sums[j]
+            t += 8
         while t + 4 <= xq.shape[0]:
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_mxfp4_4(buf, so, n_blocks, xq, xd, xs, t)
             t += 4

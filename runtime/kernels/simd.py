@@ -5,11 +5,12 @@ products, so the hot inner loops are IR on <8 x float> / <32 x i8> values, calla
 as intrinsics. The float arithmetic is explicit (llvm.fma where ggml fuses), so results do not depend
 on how LLVM schedules them.
 
-- dot_row_<type>_1 / _4 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): ggml_vec_dot_q*_q8_* of one weight row,
-  decoded in registers, with 1 or 4 input rows sharing the decode. Per 32-value block, 8 lanes each
+- dot_row_<type>_1 / _4 / _8 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4): ggml_vec_dot_q*_q8_* of one weight row,
+  decoded in registers, with 1, 4 or 8 input rows sharing the decode. Per 32-value block, 8 lanes each
   sum the exact integer products of 4 consecutive values; acc = fma(d_w * d_x, lanes, acc); hsum8;
   plus the m_w * s_x sum for types with a min. On AVX2 CPUs this is ggml's own instruction sequence
-  (maddubs, madd, convert; int8 inputs in value order); elsewhere a portable float version ("planes":
+  (maddubs, madd, convert; int8 inputs in value order; one vpdpbusd for maddubs + madd where the CPU has VNNI, as
+  ggml's VNNI builds, the same exact sums); elsewhere a portable float version ("planes":
   lane l of plane i holds value 4l + i; inputs lane-major) gives the same bits.
 - dot_rows8_q4_0_1 / _4, dot_rows8_mxfp4_1 / _4: llama.cpp's repacked 8x8 gemv / gemm (the matrices its CPU_REPACK
   buffer takes): 8 weight rows at a time, one fma per block of each row's exact integer sum.
@@ -302,7 +303,10 @@ BLOCK32_LAYOUTS = {
 }
 
 V16S = ir.VectorType(ir.IntType(16), 16)
-HAVE_AVX2 = bool(llvm_binding.get_host_cpu_features().get("avx2"))
+_FEATURES = llvm_binding.get_host_cpu_features()
+HAVE_AVX2 = bool(_FEATURES.get("avx2"))
+# vpdpbusd on 256-bit vectors (AVX512-VNNI with VL, or AVX-VNNI): u8 . s8 in 4-value lanes, exact in int32
+HAVE_VNNI = HAVE_AVX2 and bool(_FEATURES.get("avxvnni") or (_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl")))
 
 
 def _x86(builder, name, ret, args):
@@ -547,18 +551,33 @@ def _avx2_weights(builder, block_ptr, layout):
     return w, (_x86(builder, "llvm.x86.avx2.psign.b", V32B, [w, w]) if signed else w), signed
 
 
-def _avx2_lane_sums(builder, decoded, xp):
-    """ggml's own sequence on int8 inputs in value order: maddubs (|w| against sign-adjusted x for
-    signed types), madd with ones: <8 x i32>."""
+def _unsigned_pairs(builder, decoded, xp):
+    """(|w|, x with w's signs) as <32 x i8>: ggml's operands for an unsigned . signed byte product."""
     w, w_abs, signed = decoded
     x = builder.load(builder.bitcast(xp, V32B.as_pointer()), align=1)
     if signed:
         x = _x86(builder, "llvm.x86.avx2.psign.b", V32B, [x, w])
-    pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, [w_abs, x])
+    return w_abs, x
+
+
+def _maddubs_lane_sums(builder, decoded, xp):
+    """ggml's own sequence on int8 inputs in value order (its AVX2 builds): maddubs (|w| against sign-adjusted x
+    for signed types), madd with ones: <8 x i32>."""
+    pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, list(_unsigned_pairs(builder, decoded, xp)))
     return _x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, ir.Constant(V16S, [1] * 16)])
 
 
-_dot_row_block32_avx2 = _dot_row_block32_with(_avx2_weights, _avx2_lane_sums)
+def _vnni_lane_sums(builder, decoded, xp):
+    """The same lanes in one vpdpbusd, as ggml's AVX512-VNNI builds sum them: maddubs' 16-bit pair sums cannot
+    saturate on these operands (|w| <= 128, |x| <= 127 since Q8 activations never reach -128: at most 2 * 128 *
+    127 = 32512), so both give the exact sums."""
+    w_abs, x = _unsigned_pairs(builder, decoded, xp)
+    return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", V8I,
+                [ir.Constant(V8I, [0] * 8), builder.bitcast(w_abs, V8I), builder.bitcast(x, V8I)])
+
+
+_dot_row_block32_avx2 = _dot_row_block32_with(_avx2_weights, _vnni_lane_sums if HAVE_VNNI else _maddubs_lane_sums)
+_dot_row_block32_maddubs = _dot_row_block32_with(_avx2_weights, _maddubs_lane_sums)
 
 
 # ---- K-quant integer lanes (kquant_dot.py) ---------------------------------------------------------
@@ -765,5 +784,7 @@ dot_row_q5_0_1, dot_row_q5_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_0"], 1), _DOT_ROW(
 dot_row_q5_1_1, dot_row_q5_1_4 = _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q5_1"], 4)
 dot_row_q8_0_1, dot_row_q8_0_4 = _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 1), _DOT_ROW(BLOCK32_LAYOUTS["q8_0"], 4)
 dot_row_mxfp4_1, dot_row_mxfp4_4 = _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 1), _DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], 4)
+dot_row_q4_0_8, dot_row_q4_1_8, dot_row_q5_0_8, dot_row_q5_1_8, dot_row_q8_0_8, dot_row_mxfp4_8 = (
+    _DOT_ROW(BLOCK32_LAYOUTS[name], 8) for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4"))
 dot_rows8_q4_0_1, dot_rows8_q4_0_4 = (_DOT_ROW(BLOCK32_LAYOUTS["q4_0"], n, weight_rows=8) for n in (1, 4))
 dot_rows8_mxfp4_1, dot_rows8_mxfp4_4 = (_DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], n, weight_rows=8) for n in (1, 4))

@@ -9,6 +9,12 @@ same sdist with CMAKE_ARGS="-DGGML_NATIVE=ON", kept apart from the oracle: its s
 llama-cpp-python process started with LLAMA_CPP_LIB_PATH pointing there (scripts/bench/llama_process.py), never
 installed over the oracle.
 
+On a CPU with AMX the build leaves AMX out (-mno-amx-*): llama.cpp's AMX matmul (ggml_backend_amx_mul_mat) dies with
+a general protection fault at its first ldtilecfg on the 2-vCPU Xeon VM of docs/runtime.md, for Q4_K_M and Q8_0
+alike (ggml-org/llama.cpp#20824 reports the same crash, closed unfixed), while AMX itself works there (a C program's
+ldtilecfg / tilezero ran). The anchor is then llama.cpp's AVX-512 / VNNI kernels, what such a machine runs when
+AMX is unusable; the build's manifest and the benchmark say so.
+
   python -m scripts.bench.native_llama          # build once (5-10 minutes on 2 cores), print the lib directory
 """
 
@@ -46,10 +52,25 @@ def simd_flags() -> str:
     return " ".join(f for f in wanted if f in have)
 
 
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def cmake_args() -> str:
+    """GGML_NATIVE=ON, less AMX where the CPU has it (module docstring)."""
+    if "amx_tile" not in cpu_flags():
+        return "-DGGML_NATIVE=ON"
+    return f"-DGGML_NATIVE=ON '-DCMAKE_C_FLAGS={NO_AMX}' '-DCMAKE_CXX_FLAGS={NO_AMX}'"
+
+
 def native_dir(version: str | None = None) -> Path:
     version = wanted_version(version)
-    digest = hashlib.sha256(" ".join(cpu_flags()).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(" ".join(cpu_flags() + [cmake_args()]).encode()).hexdigest()[:12]
     return cache_root() / "native" / f"{version}-{digest}"
+
+
+def describe() -> str:
+    """Which native build this machine gets, for the benchmark's header."""
+    return f"llama.cpp native build: CMAKE_ARGS={cmake_args()}"
 
 
 def built_lib(version: str | None = None) -> Path | None:
@@ -64,8 +85,8 @@ def build(version: str | None = None) -> Path:
 
     def builder(tmp: Path) -> dict:
         sdist = find_sdist(version)
-        log(f"building llama-cpp-python {version} with -DGGML_NATIVE=ON (5-10 minutes on 2 cores)...")
-        env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON",
+        log(f"building llama-cpp-python {version} with {cmake_args()} (5-10 minutes on 2 cores)...")
+        env = dict(os.environ, CMAKE_ARGS=cmake_args(),
                    CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 1))
         env.pop("LLAMA_CPP_LIB_PATH", None)
         wheels = tmp / "wheel"
@@ -78,7 +99,7 @@ def build(version: str | None = None) -> Path:
                 if name.startswith("llama_cpp/lib/") and not name.endswith("/"):
                     (tmp / "lib" / Path(name).name).write_bytes(zf.read(name))
         wheel.unlink()
-        return {"version": version, "cmake_args": "-DGGML_NATIVE=ON", "cpu_flags": simd_flags()}
+        return {"version": version, "cmake_args": cmake_args(), "cpu_flags": simd_flags()}
 
     build_once(native_dir(version), builder)
     return native_dir(version) / "lib"

@@ -246,6 +246,8 @@ def main():
     anchor_libs = anchors(args.native)
     paths = args.gguf or smollm2_models() + tiny_targets()
     print(f"CPU flags: {native_llama.simd_flags()}", file=sys.stderr)
+    if args.native:
+        print(native_llama.describe(), file=sys.stderr)
     results = []
     for path in paths:
         for threads in (int(t) for t in args.threads.split(",")):
