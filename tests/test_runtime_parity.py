@@ -77,11 +77,13 @@ def test_k_quant_logits_are_bit_identical(smollm2_q4_k_m, llama_cpp):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_k_quant_one_call_steps_are_bit_identical(smollm2_q4_k_m, llama_cpp, monkeypatch, threads):
     """The one-call paths take the integer K-quant plans too (matmul.plan_rows' K-quant family): every layer's dense
-    FFN (Q5_0 gate and up, Q4_K or Q6_K down) is one call, and so is the attention of the layers whose Q, K and V
-    share a type; on 2 threads those calls share their matmuls with the worker."""
+    FFN (Q5_0 gate and up, Q4_K or Q6_K down) is one call, and so is every layer's attention, also where Q, K and V
+    are two plans (Q5_0 Q and K, Q8_0 V: matmul.group_rows); on 2 threads those calls share their matmuls with the
+    worker."""
     oracle, model = LlamaCpp(llama_cpp, smollm2_q4_k_m), TargetModel(smollm2_q4_k_m, threads=threads)
     n_fused_attention = sum(layer.mixer.one_token is not None for layer in model.layers)
-    assert 0 < n_fused_attention < len(model.layers)
+    assert n_fused_attention == len(model.layers)
+    assert 0 < sum(len(layer.mixer.qkv.parts) > 1 for layer in model.layers) < len(model.layers)
     assert_one_call_steps_identical(monkeypatch, oracle, model, prompts_for("smollm2-q4_k_m", smollm2_q4_k_m, 1)[0], 6,
                                     [(attention, "one_token_attention", n_fused_attention),
                                      (dense, "one_token_ffn", len(model.layers))],

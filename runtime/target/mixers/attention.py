@@ -176,14 +176,15 @@ def prepare_attention(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, neox, 
 
 @njit(**EXACT)
 def one_token_attention(x, norm, eps, h, qkv, q_cols, k_cols, v_cols, bq, bk, bv, q_norm, k_norm, cos, sin, neox,
-                        k_cache, vt_cache, start, f16, positions, scale, window, sinks, output_gate, wo, bo, q, gate,
-                        roped, attended, experts, groups, counter, x_out):
+                        k_cache, vt_cache, start, f16, positions, scale, window, sinks, output_gate, wo, bo, proj, q,
+                        gate, roped, attended, experts, groups, counter, x_out):
     """x_out = x + Attention.__call__(rms_norm(x) * norm) on one token in one call, with the same kernels in the same
-    order: the norm, Q, K and V (one plan), prepare_attention, attention_rows, with output_gate the product with
-    sigmoid(gate), the output projection, its bias (empty: none), the residual. qkv, wo: MatmulPlan.call_args of
-    plans for one row; q, gate: (1, n_head * d) scratch for the queries and gates of a gated Q projection."""
+    order: the norm, Q, K and V (their group's plans, into proj's columns), prepare_attention, attention_rows, with
+    output_gate the product with sigmoid(gate), the output projection, its bias (empty: none), the residual. qkv:
+    MatrixGroup.one_token_args' (plans, where); wo: MatmulPlan.call_args for one row; q, gate: (1, n_head * d)
+    scratch for the queries and gates of a gated Q projection."""
     ops.rms_norm_rows(x, norm, eps, h)
-    proj = matmul.plan_rows(qkv, h, False, experts, groups, counter)
+    matmul.group_rows(qkv[0], qkv[1], h, counter, proj)
     if output_gate:         # each head's query then its gate
         d = roped.shape[2]
         for j in range(roped.shape[1]):
@@ -261,15 +262,14 @@ class Attention(AttentionTensors):
         self.one_token = self._one_token_args()
 
     def _one_token_args(self):
-        """one_token_attention's projections (MatmulPlan.call_args) and their column ranges, where it applies: Q, K
-        and V one plan, the output projection another, both with one_call; else None."""
-        if len(self.qkv.parts) != 1 or self.wo.plan is None:
+        """one_token_attention's projections (Q, K and V as MatrixGroup.one_token_args, the output projection's
+        MatmulPlan.call_args) and Q's, K's and V's column ranges, where every plan has one_call; else None."""
+        group = self.qkv.one_token_args()
+        if group is None or self.wo.plan is None or not self.wo.plan.one_call:
             return None
-        idx, qkv = self.qkv.parts[0]
-        if not (qkv.one_call and self.wo.plan.one_call):
-            return None
-        columns = [np.array(qkv.columns[idx.index(i)], np.int64) for i in (0, 1, 2)]
-        return qkv.call_args(1), columns, self.wo.plan.call_args(1)
+        qkv, starts = group
+        columns = [np.array(starts[i:i + 2], np.int64) for i in (0, 1, 2)]
+        return qkv, columns, self.wo.plan.call_args(1), int(starts[-1])
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         n_tokens = h.shape[0]
@@ -304,13 +304,14 @@ class Attention(AttentionTensors):
     def _one_token(self, x, norm, eps, positions, rope, kv, slot: int, hp) -> np.ndarray:
         """with_residual on one token in one kernel call (one_token_attention): the same bits, less the per-call
         glue."""
-        qkv, (q_cols, k_cols, v_cols), wo = self.one_token
+        qkv, (q_cols, k_cols, v_cols), wo, n_proj = self.one_token
         h, x_out = np.empty((2, 1, hp.n_embd), np.float32)
+        proj = np.empty((1, n_proj), np.float32)
         roped = np.empty((1, hp.n_head, hp.head_dim), np.float32)
         q, gate, attended = np.empty((3, 1, hp.n_head * hp.head_dim), np.float32)
         one_token_attention(x, norm, np.float32(eps), h, qkv, q_cols, k_cols, v_cols, *self.biases, self.q_norm,
                             self.k_norm, *rope, hp.rope_neox, kv.k[slot], kv.v[slot], int(positions[0]), kv.f16,
                             positions, np.float32(hp.attn_scale), self.window, self.sinks, self.output_gate, wo,
-                            self.out_bias, q, gate, roped, attended, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP,
+                            self.out_bias, proj, q, gate, roped, attended, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP,
                             workers.one_call_counter(), x_out)
         return x_out
