@@ -260,6 +260,7 @@ class Attention(AttentionTensors):
         self.biases = tuple(NO_BIAS if b is None else b for b in (self.bq, self.bk, self.bv))
         self.out_bias = NO_BIAS if self.bo is None else self.bo
         self.one_token = self._one_token_args()
+        self.one_token_scratch = None      # made by the first one-token call, which knows the head shapes
 
     def _one_token_args(self):
         """one_token_attention's projections (Q, K and V as MatrixGroup.one_token_args, the output projection's
@@ -305,10 +306,12 @@ class Attention(AttentionTensors):
         """with_residual on one token in one kernel call (one_token_attention): the same bits, less the per-call
         glue."""
         qkv, (q_cols, k_cols, v_cols), wo, n_proj = self.one_token
-        h, x_out = np.empty((2, 1, hp.n_embd), np.float32)
-        proj = np.empty((1, n_proj), np.float32)
-        roped = np.empty((1, hp.n_head, hp.head_dim), np.float32)
-        q, gate, attended = np.empty((3, 1, hp.n_head * hp.head_dim), np.float32)
+        if self.one_token_scratch is None:     # h, proj, roped, q, gate, attended: written anew by every call
+            self.one_token_scratch = (np.empty((1, hp.n_embd), np.float32), np.empty((1, n_proj), np.float32),
+                                      np.empty((1, hp.n_head, hp.head_dim), np.float32),
+                                      *np.empty((3, 1, hp.n_head * hp.head_dim), np.float32))
+        h, proj, roped, q, gate, attended = self.one_token_scratch
+        x_out = np.empty((1, hp.n_embd), np.float32)
         one_token_attention(x, norm, np.float32(eps), h, qkv, q_cols, k_cols, v_cols, *self.biases, self.q_norm,
                             self.k_norm, *rope, hp.rope_neox, kv.k[slot], kv.v[slot], int(positions[0]), kv.f16,
                             positions, np.float32(hp.attn_scale), self.window, self.sinks, self.output_gate, wo,
