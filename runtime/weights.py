@@ -24,7 +24,7 @@ from ggtools import quants
 from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
 from ggtools.gguf.scan import scan_tensor
-from ggtools.runtime.kernels import matmul
+from ggtools.runtime.kernels import matmul, workers
 from ggtools.runtime.errors import ModelError
 
 
@@ -82,6 +82,7 @@ class Matrix:
         # how llama.cpp rounds this matrix's input (kernels.matmul.ACT_*); equal kinds share one rounding
         self.activation = self.layout.activation
         self.plan = matmul.MatmulPlan([self.layout], buf, [offset]) if self.activation is not None else None
+        self._one_row = None      # the plan's call_args for one row (matmul.one_row), made by the first such call
         self.paged = paged and n_expert > 1     # an expert stack read as the router asks for its experts
         if self.paged:
             madvise(buf, offset, self.data.size, MADV_RANDOM)
@@ -98,6 +99,10 @@ class Matrix:
         return self.plan.run(prepared, stepwise)[0]
 
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> np.ndarray:
+        if len(x) == 1 and self.n_expert == 1 and self.plan is not None and self.plan.one_call:
+            if self._one_row is None:
+                self._one_row = self.plan.call_args(1)
+            return matmul.one_row(self._one_row, np.ascontiguousarray(x, np.float32), workers.one_call_counter())
         return self.matmul(matmul.PreparedInput(x, self.activation), stepwise)
 
     def rows(self, ids) -> np.ndarray:

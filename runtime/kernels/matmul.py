@@ -917,6 +917,13 @@ def plan_rows(plan, x, repeat, experts, groups, counter):
 
 
 @njit(**EXACT)
+def one_row(plan, x, counter):
+    """The plan (MatmulPlan.call_args for one row) on the one input row x, as a new array: MatmulPlan.run's bits in
+    one call, less its Python glue."""
+    return plan_rows(plan, x, False, FIRST_EXPERT, ONE_ROW_GROUP, counter).copy()
+
+
+@njit(**EXACT)
 def group_rows(plans, where, x, counter, out):
     """A MatrixGroup's plans (MatmulPlan.call_args for one row each, in the group's order) on the one row x, each
     matrix's output copied into out's columns: where[m] = (its plan, first and end column there, first column in
