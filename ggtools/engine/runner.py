@@ -209,8 +209,9 @@ def _parallel(todo, fingerprints, jobs, job, bars, finished, errors):
                 _reap(running, messages, handle)
     except BaseException:
         _stop(running.values())
-        for path in [todo[i].dst for i in running] + [job.manifest] * bool(job.manifest):
-            remove_stale_temps(path)        # what a worker stopped at the wrong moment (or killed) could not remove
+        leftovers = [todo[i].dst for i in running] + ([job.manifest] if job.manifest else [])
+        for path in leftovers:      # what a worker stopped at the wrong moment (or killed) could not remove
+            remove_stale_temps(path)
         raise
 
 

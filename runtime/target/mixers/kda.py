@@ -158,4 +158,5 @@ class KDA(KDATensors):
         qk = np.empty((len(qkv), 2 * d), np.float32)
         conv_silu_l2_parts(conv_state, qkv, self.conv, d, self.head_dim, F32(self.eps), conv, qk)
         workers.run(delta_rule_heads, self.n_v_heads, delta_rule_work(len(qkv), self.n_v_heads, self.head_dim),
-                    workers.ATTENTION_MIN_WORK, qk[:, :d], qk[:, d:], conv[:, 2 * d:], g, beta, ssm_state, self.head_dim, out)
+                    workers.ATTENTION_MIN_WORK, qk[:, :d], qk[:, d:], conv[:, 2 * d:], g, beta, ssm_state,
+                    self.head_dim, out)
