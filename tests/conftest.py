@@ -1,6 +1,12 @@
 """Shared fixtures: real GGUF files from the package registry (skipped cleanly when not installed)."""
 
+import os
+
 import pytest
+
+# every one-call kernel call checks that its argument types are its first call's (runtime/kernels/direct_call.py);
+# set before ggtools is imported, and inherited by the CLI subprocesses
+os.environ["GGTOOLS_CHECK_DIRECT_CALLS"] = "1"
 
 from scripts.fixtures import smollm2
 

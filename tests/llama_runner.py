@@ -86,22 +86,27 @@ def assert_greedy_identical(oracle: LlamaCpp, model, ids, n: int, min_margin: fl
 def assert_one_call_steps_identical(monkeypatch, oracle: LlamaCpp, model, ids, n: int, one_calls, label: str,
                                     shared: bool = False) -> None:
     """One-token steps that take the pieces' one-call paths: one_calls, (module, function name, calls per step), are
-    the numba functions each step must call that often; the logits of every step along llama.cpp's greedy path are
-    its bits (the tokens are followed whatever their margin). shared: whether some of those calls must have shared a
-    matmul with the workers (the pool's job generation moved during the call: matmul.plan_rows posted it), or none
-    may have."""
+    the numba functions each step must call that often (through their pieces' DirectCall); the logits of every step
+    along llama.cpp's greedy path are its bits (the tokens are followed whatever their margin). shared: whether some
+    of those calls must have shared a matmul with the workers (the pool's job generation moved during the call:
+    matmul.plan_rows posted it), or none may have."""
     from ggtools.runtime.kernels import workers
+    from ggtools.runtime.kernels.direct_call import DirectCall
 
     control = workers.pool().control
-    calls, sharing = {name: 0 for _, name, _ in one_calls}, []
-    for module, name, _ in one_calls:
-        def counted(*args, fused=getattr(module, name), name=name):
-            calls[name] += 1
-            generation = control[workers.GEN]
-            out = fused(*args)
-            sharing.append(control[workers.GEN] != generation)
-            return out
-        monkeypatch.setattr(module, name, counted)
+    kernels = {getattr(module, name): name for module, name, _ in one_calls}
+    calls, sharing = {name: 0 for name in kernels.values()}, []
+
+    def counted(direct_call, *args, call=DirectCall.__call__):
+        name = kernels.get(direct_call.kernel)
+        if name is None:
+            return call(direct_call, *args)
+        calls[name] += 1
+        generation = control[workers.GEN]
+        out = call(direct_call, *args)
+        sharing.append(control[workers.GEN] != generation)
+        return out
+    monkeypatch.setattr(DirectCall, "__call__", counted)
     want, want_rows = oracle.greedy_logits(ids, n)
     ours, rows = greedy_logits(model, ids, n)
     print(f"{label}: {len(ids)} + {n} tokens, max abs logit difference {np.abs(rows - want_rows).max()}, "

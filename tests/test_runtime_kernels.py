@@ -351,3 +351,26 @@ def test_repacked_q4_k_matmul_equals_ggml(n_rows, n_cols, n_in):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     one_at_a_time = np.concatenate([ggml.matmul_repacked(T.Q4_K, rows, x[t:t + 1]) for t in range(n_in)])
     assert np.array_equal(run_matmul(T.Q4_K, data, n_rows, x, stepwise=True), one_at_a_time)
+
+
+
+def test_direct_call_runs_the_dispatchers_overload_and_checks_types_under_test():
+    """DirectCall (the one-call paths' kernel calls) gives the dispatcher's results through the entry point of the
+    overload its first call ran; under test (GGTOOLS_CHECK_DIRECT_CALLS=1, conftest) a call with other argument types
+    is refused rather than run on that overload."""
+    from numba import njit
+
+    from ggtools.runtime.kernels import direct_call
+
+    @njit
+    def scaled_sum(x, scale):
+        return (x * scale).sum()
+
+    assert direct_call.CHECK_TYPES
+    call = direct_call.DirectCall(scaled_sum)
+    x = np.linspace(-3, 3, 32, dtype=np.float32)
+    assert call(x, np.float32(0.5)) == scaled_sum(x, np.float32(0.5))
+    assert call.entry is not scaled_sum          # the overload's entry point, not the dispatcher
+    assert call(x[::-1].copy(), np.float32(2)) == scaled_sum(x[::-1].copy(), np.float32(2))
+    with pytest.raises(TypeError, match="differ from the first call's"):
+        call(x[::2], np.float32(2))              # a strided view: another layout

@@ -4,6 +4,7 @@ import numpy as np
 from numba import njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
+from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.one_call import OneCallFFN
 from ggtools.runtime.target.pieces import DenseFFNTensors
@@ -33,6 +34,7 @@ class DenseFFN(DenseFFNTensors, OneCallFFN):
     def __post_init__(self):
         self.gate_up = MatrixGroup(self.gate, self.up)
         self.one_token = self._one_token_args()
+        self.one_token_call = DirectCall(one_token_ffn)
 
     def _one_token_args(self):
         """one_token_ffn's plans, column ranges and scratch, where it applies: gate and up one plan, down another,
@@ -53,6 +55,6 @@ class DenseFFN(DenseFFNTensors, OneCallFFN):
     def with_residual(self, ops_, x, norm, eps, stepwise: bool) -> np.ndarray:
         if self.in_one_call(x):
             out = np.empty_like(x)
-            one_token_ffn(x, norm, np.float32(eps), np.empty_like(x), self.one_token, workers.one_call_counter(), out)
+            self.one_token_call(x, norm, np.float32(eps), np.empty_like(x), self.one_token, workers.one_call_counter(), out)
             return out
         return super().with_residual(ops_, x, norm, eps, stepwise)

@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
+from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.dense import DenseFFN
 from ggtools.runtime.target.ffn.moe import RoutedExperts, combine_rows, normalize_and_scale, top_k
@@ -102,9 +103,13 @@ def one_token_latent_moe(h, inputs, where, proj, routed_cols, shared_cols, probs
 class SituFFN(SituFFNTensors, DenseFFN):
     with_residual = Piece.with_residual     # DenseFFN's one-call residual path is SwiGLU's; __call__ has situ's
 
+    def __post_init__(self):
+        super().__post_init__()
+        self.one_token_call = DirectCall(situ_ffn)
+
     def __call__(self, h, stepwise: bool) -> np.ndarray:
         if self.in_one_call(h):
-            return situ_ffn(np.ascontiguousarray(h, np.float32), *self.one_token, F32(self.beta),
+            return self.one_token_call(np.ascontiguousarray(h, np.float32), *self.one_token, F32(self.beta),
                             F32(self.linear_beta), workers.one_call_counter()).copy()
         gate, up = self.gate_up(h, stepwise)
         return self.down(situ(gate, up, self.beta, self.linear_beta), stepwise)
@@ -119,6 +124,7 @@ class LatentMoE(LatentMoETensors, RoutedExperts):
         shared = (self.shared.gate, self.shared.up) if self.shared is not None else ()
         self.inputs = MatrixGroup(self.router, *([self.routed_down] if self.routed_down else []), *shared)
         super().__post_init__()
+        self.one_token_call = DirectCall(one_token_latent_moe)
 
     def _one_token_args(self):
         """one_token_latent_moe's arguments after h, where it applies: every plan with one_call (gate and up one plan,
@@ -159,7 +165,7 @@ class LatentMoE(LatentMoETensors, RoutedExperts):
         if self.in_one_call(h):
             k = self.n_expert_used
             out = np.empty((1, h.shape[1]), np.float32)
-            one_token_latent_moe(np.ascontiguousarray(h, np.float32), *self.one_token, np.empty((1, k), np.int64),
+            self.one_token_call(np.ascontiguousarray(h, np.float32), *self.one_token, np.empty((1, k), np.int64),
                                  np.empty((1, k), np.float32), workers.one_call_counter(), out)
             return out
         logits, *rest = self.inputs(h, stepwise)

@@ -5,6 +5,7 @@ import numpy as np
 from numba import njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
+from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.dense import swiglu_ffn
 from ggtools.runtime.target.ffn.moe import one_token_experts
@@ -32,6 +33,7 @@ class SharedExpertMoE(SharedExpertTensors, OneCallFFN):
         self.one_token = None
         if self.routed.one_token and self.shared.one_token and gate is not None and gate.one_call:
             self.one_token = gate.call_args(1)
+        self.one_token_call = DirectCall(one_token_shared_moe)
 
     def __call__(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
         gate = self.shared_gate(h, stepwise)
@@ -42,7 +44,7 @@ class SharedExpertMoE(SharedExpertTensors, OneCallFFN):
         if self.in_one_call(x):
             k = self.routed.n_expert_used
             out = np.empty_like(x)
-            one_token_shared_moe(x, norm, np.float32(eps), np.empty_like(x), self.routed.one_token,
+            self.one_token_call(x, norm, np.float32(eps), np.empty_like(x), self.routed.one_token,
                                  np.empty((1, k), np.int64), np.empty((1, k), np.float32), self.shared.one_token,
                                  self.one_token, workers.one_call_counter(), out)
             return out

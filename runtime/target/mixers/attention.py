@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
+from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.workers import claim, enter, leave
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16, to_f16_row
 from ggtools.runtime.kernels.matmul import dot_one_row
@@ -261,6 +262,7 @@ class Attention(AttentionTensors):
         self.out_bias = NO_BIAS if self.bo is None else self.bo
         self.one_token = self._one_token_args()
         self.one_token_scratch = None      # made by the first one-token call, which knows the head shapes
+        self.one_token_call = DirectCall(one_token_attention)
 
     def _one_token_args(self):
         """one_token_attention's projections (Q, K and V as MatrixGroup.one_token_args, the output projection's
@@ -312,7 +314,7 @@ class Attention(AttentionTensors):
                                       *np.empty((3, 1, hp.n_head * hp.head_dim), np.float32))
         h, proj, roped, q, gate, attended = self.one_token_scratch
         x_out = np.empty((1, hp.n_embd), np.float32)
-        one_token_attention(x, norm, np.float32(eps), h, qkv, q_cols, k_cols, v_cols, *self.biases, self.q_norm,
+        self.one_token_call(x, norm, np.float32(eps), h, qkv, q_cols, k_cols, v_cols, *self.biases, self.q_norm,
                             self.k_norm, *rope, hp.rope_neox, kv.k[slot], kv.v[slot], int(positions[0]), kv.f16,
                             positions, np.float32(hp.attn_scale), self.window, self.sinks, self.output_gate, wo,
                             self.out_bias, proj, q, gate, roped, attended, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP,

@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
+from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma
 from ggtools.runtime.kernels.matmul import dot_one_row
 from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, silu_rows
@@ -193,6 +194,7 @@ class GatedDeltaNet(DeltaNetTensors):
     def __post_init__(self):
         self.inputs = MatrixGroup(self.wqkv, self.wgate, self.wbeta, self.walpha)
         self.one_token = self._one_token_args()
+        self.one_token_call = DirectCall(one_token_delta_net)
 
     def _one_token_args(self):
         """one_token_delta_net's plans (the input group's, MatrixGroup.one_token_args, then the output projection's
@@ -219,7 +221,7 @@ class GatedDeltaNet(DeltaNetTensors):
         core, normed = np.empty((2, 1, value_dim), np.float32)
         g, beta = np.empty((2, 1, n_v), np.float32)
         x_out = np.empty_like(x)
-        one_token_delta_net(x, norm, F32(eps), np.empty_like(x), inputs, where, proj, self.dt_bias, self.a,
+        self.one_token_call(x, norm, F32(eps), np.empty_like(x), inputs, where, proj, self.dt_bias, self.a,
                             self.conv, self.key_dim, self.head_dim, self.norm, F32(self.eps), wout, state.conv,
                             state.ssm, g, beta, conv, np.empty((1, 2 * self.key_dim), np.float32), core, normed,
                             workers.one_call_counter(), x_out)

@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from ggtools.runtime.kernels import matmul, workers
+from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, sigmoid_rows, silu_rows
 from ggtools.runtime.target.kimi_k3_pieces import KDATensors
@@ -97,6 +98,7 @@ class KDA(KDATensors):
         self.inputs = MatrixGroup(self.wq, self.wk, self.wv, self.wf_a, self.wbeta, self.wg)
         self.lower_bound = F32(self.gate_lower_bound)
         self.one_token = self._one_token_args()
+        self.one_token_call = DirectCall(one_token_kda)
 
     def _one_token_args(self):
         """one_token_kda's plans (the input group's, MatrixGroup.one_token_args, then f_b's and the output
@@ -127,7 +129,7 @@ class KDA(KDATensors):
         proj = np.empty((1, 4 * d + self.head_dim + n_head), np.float32)
         g, core, normed = np.empty((3, 1, d), np.float32)
         beta = np.empty((1, n_head), np.float32)
-        out = one_token_kda(np.ascontiguousarray(h, np.float32), inputs, where, proj, wf_b, self.dt_bias, self.a,
+        out = self.one_token_call(np.ascontiguousarray(h, np.float32), inputs, where, proj, wf_b, self.dt_bias, self.a,
                             self.head_dim, self.lower_bound, self.conv, F32(self.eps), self.norm, wo, state.conv,
                             state.ssm, g, beta, np.empty((1, 3 * d), np.float32), np.empty((1, 2 * d), np.float32),
                             core, normed, workers.one_call_counter())

@@ -25,6 +25,7 @@ from numba import njit
 from gguf import GGMLQuantizationType as T
 
 from ggtools.runtime.kernels import matmul, ops, workers
+from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16
 from ggtools.runtime.target.kimi_k3_pieces import MLATensors
 from ggtools.runtime.target.mixers.attention import (attention, attention_rows, one_token_attention_in_caller,
@@ -117,6 +118,7 @@ class MLA(MLATensors):
         # the permuted q_nope: F32 weights take it row by row (no tinyBLAS without a contiguous input)
         self.k_b_stepwise = self.wk_b[0].qtype == T.F32
         self.one_token = self._one_token_args()
+        self.one_token_call = DirectCall(one_token_mla)
 
     def _one_token_args(self):
         """one_token_mla's plans, column ranges and norms, where it applies: every plan with one_call, k_b and v_b
@@ -147,7 +149,7 @@ class MLA(MLATensors):
 
     def _one_token(self, h, positions, kv, slot: int, hp) -> np.ndarray:
         """__call__ on one token in one kernel call (one_token_mla): the same bits, less the per-call glue."""
-        out = one_token_mla(np.ascontiguousarray(h, np.float32), *self.one_token, kv.k[slot], kv.v[slot],
+        out = self.one_token_call(np.ascontiguousarray(h, np.float32), *self.one_token, kv.k[slot], kv.v[slot],
                             int(positions[0]), kv.f16, positions, F32(hp.attn_scale),
                             np.empty((1, self.n_head * self.q_head), np.float32),
                             np.empty((1, self.n_head, self.kv_lora + self.rope_dims), np.float32),
