@@ -66,27 +66,32 @@ def write_moe(path, n_expert, n_ff, seed=0):
 @contextlib.contextmanager
 def recorded_routes(model):
     """Yields, per layer, the set of experts the model routes tokens to while the context is open: from
-    RoutedExperts.route, and from the experts moe.one_token_experts routed a one-token step to (its calls come in
-    layer order)."""
+    RoutedExperts.route, and from the experts each layer's one-token call (moe.one_token_experts) routed to."""
     seen = [set() for _ in model.layers]
-    route, fused = RoutedExperts.route, moe.one_token_experts
-    fused_args, n_fused = inspect.signature(fused.py_func), [0]
+    route, saved = RoutedExperts.route, [layer.ffn.one_token_calls for layer in model.layers]
+    experts_at = list(inspect.signature(moe.one_token_experts.py_func).parameters).index("experts")
 
     def recording(ffn, h, stepwise):
         experts, weights = route(ffn, h, stepwise)
         seen[next(i for i, layer in enumerate(model.layers) if layer.ffn is ffn)].update(experts.reshape(-1).tolist())
         return experts, weights
 
-    def recording_fused(*args):
-        fused(*args)
-        seen[n_fused[0] % len(seen)].update(fused_args.bind(*args).arguments["experts"].reshape(-1).tolist())
-        n_fused[0] += 1
+    def recording_call(call, layer):
+        def record(*args):
+            out = call(*args)
+            seen[layer].update(args[experts_at].reshape(-1).tolist())
+            return out
+        return record
 
-    RoutedExperts.route, moe.one_token_experts = recording, recording_fused
+    RoutedExperts.route = recording
+    for i, layer in enumerate(model.layers):
+        layer.ffn.one_token_calls = tuple(recording_call(call, i) for call in layer.ffn.one_token_calls)
     try:
         yield seen
     finally:
-        RoutedExperts.route, moe.one_token_experts = route, fused
+        RoutedExperts.route = route
+        for layer, calls in zip(model.layers, saved):
+            layer.ffn.one_token_calls = calls
 
 
 def expert_stacks(model, layer):
