@@ -18,6 +18,7 @@ import numpy as np
 from ggtools.runtime import nonfinite
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.kernels import ops as rope_ops
+from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.backends import make_ops
 from ggtools.runtime.target.archs import arch_of
 from ggtools.runtime.target.hparams import read_hparams
@@ -61,6 +62,7 @@ class TargetModel:
             self.rope_still = rope_ops.fourth_section_pairs(hp.rope_dims // 2, hp.rope_sections,
                                                        self.arch.rope_sections == "imrope")
         self.text_rope = bool(self.rope_still.any())
+        self.rope_call = DirectCall(rope_ops.rope_angles)
         # rope_angles' arguments after the positions
         self.rope_params = (hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale), self.rope_freq_factors,
                             np.float32(hp.rope_ext_factor), np.float32(hp.rope_attn_factor),
@@ -106,7 +108,8 @@ class TargetModel:
             raise ValueError("a tree verify is followed by kv.keep_path or a crop back to its start")
         batch = None if tree is None else self._tree_batch(tree, start, len(tokens))
         expected = np.arange(start, start + len(tokens)) if batch is None else batch.positions
-        positions = expected if positions is None else np.asarray(positions, np.int64).reshape(-1)
+        # a copy of the caller's positions: the one-call kernels take C-contiguous writable arrays (DirectCall)
+        positions = expected if positions is None else np.array(positions, np.int64).reshape(-1)
         if len(tokens) == 0:
             raise ValueError("forward needs at least one token")
         if positions is not expected and not np.array_equal(positions, expected):
@@ -186,7 +189,7 @@ class TargetModel:
         return self.ops.tables(rope)
 
     def _rope(self, positions):
-        return rope_ops.rope_angles(positions, *self.rope_params)
+        return self.rope_call(positions, *self.rope_params)
 
     @staticmethod
     def _tap(features, taps, layer, x):
