@@ -55,6 +55,7 @@ class DenseFFN(DenseFFNTensors, OneCallFFN):
     def with_residual(self, ops_, x, norm, eps, stepwise: bool) -> np.ndarray:
         if self.in_one_call(x):
             out = np.empty_like(x)
-            self.one_token_call(x, norm, np.float32(eps), np.empty_like(x), self.one_token, workers.one_call_counter(), out)
+            self.one_token_call(x, norm, np.float32(eps), np.empty_like(x), self.one_token, workers.one_call_counter(),
+                                out)
             return out
         return super().with_residual(ops_, x, norm, eps, stepwise)

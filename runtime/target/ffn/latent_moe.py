@@ -110,7 +110,7 @@ class SituFFN(SituFFNTensors, DenseFFN):
     def __call__(self, h, stepwise: bool) -> np.ndarray:
         if self.in_one_call(h):
             return self.one_token_call(np.ascontiguousarray(h, np.float32), *self.one_token, F32(self.beta),
-                            F32(self.linear_beta), workers.one_call_counter()).copy()
+                                       F32(self.linear_beta), workers.one_call_counter()).copy()
         gate, up = self.gate_up(h, stepwise)
         return self.down(situ(gate, up, self.beta, self.linear_beta), stepwise)
 
@@ -166,7 +166,7 @@ class LatentMoE(LatentMoETensors, RoutedExperts):
             k = self.n_expert_used
             out = np.empty((1, h.shape[1]), np.float32)
             self.one_token_call(np.ascontiguousarray(h, np.float32), *self.one_token, np.empty((1, k), np.int64),
-                                 np.empty((1, k), np.float32), workers.one_call_counter(), out)
+                                np.empty((1, k), np.float32), workers.one_call_counter(), out)
             return out
         logits, *rest = self.inputs(h, stepwise)
         routed_in = h if self.routed_down is None else rest.pop(0)

@@ -190,7 +190,7 @@ class RoutedExperts(RoutedExpertsTensors, OneCallFFN):
         # one token's slots as group_by_expert gives them, less the sort: input row 0 k times, slot j in place j
         self.one_token_slots = np.zeros(k, np.int64), np.arange(k), np.arange(k + 1)
         self.one_token = self._one_token_args()
-        self.one_token_calls = DirectCall(one_token_experts), DirectCall(one_token_experts)   # __call__'s, with_residual's
+        self.one_token_calls = DirectCall(one_token_experts), DirectCall(one_token_experts)  # __call__, with_residual
 
     def _one_token_args(self):
         """one_token_experts' fixed arguments and scratch arrays, where it applies: the router one plan, gate and up
@@ -251,5 +251,6 @@ class RoutedExperts(RoutedExpertsTensors, OneCallFFN):
         k = self.n_expert_used
         out = np.empty_like(x)
         self.one_token_calls[residual](x, residual, norm, np.float32(eps), np.empty_like(x), self.one_token,
-                          np.empty((1, k), np.int64), np.empty((1, k), np.float32), workers.one_call_counter(), out)
+                                       np.empty((1, k), np.int64), np.empty((1, k), np.float32),
+                                       workers.one_call_counter(), out)
         return out

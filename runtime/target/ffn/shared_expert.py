@@ -45,7 +45,7 @@ class SharedExpertMoE(SharedExpertTensors, OneCallFFN):
             k = self.routed.n_expert_used
             out = np.empty_like(x)
             self.one_token_call(x, norm, np.float32(eps), np.empty_like(x), self.routed.one_token,
-                                 np.empty((1, k), np.int64), np.empty((1, k), np.float32), self.shared.one_token,
-                                 self.one_token, workers.one_call_counter(), out)
+                                np.empty((1, k), np.int64), np.empty((1, k), np.float32), self.shared.one_token,
+                                self.one_token, workers.one_call_counter(), out)
             return out
         return super().with_residual(ops_, x, norm, eps, stepwise)

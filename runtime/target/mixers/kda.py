@@ -129,10 +129,10 @@ class KDA(KDATensors):
         proj = np.empty((1, 4 * d + self.head_dim + n_head), np.float32)
         g, core, normed = np.empty((3, 1, d), np.float32)
         beta = np.empty((1, n_head), np.float32)
-        out = self.one_token_call(np.ascontiguousarray(h, np.float32), inputs, where, proj, wf_b, self.dt_bias, self.a,
-                            self.head_dim, self.lower_bound, self.conv, F32(self.eps), self.norm, wo, state.conv,
-                            state.ssm, g, beta, np.empty((1, 3 * d), np.float32), np.empty((1, 2 * d), np.float32),
-                            core, normed, workers.one_call_counter())
+        out = self.one_token_call(np.ascontiguousarray(h, np.float32), inputs, where, proj, wf_b, self.dt_bias,
+                                  self.a, self.head_dim, self.lower_bound, self.conv, F32(self.eps), self.norm, wo,
+                                  state.conv, state.ssm, g, beta, np.empty((1, 3 * d), np.float32),
+                                  np.empty((1, 2 * d), np.float32), core, normed, workers.one_call_counter())
         state.append(proj[:, :3 * d].copy(), g, beta)
         return out.copy()
 

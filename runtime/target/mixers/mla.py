@@ -150,10 +150,10 @@ class MLA(MLATensors):
     def _one_token(self, h, positions, kv, slot: int, hp) -> np.ndarray:
         """__call__ on one token in one kernel call (one_token_mla): the same bits, less the per-call glue."""
         out = self.one_token_call(np.ascontiguousarray(h, np.float32), *self.one_token, kv.k[slot], kv.v[slot],
-                            int(positions[0]), kv.f16, positions, F32(hp.attn_scale),
-                            np.empty((1, self.n_head * self.q_head), np.float32),
-                            np.empty((1, self.n_head, self.kv_lora + self.rope_dims), np.float32),
-                            workers.one_call_counter())
+                                  int(positions[0]), kv.f16, positions, F32(hp.attn_scale),
+                                  np.empty((1, self.n_head * self.q_head), np.float32),
+                                  np.empty((1, self.n_head, self.kv_lora + self.rope_dims), np.float32),
+                                  workers.one_call_counter())
         return out.copy()
 
     def per_head(self, slices: list, stack, x: np.ndarray, stepwise: bool) -> np.ndarray:
