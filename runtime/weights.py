@@ -26,6 +26,7 @@ from ggtools.gguf import ShardSet
 from ggtools.gguf.scan import scan_tensor
 from ggtools.runtime.kernels import matmul, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
+from ggtools.runtime.kernels.fixed_args import fixed_args
 from ggtools.runtime.errors import ModelError
 
 
@@ -83,7 +84,7 @@ class Matrix:
         # how llama.cpp rounds this matrix's input (kernels.matmul.ACT_*); equal kinds share one rounding
         self.activation = self.layout.activation
         self.plan = matmul.MatmulPlan([self.layout], buf, [offset]) if self.activation is not None else None
-        self._one_row = None      # the plan's call_args for one row (matmul.one_row), made by the first such call
+        self._one_row = None      # matmul.one_row's plan (call_args for one row, a FixedArgs), made by its first call
         self._one_row_call = DirectCall(matmul.one_row)
         self.paged = paged and n_expert > 1     # an expert stack read as the router asks for its experts
         if self.paged:
@@ -103,7 +104,7 @@ class Matrix:
     def __call__(self, x: np.ndarray, stepwise: bool = False) -> np.ndarray:
         if len(x) == 1 and self.n_expert == 1 and self.plan is not None and self.plan.one_call:
             if self._one_row is None:
-                self._one_row = self.plan.call_args(1)
+                self._one_row = fixed_args(self.plan.call_args(1))
             return self._one_row_call(self._one_row, np.ascontiguousarray(x, np.float32), workers.one_call_counter())
         return self.matmul(matmul.PreparedInput(x, self.activation), stepwise)
 

@@ -374,3 +374,28 @@ def test_direct_call_runs_the_dispatchers_overload_and_checks_types_under_test()
     assert call(x[::-1].copy(), np.float32(2)) == scaled_sum(x[::-1].copy(), np.float32(2))
     with pytest.raises(TypeError, match="differ from the first call's"):
         call(x[::2], np.float32(2))              # a strided view: another layout
+
+
+def test_fixed_args_pass_the_tuple_by_reference():
+    """FixedArgs (a one-call kernel's fixed arguments as one object): inside numba its .args, and unpacked(), give the
+    tuple it was made from, its arrays the same memory (a kernel's writes to scratch in it are seen from Python);
+    unpacked() of a plain tuple is that tuple."""
+    from numba import njit
+
+    from ggtools.runtime.kernels.fixed_args import fixed_args, unpacked
+
+    @njit
+    def weighted_into(args, x):
+        weights, scratch, offset = unpacked(args)
+        for i in range(x.size):
+            scratch[i] = x[i] * weights[i] + offset
+        return scratch.sum()
+
+    weights, scratch = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+    x = np.array([1, -2, 3, -4], np.float32)
+    args = (weights, scratch, np.float32(0.5))
+    expected = x * weights + np.float32(0.5)
+    assert weighted_into(fixed_args(args), x) == expected.sum()
+    assert np.array_equal(scratch, expected)
+    scratch[:] = 0
+    assert weighted_into(args, x) == expected.sum() and np.array_equal(scratch, expected)

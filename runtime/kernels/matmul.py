@@ -918,9 +918,9 @@ def plan_rows(plan, x, repeat, experts, groups, counter):
 
 @njit(**EXACT)
 def one_row(plan, x, counter):
-    """The plan (MatmulPlan.call_args for one row) on the one input row x, as a new array: MatmulPlan.run's bits in
-    one call, less its Python glue."""
-    return plan_rows(plan, x, False, FIRST_EXPERT, ONE_ROW_GROUP, counter).copy()
+    """The plan (MatmulPlan.call_args for one row, as a FixedArgs) on the one input row x, as a new array:
+    MatmulPlan.run's bits in one call, less its Python glue."""
+    return plan_rows(plan.args, x, False, FIRST_EXPERT, ONE_ROW_GROUP, counter).copy()
 
 
 @njit(**EXACT)

@@ -5,6 +5,7 @@ from numba import njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
+from ggtools.runtime.kernels.fixed_args import fixed_args, unpacked
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.one_call import OneCallFFN
 from ggtools.runtime.target.pieces import DenseFFNTensors
@@ -23,9 +24,9 @@ def swiglu_ffn(h, gate_up, gate_cols, up_cols, down, act, counter):
 @njit(**EXACT)
 def one_token_ffn(x, norm, eps, h, ffn, counter, out):
     """out = x + DenseFFN(rms_norm(x) * norm) on one token in one call, with the same kernels in the same order: the
-    norm, swiglu_ffn (ffn: its arguments after h), the residual."""
+    norm, swiglu_ffn (ffn: its arguments after h, a tuple or a FixedArgs), the residual."""
     ops.rms_norm_rows(x, norm, eps, h)
-    dn = swiglu_ffn(h, *ffn, counter)
+    dn = swiglu_ffn(h, *unpacked(ffn), counter)
     for i in range(out.shape[1]):
         out[0, i] = dn[0, i] + x[0, i]
 
@@ -34,6 +35,7 @@ class DenseFFN(DenseFFNTensors, OneCallFFN):
     def __post_init__(self):
         self.gate_up = MatrixGroup(self.gate, self.up)
         self.one_token = self._one_token_args()
+        self.one_token_fixed = None if self.one_token is None else fixed_args(self.one_token)
         self.one_token_call = DirectCall(one_token_ffn)
 
     def _one_token_args(self):
@@ -55,7 +57,7 @@ class DenseFFN(DenseFFNTensors, OneCallFFN):
     def with_residual(self, ops_, x, norm, eps, stepwise: bool) -> np.ndarray:
         if self.in_one_call(x):
             out = np.empty_like(x)
-            self.one_token_call(x, norm, np.float32(eps), np.empty_like(x), self.one_token, workers.one_call_counter(),
-                                out)
+            self.one_token_call(x, norm, np.float32(eps), np.empty_like(x), self.one_token_fixed,
+                                workers.one_call_counter(), out)
             return out
         return super().with_residual(ops_, x, norm, eps, stepwise)

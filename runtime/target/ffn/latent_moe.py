@@ -54,19 +54,28 @@ def situ(gate: np.ndarray, up: np.ndarray, beta: float, linear_beta: float) -> n
 
 
 @njit(**EXACT)
-def situ_ffn(h, gate_up, gate_cols, up_cols, down, act, beta, linear_beta, counter):
-    """SituFFN on one token h: gate and up (one plan), situ into act, down. Returns down's out. gate_up, down:
-    MatmulPlan.call_args for one row (dense.DenseFFN's one_token arguments)."""
+def situ_ffn(h, ffn, beta, linear_beta, counter):
+    """SituFFN on one token h: gate and up (one plan), situ into act, down. Returns down's out. ffn: dense.DenseFFN's
+    one_token (gate_up, gate_cols, up_cols, down, act; gate_up, down: MatmulPlan.call_args for one row) as a
+    FixedArgs."""
+    gate_up, gate_cols, up_cols, down, act = ffn.args
     gu = matmul.plan_rows(gate_up, h, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
     ops.situ_rows(gu[:, gate_cols[0]:gate_cols[1]], gu[:, up_cols[0]:up_cols[1]], beta, linear_beta, act)
     return matmul.plan_rows(down, act, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
 
 
 @njit(**EXACT)
-def one_token_latent_moe(h, inputs, where, proj, routed_cols, shared_cols, probs_bias, normalize, scale, gate_up,
-                         gate_cols, up_cols, down, slot_pos, groups, latent, act, beta, linear_beta, routed_norm, eps,
-                         routed_up, shared_down, shared_act, shared_beta, shared_linear_beta, experts, weights,
-                         counter, out):
+def one_token_latent_moe(h, fixed, experts, weights, counter, out):
+    """latent_moe_on_token with its fixed arguments (LatentMoE._one_token_args' tuple) as a FixedArgs."""
+    latent_moe_on_token(h, *fixed.args, experts, weights, counter, out)
+
+
+# routed_up and shared_down may be None: as arguments (not fields of a FixedArgs) numba prunes the branches they skip
+@njit(**EXACT)
+def latent_moe_on_token(h, inputs, where, proj, routed_cols, shared_cols, probs_bias, normalize, scale, gate_up,
+                        gate_cols, up_cols, down, slot_pos, groups, latent, act, beta, linear_beta, routed_norm, eps,
+                        routed_up, shared_down, shared_act, shared_beta, shared_linear_beta, experts, weights,
+                        counter, out):
     """LatentMoE on one token in one call, with the same kernels in the same order: the full-width matmuls
     (matmul.group_rows: the router, routed_down, the shared experts' gate and up side by side in proj), the
     routing, the routed experts on the latent (proj's routed_cols, or h without routed_down: routed_cols[0] < 0),
@@ -109,7 +118,7 @@ class SituFFN(SituFFNTensors, DenseFFN):
 
     def __call__(self, h, stepwise: bool) -> np.ndarray:
         if self.in_one_call(h):
-            return self.one_token_call(np.ascontiguousarray(h, np.float32), *self.one_token, F32(self.beta),
+            return self.one_token_call(np.ascontiguousarray(h, np.float32), self.one_token_fixed, F32(self.beta),
                                        F32(self.linear_beta), workers.one_call_counter()).copy()
         gate, up = self.gate_up(h, stepwise)
         return self.down(situ(gate, up, self.beta, self.linear_beta), stepwise)
@@ -165,7 +174,7 @@ class LatentMoE(LatentMoETensors, RoutedExperts):
         if self.in_one_call(h):
             k = self.n_expert_used
             out = np.empty((1, h.shape[1]), np.float32)
-            self.one_token_call(np.ascontiguousarray(h, np.float32), *self.one_token, np.empty((1, k), np.int64),
+            self.one_token_call(np.ascontiguousarray(h, np.float32), self.one_token_fixed, np.empty((1, k), np.int64),
                                 np.empty((1, k), np.float32), workers.one_call_counter(), out)
             return out
         logits, *rest = self.inputs(h, stepwise)

@@ -19,6 +19,7 @@ from numba import njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
+from ggtools.runtime.kernels.fixed_args import fixed_args, unpacked
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.one_call import OneCallFFN
 from ggtools.runtime.target.pieces import SOFTMAX, SWIGLU_OAI, RoutedExpertsTensors
@@ -158,10 +159,10 @@ def one_token_experts(x, residual, norm, eps, h, moe, experts, weights, counter,
     """RoutedExperts on one token in one call, with the same kernels in the same order as the general path: with
     residual, out = x + the experts of rms_norm(x) * norm, else out = the experts of x. The router (route_rows), the
     input rounded once and taken k times, gate and up (one plan), activate, the activations rounded, down,
-    combine_rows. moe: RoutedExperts.one_token's arguments (the plans: MatmulPlan.call_args for one row, k rows and
-    k rows); experts, weights: (1, k) scratch for the routing."""
+    combine_rows. moe: RoutedExperts.one_token (the plans: MatmulPlan.call_args for one row, k rows and k rows; or
+    it as a FixedArgs); experts, weights: (1, k) scratch for the routing."""
     (router, router_bias, gating, normalize, scale, gate_up, gate_cols, up_cols, down, gate_bias, up_bias, down_bias,
-     oai, act, slot_pos, groups) = moe
+     oai, act, slot_pos, groups) = unpacked(moe)
     if residual:
         ops.rms_norm_rows(x, norm, eps, h)
     else:
@@ -190,6 +191,7 @@ class RoutedExperts(RoutedExpertsTensors, OneCallFFN):
         # one token's slots as group_by_expert gives them, less the sort: input row 0 k times, slot j in place j
         self.one_token_slots = np.zeros(k, np.int64), np.arange(k), np.arange(k + 1)
         self.one_token = self._one_token_args()
+        self.one_token_fixed = None if self.one_token is None else fixed_args(self.one_token)
         self.one_token_calls = DirectCall(one_token_experts), DirectCall(one_token_experts)  # __call__, with_residual
 
     def _one_token_args(self):
@@ -250,7 +252,7 @@ class RoutedExperts(RoutedExpertsTensors, OneCallFFN):
         glue; with residual, with_residual's result, else __call__'s."""
         k = self.n_expert_used
         out = np.empty_like(x)
-        self.one_token_calls[residual](x, residual, norm, np.float32(eps), np.empty_like(x), self.one_token,
+        self.one_token_calls[residual](x, residual, norm, np.float32(eps), np.empty_like(x), self.one_token_fixed,
                                        np.empty((1, k), np.int64), np.empty((1, k), np.float32),
                                        workers.one_call_counter(), out)
         return out

@@ -6,6 +6,7 @@ from numba import njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
+from ggtools.runtime.kernels.fixed_args import fixed_args
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.dense import swiglu_ffn
 from ggtools.runtime.target.ffn.moe import one_token_experts
@@ -14,10 +15,12 @@ from ggtools.runtime.target.pieces import SharedExpertTensors
 
 
 @njit(**EXACT)
-def one_token_shared_moe(x, norm, eps, h, routed, experts, weights, shared, shared_gate, counter, out):
+def one_token_shared_moe(x, norm, eps, h, fixed, experts, weights, counter, out):
     """out = x + SharedExpertMoE(rms_norm(x) * norm) on one token in one call, with the same kernels as the general
     path: the norm, the routed experts (one_token_experts), the shared expert (swiglu_ffn), its gate (a one-row plan)
-    through sigmoid, routed + shared * gate, the residual."""
+    through sigmoid, routed + shared * gate, the residual. fixed: (RoutedExperts.one_token, DenseFFN.one_token,
+    the gate's MatmulPlan.call_args for one row) as a FixedArgs."""
+    routed, shared, shared_gate = fixed.args
     ops.rms_norm_rows(x, norm, eps, h)
     one_token_experts(h, False, norm, eps, h, routed, experts, weights, counter, out)
     dn = swiglu_ffn(h, *shared, counter)
@@ -30,9 +33,10 @@ def one_token_shared_moe(x, norm, eps, h, routed, experts, weights, shared, shar
 class SharedExpertMoE(SharedExpertTensors, OneCallFFN):
     def __post_init__(self):
         gate = self.shared_gate.plan
-        self.one_token = None
+        self.one_token = self.one_token_fixed = None
         if self.routed.one_token and self.shared.one_token and gate is not None and gate.one_call:
             self.one_token = gate.call_args(1)
+            self.one_token_fixed = fixed_args((self.routed.one_token, self.shared.one_token, self.one_token))
         self.one_token_call = DirectCall(one_token_shared_moe)
 
     def __call__(self, h: np.ndarray, stepwise: bool) -> np.ndarray:
@@ -44,8 +48,7 @@ class SharedExpertMoE(SharedExpertTensors, OneCallFFN):
         if self.in_one_call(x):
             k = self.routed.n_expert_used
             out = np.empty_like(x)
-            self.one_token_call(x, norm, np.float32(eps), np.empty_like(x), self.routed.one_token,
-                                np.empty((1, k), np.int64), np.empty((1, k), np.float32), self.shared.one_token,
-                                self.one_token, workers.one_call_counter(), out)
+            self.one_token_call(x, norm, np.float32(eps), np.empty_like(x), self.one_token_fixed, np.empty((1, k), np.int64),
+                                np.empty((1, k), np.float32), workers.one_call_counter(), out)
             return out
         return super().with_residual(ops_, x, norm, eps, stepwise)

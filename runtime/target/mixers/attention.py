@@ -26,6 +26,7 @@ from numba import njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
+from ggtools.runtime.kernels.fixed_args import FixedArgs, fixed_args
 from ggtools.runtime.kernels.workers import claim, enter, leave
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16, to_f16_row
 from ggtools.runtime.kernels.matmul import dot_one_row
@@ -176,14 +177,14 @@ def prepare_attention(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, neox, 
 
 
 @njit(**EXACT)
-def one_token_attention(x, norm, eps, h, qkv, q_cols, k_cols, v_cols, bq, bk, bv, q_norm, k_norm, cos, sin, neox,
-                        k_cache, vt_cache, start, f16, positions, scale, window, sinks, output_gate, wo, bo, proj, q,
-                        gate, roped, attended, experts, groups, counter, x_out):
+def one_token_attention(x, norm, eps, fixed, cos, sin, k_cache, vt_cache, start, f16, positions, counter, x_out):
     """x_out = x + Attention.__call__(rms_norm(x) * norm) on one token in one call, with the same kernels in the same
     order: the norm, Q, K and V (their group's plans, into proj's columns), prepare_attention, attention_rows, with
     output_gate the product with sigmoid(gate), the output projection, its bias (empty: none), the residual. qkv:
     MatrixGroup.one_token_args' (plans, where); wo: MatmulPlan.call_args for one row; q, gate: (1, n_head * d)
-    scratch for the queries and gates of a gated Q projection."""
+    scratch for the queries and gates of a gated Q projection; fixed: Attention._fixed_one_token_args' FixedArgs."""
+    (h, qkv, q_cols, k_cols, v_cols, bq, bk, bv, q_norm, k_norm, neox, scale, window, sinks, output_gate, wo, bo, proj,
+     q, gate, roped, attended, experts, groups) = fixed.args
     ops.rms_norm_rows(x, norm, eps, h)
     matmul.group_rows(qkv[0], qkv[1], h, counter, proj)
     if output_gate:         # each head's query then its gate
@@ -261,7 +262,7 @@ class Attention(AttentionTensors):
         self.biases = tuple(NO_BIAS if b is None else b for b in (self.bq, self.bk, self.bv))
         self.out_bias = NO_BIAS if self.bo is None else self.bo
         self.one_token = self._one_token_args()
-        self.one_token_scratch = None      # made by the first one-token call, which knows the head shapes
+        self.one_token_fixed = None      # made by the first one-token call, which knows the head shapes
         self.one_token_call = DirectCall(one_token_attention)
 
     def _one_token_args(self):
@@ -273,6 +274,17 @@ class Attention(AttentionTensors):
         qkv, starts = group
         columns = [np.array(starts[i:i + 2], np.int64) for i in (0, 1, 2)]
         return qkv, columns, self.wo.plan.call_args(1), int(starts[-1])
+
+    def _fixed_one_token_args(self, hp) -> FixedArgs:
+        """one_token_attention's arguments that stay from call to call: plans, biases, norms, the model's attention
+        settings, and scratch (h, proj, q, gate, roped, attended: written anew by every call)."""
+        qkv, (q_cols, k_cols, v_cols), wo, n_proj = self.one_token
+        h, proj = np.empty((1, hp.n_embd), np.float32), np.empty((1, n_proj), np.float32)
+        q, gate, attended = np.empty((3, 1, hp.n_head * hp.head_dim), np.float32)
+        roped = np.empty((1, hp.n_head, hp.head_dim), np.float32)
+        return fixed_args((h, qkv, q_cols, k_cols, v_cols, *self.biases, self.q_norm, self.k_norm, hp.rope_neox,
+                           np.float32(hp.attn_scale), self.window, self.sinks, self.output_gate, wo, self.out_bias,
+                           proj, q, gate, roped, attended, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP))
 
     def __call__(self, h, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         n_tokens = h.shape[0]
@@ -307,16 +319,9 @@ class Attention(AttentionTensors):
     def _one_token(self, x, norm, eps, positions, rope, kv, slot: int, hp) -> np.ndarray:
         """with_residual on one token in one kernel call (one_token_attention): the same bits, less the per-call
         glue."""
-        qkv, (q_cols, k_cols, v_cols), wo, n_proj = self.one_token
-        if self.one_token_scratch is None:     # h, proj, roped, q, gate, attended: written anew by every call
-            self.one_token_scratch = (np.empty((1, hp.n_embd), np.float32), np.empty((1, n_proj), np.float32),
-                                      np.empty((1, hp.n_head, hp.head_dim), np.float32),
-                                      *np.empty((3, 1, hp.n_head * hp.head_dim), np.float32))
-        h, proj, roped, q, gate, attended = self.one_token_scratch
+        if self.one_token_fixed is None:
+            self.one_token_fixed = self._fixed_one_token_args(hp)
         x_out = np.empty((1, hp.n_embd), np.float32)
-        self.one_token_call(x, norm, np.float32(eps), h, qkv, q_cols, k_cols, v_cols, *self.biases, self.q_norm,
-                            self.k_norm, *rope, hp.rope_neox, kv.k[slot], kv.v[slot], int(positions[0]), kv.f16,
-                            positions, np.float32(hp.attn_scale), self.window, self.sinks, self.output_gate, wo,
-                            self.out_bias, proj, q, gate, roped, attended, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP,
-                            workers.one_call_counter(), x_out)
+        self.one_token_call(x, norm, np.float32(eps), self.one_token_fixed, *rope, kv.k[slot], kv.v[slot],
+                            int(positions[0]), kv.f16, positions, workers.one_call_counter(), x_out)
         return x_out

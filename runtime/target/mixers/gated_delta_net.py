@@ -23,6 +23,7 @@ from numba import njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
+from ggtools.runtime.kernels.fixed_args import fixed_args
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma
 from ggtools.runtime.kernels.matmul import dot_one_row
 from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, silu_rows
@@ -165,13 +166,15 @@ def gated_norm_heads(x, weight, z, eps, out):
 
 
 @njit(**EXACT)
-def one_token_delta_net(x, norm, eps, h, inputs, where, proj, dt_bias, a, conv_weight, key_dim, head_dim, ssm_norm,
-                        ssm_eps, wout, conv_state, ssm_state, g, beta, conv, qk, core, normed, counter, x_out):
+def one_token_delta_net(x, norm, eps, fixed, proj, conv_state, ssm_state, g, beta, counter, x_out):
     """x_out = x + GatedDeltaNet.mix(rms_norm(x) * norm) on one token in one call, with the same kernels in the same
     order: the norm, the input projections (matmul.group_rows: qkv, z, beta, alpha side by side in proj),
     decay_and_beta, the recurrence (conv_silu_l2, delta_rule_heads; conv_state and ssm_state advanced),
     gated_norm_heads, the output projection, the residual. proj's qkv, g and beta are left with the step's inputs,
-    for the state's log."""
+    for the state's log. fixed: GatedDeltaNet._one_token_args' tuple as a
+    FixedArgs."""
+    h, inputs, where, dt_bias, a, conv_weight, key_dim, head_dim, ssm_norm, ssm_eps, wout, conv, qk, core, normed = \
+        fixed.args
     ops.rms_norm_rows(x, norm, eps, h)
     matmul.group_rows(inputs, where, h, counter, proj)
     channels, value_dim, n_v = conv.shape[1], core.shape[1], g.shape[1]
@@ -194,16 +197,23 @@ class GatedDeltaNet(DeltaNetTensors):
     def __post_init__(self):
         self.inputs = MatrixGroup(self.wqkv, self.wgate, self.wbeta, self.walpha)
         self.one_token = self._one_token_args()
+        self.one_token_fixed = None if self.one_token is None else fixed_args(self.one_token)
         self.one_token_call = DirectCall(one_token_delta_net)
 
-    def _one_token_args(self):
-        """one_token_delta_net's plans (the input group's, MatrixGroup.one_token_args, then the output projection's
-        call_args); None where a plan has no one_call."""
+    def _one_token_args(self) -> tuple | None:
+        """one_token_delta_net's arguments that stay from call to call (the input group's plans, MatrixGroup.
+        one_token_args, the output projection's call_args, the tables, scratch written anew by every call); None
+        where a plan has no one_call."""
         group = self.inputs.one_token_args()
         if group is None or self.wout.plan is None or not self.wout.plan.one_call:
             return None
         (plans, where), _ = group
-        return plans, where, self.wout.plan.call_args(1)
+        channels, value_dim = self.conv.shape[1], self.n_v_heads * self.head_dim
+        h = np.empty((1, self.wqkv.n_cols), np.float32)
+        conv, qk = np.empty((1, channels), np.float32), np.empty((1, 2 * self.key_dim), np.float32)
+        core, normed = np.empty((2, 1, value_dim), np.float32)
+        return (h, plans, where, self.dt_bias, self.a, self.conv, self.key_dim, self.head_dim, self.norm, F32(self.eps),
+                self.wout.plan.call_args(1), conv, qk, core, normed)
 
     def with_residual(self, ops_, x, norm, eps, positions, rope, kv, slot: int, hp, stepwise: bool) -> np.ndarray:
         if len(x) == 1 and kv.tree is None and self.one_token is not None \
@@ -214,16 +224,11 @@ class GatedDeltaNet(DeltaNetTensors):
     def _one_token(self, x, norm, eps, state) -> np.ndarray:
         """with_residual on one token in one kernel call (one_token_delta_net): the same bits as mix, less the
         per-call glue; the step's inputs logged as mix logs them."""
-        inputs, where, wout = self.one_token
-        channels, value_dim, n_v = self.conv.shape[1], self.n_v_heads * self.head_dim, self.n_v_heads
-        proj = np.empty((1, channels + value_dim + 2 * n_v), np.float32)
-        conv = np.empty((1, channels), np.float32)
-        core, normed = np.empty((2, 1, value_dim), np.float32)
+        channels, n_v = self.conv.shape[1], self.n_v_heads
+        proj = np.empty((1, channels + n_v * self.head_dim + 2 * n_v), np.float32)
         g, beta = np.empty((2, 1, n_v), np.float32)
         x_out = np.empty_like(x)
-        self.one_token_call(x, norm, F32(eps), np.empty_like(x), inputs, where, proj, self.dt_bias, self.a,
-                            self.conv, self.key_dim, self.head_dim, self.norm, F32(self.eps), wout, state.conv,
-                            state.ssm, g, beta, conv, np.empty((1, 2 * self.key_dim), np.float32), core, normed,
+        self.one_token_call(x, norm, F32(eps), self.one_token_fixed, proj, state.conv, state.ssm, g, beta,
                             workers.one_call_counter(), x_out)
         state.append(proj[:, :channels].copy(), g, beta)
         return x_out

@@ -25,6 +25,7 @@ from numba import njit
 
 from ggtools.runtime.kernels import matmul, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
+from ggtools.runtime.kernels.fixed_args import fixed_args
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, sigmoid_rows, silu_rows
 from ggtools.runtime.target.kimi_k3_pieces import KDATensors
@@ -71,13 +72,14 @@ def conv_silu_l2_parts(conv_state, qkv, weight, d, head_dim, eps, conv, qk):
 
 
 @njit(**EXACT)
-def one_token_kda(h, inputs, where, proj, wf_b, dt_bias, a, head_dim, lower_bound, conv_weight, eps, norm, wo,
-                  conv_state, ssm_state, g, beta, conv, qk, core, normed, counter):
+def one_token_kda(h, fixed, proj, conv_state, ssm_state, g, beta, counter):
     """KDA.mix on one token in one call, with the same kernels in the same order: the input projections
     (matmul.group_rows: q, k, v, f_a, beta, the gate side by side in proj), f_b, decay_gate, beta's sigmoid, the
     recurrence (conv_silu_l2_parts, delta_rule_heads; conv_state and ssm_state advanced), sigmoid_gated_norm_heads,
     the output projection. Returns its out; proj's q, k, v, g and beta are left with the step's inputs, for the
-    state's log."""
+    state's log. fixed: KDA._one_token_args' tuple as a FixedArgs."""
+    inputs, where, wf_b, dt_bias, a, head_dim, lower_bound, conv_weight, eps, norm, wo, conv, qk, core, normed = \
+        fixed.args
     matmul.group_rows(inputs, where, h, counter, proj)
     d, n_head = core.shape[1], beta.shape[1]
     f_a = proj[:, 3 * d:3 * d + head_dim]
@@ -98,16 +100,21 @@ class KDA(KDATensors):
         self.inputs = MatrixGroup(self.wq, self.wk, self.wv, self.wf_a, self.wbeta, self.wg)
         self.lower_bound = F32(self.gate_lower_bound)
         self.one_token = self._one_token_args()
+        self.one_token_fixed = None if self.one_token is None else fixed_args(self.one_token)
         self.one_token_call = DirectCall(one_token_kda)
 
     def _one_token_args(self):
-        """one_token_kda's plans (the input group's, MatrixGroup.one_token_args, then f_b's and the output
-        projection's call_args); None where a plan has no one_call."""
+        """one_token_kda's arguments that stay from call to call (the input group's plans, MatrixGroup.one_token_args,
+        f_b's and the output projection's call_args, the tables, scratch written anew by every call); None where a
+        plan has no one_call."""
         group, rest = self.inputs.one_token_args(), [self.wf_b.plan, self.wo.plan]
         if group is None or not all(plan is not None and plan.one_call for plan in rest):
             return None
         (plans, where), _ = group
-        return plans, where, rest[0].call_args(1), rest[1].call_args(1)
+        d = self.d_inner
+        conv, qk, core, normed = (np.empty((1, n * d), np.float32) for n in (3, 2, 1, 1))
+        return (plans, where, rest[0].call_args(1), self.dt_bias, self.a, self.head_dim, self.lower_bound, self.conv,
+                F32(self.eps), self.norm, rest[1].call_args(1), conv, qk, core, normed)
 
     def _in_one_call(self, h, tree) -> bool:
         """Whether h (one token, no tree) runs as one_token_kda: the path applies, and the delta rule would run in
@@ -124,15 +131,11 @@ class KDA(KDATensors):
     def _one_token(self, h, state) -> np.ndarray:
         """mix on one token in one kernel call (one_token_kda): the same bits, less the per-call glue; the step's
         inputs logged as mix logs them."""
-        inputs, where, wf_b, wo = self.one_token
         d, n_head = self.d_inner, self.n_v_heads
         proj = np.empty((1, 4 * d + self.head_dim + n_head), np.float32)
-        g, core, normed = np.empty((3, 1, d), np.float32)
-        beta = np.empty((1, n_head), np.float32)
-        out = self.one_token_call(np.ascontiguousarray(h, np.float32), inputs, where, proj, wf_b, self.dt_bias,
-                                  self.a, self.head_dim, self.lower_bound, self.conv, F32(self.eps), self.norm, wo,
-                                  state.conv, state.ssm, g, beta, np.empty((1, 3 * d), np.float32),
-                                  np.empty((1, 2 * d), np.float32), core, normed, workers.one_call_counter())
+        g, beta = np.empty((1, d), np.float32), np.empty((1, n_head), np.float32)
+        out = self.one_token_call(np.ascontiguousarray(h, np.float32), self.one_token_fixed, proj, state.conv,
+                                  state.ssm, g, beta, workers.one_call_counter())
         state.append(proj[:, :3 * d].copy(), g, beta)
         return out.copy()
 

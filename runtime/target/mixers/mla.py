@@ -26,6 +26,7 @@ from gguf import GGMLQuantizationType as T
 
 from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
+from ggtools.runtime.kernels.fixed_args import fixed_args
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16
 from ggtools.runtime.target.kimi_k3_pieces import MLATensors
 from ggtools.runtime.target.mixers.attention import (attention, attention_rows, one_token_attention_in_caller,
@@ -51,8 +52,15 @@ def write_latent(latent, k_pe, k_cache, vt_cache, start, f16):
 
 
 @njit(**EXACT)
-def one_token_mla(h, inputs, where, proj, q_cols, kv_cols, gate_cols, wq_b, q_a_norm, kv_a_norm, eps, k_b, v_b,
-                  heads, head_groups, nope, wo, k_cache, vt_cache, start, f16, positions, scale, q, query, counter):
+def one_token_mla(h, fixed, k_cache, vt_cache, start, f16, positions, scale, q, query, counter):
+    """mla_on_token with its fixed arguments (MLA._one_token_args' tuple) as a FixedArgs."""
+    return mla_on_token(h, *fixed.args, k_cache, vt_cache, start, f16, positions, scale, q, query, counter)
+
+
+# wq_b may be None: as an argument (not a field of a FixedArgs) numba prunes the branch it does not take
+@njit(**EXACT)
+def mla_on_token(h, inputs, where, proj, q_cols, kv_cols, gate_cols, wq_b, q_a_norm, kv_a_norm, eps, k_b, v_b,
+                 heads, head_groups, nope, wo, k_cache, vt_cache, start, f16, positions, scale, q, query, counter):
     """MLA.__call__ on one token in one call, with the same kernels in the same order: the input projections
     (matmul.group_rows: q or q_a, kv_a, the gate (gate_cols[0] < 0: none) side by side in proj), q_a's norm and
     q_b (wq_b None: none), kv_a's norm, k_b per head (one plan over the head stack), the cache write, attention
@@ -118,6 +126,7 @@ class MLA(MLATensors):
         # the permuted q_nope: F32 weights take it row by row (no tinyBLAS without a contiguous input)
         self.k_b_stepwise = self.wk_b[0].qtype == T.F32
         self.one_token = self._one_token_args()
+        self.one_token_fixed = None if self.one_token is None else fixed_args(self.one_token)
         self.one_token_call = DirectCall(one_token_mla)
 
     def _one_token_args(self):
@@ -149,7 +158,7 @@ class MLA(MLATensors):
 
     def _one_token(self, h, positions, kv, slot: int, hp) -> np.ndarray:
         """__call__ on one token in one kernel call (one_token_mla): the same bits, less the per-call glue."""
-        out = self.one_token_call(np.ascontiguousarray(h, np.float32), *self.one_token, kv.k[slot], kv.v[slot],
+        out = self.one_token_call(np.ascontiguousarray(h, np.float32), self.one_token_fixed, kv.k[slot], kv.v[slot],
                                   int(positions[0]), kv.f16, positions, F32(hp.attn_scale),
                                   np.empty((1, self.n_head * self.q_head), np.float32),
                                   np.empty((1, self.n_head, self.kv_lora + self.rope_dims), np.float32),
