@@ -210,8 +210,10 @@ def test_split_model_loads_from_its_first_shard(models, tmp_path):
 
 def test_forward_rejects_bad_input(models):
     model = TargetModel(models["llama-q8_0"])
-    with pytest.raises(ModelError):
-        model.forward([VOCAB])
+    for ids in ([VOCAB], [-1], [0, VOCAB], [-1, 0], np.array([[VOCAB]])):   # one-token steps check apart
+        with pytest.raises(ModelError, match="token id out of range"):
+            model.forward(ids)
+    assert model.kv.n_tokens == 0
     with pytest.raises(ValueError):
         model.forward([1, 2], positions=[3, 4])
     with pytest.raises(ValueError):

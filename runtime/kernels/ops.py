@@ -50,6 +50,16 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 @njit(**EXACT)
+def all_finite(x) -> bool:
+    """Whether every value of x is finite: np.isfinite(x).all() without its temporary array and calls (a one-token
+    step's logits check: 9.7 us of a tiny target's step with numpy, whose interpreter state the weights evict)."""
+    for v in x.flat:
+        if not np.isfinite(v):
+            return False
+    return True
+
+
+@njit(**EXACT)
 def rope_angles(positions, n_dims, base, freq_scale, freq_factors, ext_factor, attn_factor, corr_dims):
     """cos, sin (len(positions), n_dims // 2) as ggml_rope_cache_init computes them: rope_yarn per pair,
     which for ext_factor 0 and attn_factor 1 is plain (linearly scaled) RoPE."""

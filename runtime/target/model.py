@@ -17,7 +17,7 @@ import numpy as np
 
 from ggtools.runtime import nonfinite
 from ggtools.runtime.errors import ModelError
-from ggtools.runtime.kernels import ops as rope_ops
+from ggtools.runtime.kernels import ops as kernel_ops
 from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.backends import make_ops
 from ggtools.runtime.target.archs import arch_of
@@ -59,10 +59,10 @@ class TargetModel:
         # M-RoPE on text: pairs of the fourth section keep position 0's angles (none with Qwen3.5's sections)
         self.rope_still = np.zeros(0, bool)
         if self.arch.rope_sections:
-            self.rope_still = rope_ops.fourth_section_pairs(hp.rope_dims // 2, hp.rope_sections,
+            self.rope_still = kernel_ops.fourth_section_pairs(hp.rope_dims // 2, hp.rope_sections,
                                                        self.arch.rope_sections == "imrope")
         self.text_rope = bool(self.rope_still.any())
-        self.rope_call = DirectCall(rope_ops.rope_angles)
+        self.rope_call = DirectCall(kernel_ops.rope_angles)
         # rope_angles' arguments after the positions
         self.rope_params = (hp.rope_dims, hp.rope_base, np.float32(hp.rope_freq_scale), self.rope_freq_factors,
                             np.float32(hp.rope_ext_factor), np.float32(hp.rope_attn_factor),
@@ -114,10 +114,10 @@ class TargetModel:
             raise ValueError("forward needs at least one token")
         if positions is not expected and not np.array_equal(positions, expected):
             raise ValueError(f"positions must continue the cache: expected {start}..{start + len(tokens) - 1}")
-        if tokens.min() < 0 or tokens.max() >= self.token_embd.n_rows:
+        if not self._token_ids_in_range(tokens):
             raise ModelError(f"token id out of range [0, {self.token_embd.n_rows})")
         taps = list(taps)
-        if any(not 0 <= j <= hp.n_layer for j in taps):
+        if taps and any(not 0 <= j <= hp.n_layer for j in taps):
             raise ValueError(f"tap layer ids must lie in [0, {hp.n_layer}]")
         if logits not in ("all", "last", "none"):
             raise ValueError("logits must be 'all', 'last' or 'none'")
@@ -148,9 +148,14 @@ class TargetModel:
                                              "the final hidden states are not finite")
             return None, features
         rows = backend.host(self.head(out if logits == "all" else out[-1:], stepwise))
-        if not np.isfinite(rows).all():       # on the host already: the one check the normal path pays
+        if not kernel_ops.all_finite(rows):       # on the host already: the one check the normal path pays
             raise nonfinite.target_error(self, tokens, positions, start, stepwise)
         return rows, features
+
+    def _token_ids_in_range(self, tokens) -> bool:
+        if len(tokens) == 1:        # a decode step: no numpy reductions (each a few us in a tiny target's step)
+            return 0 <= tokens[0] < self.token_embd.n_rows
+        return tokens.min() >= 0 and tokens.max() < self.token_embd.n_rows
 
     def _tree_batch(self, parents, start: int, n_tokens: int) -> TreeBatch:
         if self.no_tree_verify:
@@ -185,7 +190,7 @@ class TargetModel:
         backend's arrays."""
         rope = self._rope(positions)
         if self.text_rope:
-            rope = rope_ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), self.rope_still)
+            rope = kernel_ops.text_rope_angles(rope, self._rope(np.zeros(1, np.int64)), self.rope_still)
         return self.ops.tables(rope)
 
     def _rope(self, positions):
