@@ -451,7 +451,9 @@ def prepare_rows(kind, x, xq, xd, xs):
 # ---- matmul --------------------------------------------------------------------------------------
 
 # Each type's task loop is its own (not inlined) function: one kernel holding every type's inlined dots ran
-# its hot loop 1.7x slower (measured on one-row Q8_0 matmuls: 2.2-2.4 against 1.3-1.6 ns per block).
+# its hot loop 1.7x slower (measured on one-row Q8_0 matmuls: 2.2-2.4 against 1.3-1.6 ns per block). They are
+# written out, not made by a factory closing over the simd dots: numba keys a closure's cache on its pickled
+# cells, and an intrinsic pickles with a uuid made per process, so such loops would never load from the cache.
 @njit(**EXACT)
 def rows_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
     """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
