@@ -399,3 +399,19 @@ def test_fixed_args_pass_the_tuple_by_reference():
     assert np.array_equal(scratch, expected)
     scratch[:] = 0
     assert weighted_into(args, x) == expected.sum() and np.array_equal(scratch, expected)
+
+
+def test_all_finite_equals_numpy_on_every_kind_of_float32():
+    """ops.all_finite (the logits check of every forward) against np.isfinite(x).all(): NaN (quiet, signalling,
+    negative), +-inf, the largest finite values, subnormals and zeros, anywhere in C, strided and Fortran arrays."""
+    from ggtools.runtime.kernels.ops import all_finite
+
+    rng = np.random.default_rng(5)
+    specials = np.array([0x7FC00000, 0x7F800001, 0xFFC00000, 0x7F800000, 0xFF800000, 0x7F7FFFFF, 0xFF7FFFFF,
+                         0x00000001, 0x80000001, 0x00000000, 0x80000000], np.uint32).view(np.float32)
+    for value in specials:
+        for shape in ((1, 1024), (16, 577)):
+            x = rng.standard_normal(shape).astype(np.float32)
+            x[rng.integers(shape[0]), rng.integers(shape[1])] = value
+            for view in (x, x[:, 1::3], np.asfortranarray(x)):
+                assert all_finite(view) == np.isfinite(view).all(), (value, shape)

@@ -51,12 +51,15 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 @njit(**EXACT)
 def all_finite(x) -> bool:
-    """Whether every value of x is finite: np.isfinite(x).all() without its temporary array and calls (a one-token
-    step's logits check: 9.7 us of a tiny target's step with numpy, whose interpreter state the weights evict)."""
-    for v in x.flat:
-        if not np.isfinite(v):
-            return False
-    return True
+    """Whether every value of x (float32) is finite: np.isfinite(x).all() without its temporary array and calls (a
+    one-token step's logits check: 9.7 us of a tiny target's step with numpy, whose interpreter state the weights
+    evict). On the bits, in integer operations LLVM vectorizes: an exponent of all ones (inf, NaN) plus one carries
+    into bit 31."""
+    bits = np.ascontiguousarray(x).reshape(-1).view(np.uint32)
+    carries = np.uint32(0)
+    for i in range(bits.size):     # indexed: numba's iterator over the view ran 2x slower
+        carries |= (bits[i] & np.uint32(0x7F800000)) + np.uint32(0x00800000)
+    return carries < np.uint32(0x80000000)
 
 
 @njit(**EXACT)
