@@ -5,7 +5,7 @@ from numba import njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
-from ggtools.runtime.kernels.fixed_args import fixed_args, unpacked
+from ggtools.runtime.kernels.fixed_args import fixed_args
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.target.ffn.one_call import OneCallFFN
 from ggtools.runtime.target.pieces import DenseFFNTensors
@@ -24,9 +24,9 @@ def swiglu_ffn(h, gate_up, gate_cols, up_cols, down, act, counter):
 @njit(**EXACT)
 def one_token_ffn(x, norm, eps, h, ffn, counter, out):
     """out = x + DenseFFN(rms_norm(x) * norm) on one token in one call, with the same kernels in the same order: the
-    norm, swiglu_ffn (ffn: its arguments after h, a tuple or a FixedArgs), the residual."""
+    norm, swiglu_ffn (ffn: its arguments after h as a FixedArgs), the residual."""
     ops.rms_norm_rows(x, norm, eps, h)
-    dn = swiglu_ffn(h, *unpacked(ffn), counter)
+    dn = swiglu_ffn(h, *ffn.args, counter)
     for i in range(out.shape[1]):
         out[0, i] = dn[0, i] + x[0, i]
 

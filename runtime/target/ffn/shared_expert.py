@@ -48,7 +48,8 @@ class SharedExpertMoE(SharedExpertTensors, OneCallFFN):
         if self.in_one_call(x):
             k = self.routed.n_expert_used
             out = np.empty_like(x)
-            self.one_token_call(x, norm, np.float32(eps), np.empty_like(x), self.one_token_fixed, np.empty((1, k), np.int64),
-                                np.empty((1, k), np.float32), workers.one_call_counter(), out)
+            self.one_token_call(x, norm, np.float32(eps), np.empty_like(x), self.one_token_fixed,
+                                np.empty((1, k), np.int64), np.empty((1, k), np.float32), workers.one_call_counter(),
+                                out)
             return out
         return super().with_residual(ops_, x, norm, eps, stepwise)

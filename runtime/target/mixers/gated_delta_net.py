@@ -171,8 +171,7 @@ def one_token_delta_net(x, norm, eps, fixed, proj, conv_state, ssm_state, g, bet
     order: the norm, the input projections (matmul.group_rows: qkv, z, beta, alpha side by side in proj),
     decay_and_beta, the recurrence (conv_silu_l2, delta_rule_heads; conv_state and ssm_state advanced),
     gated_norm_heads, the output projection, the residual. proj's qkv, g and beta are left with the step's inputs,
-    for the state's log. fixed: GatedDeltaNet._one_token_args' tuple as a
-    FixedArgs."""
+    for the state's log. fixed: GatedDeltaNet._one_token_args' tuple as a FixedArgs."""
     h, inputs, where, dt_bias, a, conv_weight, key_dim, head_dim, ssm_norm, ssm_eps, wout, conv, qk, core, normed = \
         fixed.args
     ops.rms_norm_rows(x, norm, eps, h)
