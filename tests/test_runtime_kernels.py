@@ -415,3 +415,32 @@ def test_all_finite_equals_numpy_on_every_kind_of_float32():
             x[rng.integers(shape[0]), rng.integers(shape[1])] = value
             for view in (x, x[:, 1::3], np.asfortranarray(x)):
                 assert all_finite(view) == np.isfinite(view).all(), (value, shape)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("qtype", BLOCK32, ids=lambda t: t.name)
+def test_blocks_of_tiny_inputs_round_as_ggml(qtype):
+    """Input blocks whose largest value is under 127 / FLT_MAX (the inverse scale is inf, every product inf or NaN)
+    round as ggml's AVX2 quantize_row_q8_0 / q8_1 round them, bit for bit with libggml-cpu's vec_dot: next to an
+    ordinary block, a block of subnormals, one of tiny normals, and a zero block holding one negative subnormal."""
+    from tests.ggml_oracle import load_ggml_cpu
+
+    data, _ = make_weights(qtype, n_rows=5, n_cols=128, seed=3)
+    x = (np.random.default_rng(1).standard_normal((3, 128)) * 3).astype(np.float32)
+    x[0, 32:64] *= np.float32(1e-38)
+    x[1, :32], x[1, 7] = np.float32(1e-39), np.float32(1e-37)
+    x[2, 64:96], x[2, 70] = 0, -np.float32(1e-45)
+    want = load_ggml_cpu().vec_dot(qtype, data.reshape(5, -1), x)
+    assert np.array_equal(run_matmul(qtype, data, 5, x).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", BLOCK32, ids=lambda t: t.name)
+@pytest.mark.parametrize("position", [0, 5, 31, 100])
+def test_a_nan_input_makes_every_output_nan(qtype, position):
+    """A NaN in an input row gives its block a NaN scale, so every output of the row is NaN and the forward's logits
+    check stops the step, instead of the NaN being rounded to some integer and the row's outputs staying finite."""
+    data, _ = make_weights(qtype, n_rows=5, n_cols=128, seed=3)
+    x = (np.random.default_rng(1).standard_normal((2, 128)) * 3).astype(np.float32)
+    x[0, position] = np.nan
+    out = run_matmul(qtype, data, 5, x)
+    assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()

@@ -382,28 +382,35 @@ def quantize_q8_row(x, xq, xd, xs):
     """quantize_row_q8_0 / q8_1, x86 AVX2 path (id = 127/amax, round half to even), for one row:
     xq the integer values (int8 in value order for the AVX2 kernels, else float32 lane-major per
     block), xd the fp16 scales, xs (Q8_1 only, may be empty) the fp16 block sums s = d * sum(q)
-    with d before its rounding."""
+    with d before its rounding. amax is taken on the bits, |x| as an unsigned integer (ordered as |x| is): a NaN's
+    bits exceed inf's, so a block holding one gets a NaN scale and its row NaN outputs, which the logits check
+    stops (a float max skipped it, and the NaN became some integer); the integer max also runs faster (16 rows of
+    1024: 1.23 ns a value against 1.47)."""
+    bits = x.view(np.uint32)
     for b in range(x.size // 32):
         o = b * 32
-        amax = np.float32(0.0)
+        abs_max = np.uint32(0)
         for j in range(32):
-            amax = max(amax, abs(x[o + j]))
+            abs_max = max(abs_max, bits[o + j] & np.uint32(0x7FFFFFFF))
+        amax = f32_from_bits(abs_max)
         d = amax / np.float32(127.0)
         inv = np.float32(127.0) / amax if amax != np.float32(0.0) else np.float32(0.0)
         q_sum = 0
         for e in range(32):
             q = np.rint(x[o + e] * inv)
-            q_sum += np.int64(q)
+            # an inf or NaN product (amax under 127 / FLT_MAX makes inv inf): cvtps2dq's INT_MIN, which ggml sums as
+            # int32 and packs (saturating) to -128
+            qi = np.int32(q) if abs(q) <= np.float32(127.0) else np.int32(-2147483648)
+            q_sum += qi
+            q8 = np.int8(qi) if qi >= -128 else np.int8(-128)
             if HAVE_AVX2:
-                xq[o + e] = np.int8(q)
+                xq[o + e] = q8
             else:
-                xq[o + LANE_POS[e]] = q
+                xq[o + LANE_POS[e]] = q8
         xd[b] = to_f16(d)
         if xs.size:
-            xs[b] = to_f16(d * np.float32(q_sum))
+            xs[b] = to_f16(d * np.float32(np.int32(q_sum)))
 
-
-# ---- float dot structures ------------------------------------------------------------------------
 
 @njit(inline="always", **EXACT)
 def dot_one_row(w, x, t, f16_tail):
