@@ -434,13 +434,14 @@ def test_blocks_of_tiny_inputs_round_as_ggml(qtype):
     assert np.array_equal(run_matmul(qtype, data, 5, x).view(np.uint32), want.view(np.uint32))
 
 
-@pytest.mark.parametrize("qtype", BLOCK32, ids=lambda t: t.name)
-@pytest.mark.parametrize("position", [0, 5, 31, 100])
+@pytest.mark.parametrize("qtype", BLOCK32 + KQUANTS + FLOATS, ids=lambda t: t.name)
+@pytest.mark.parametrize("position", [0, 5, 31, 300])
 def test_a_nan_input_makes_every_output_nan(qtype, position):
-    """A NaN in an input row gives its block a NaN scale, so every output of the row is NaN and the forward's logits
-    check stops the step, instead of the NaN being rounded to some integer and the row's outputs staying finite."""
-    data, _ = make_weights(qtype, n_rows=5, n_cols=128, seed=3)
-    x = (np.random.default_rng(1).standard_normal((2, 128)) * 3).astype(np.float32)
+    """A NaN in an input row gives its Q8_0 / Q8_1 / Q8_K block a NaN scale (float types carry it as it is), so every
+    output of the row is NaN and the forward's logits check stops the step, instead of the NaN being rounded to some
+    integer (or to 0, as ggml's Q8_K rounding does) and the row's outputs staying finite."""
+    data, _ = make_weights(qtype, n_rows=8, n_cols=512, seed=3)
+    x = (np.random.default_rng(1).standard_normal((2, 512)) * 3).astype(np.float32)
     x[0, position] = np.nan
-    out = run_matmul(qtype, data, 5, x)
+    out = run_matmul(qtype, data, 8, x)
     assert np.isnan(out[0]).all() and np.isfinite(out[1]).all()

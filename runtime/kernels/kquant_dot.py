@@ -51,13 +51,22 @@ VEC_DOT, GEMV, GEMM, TILED = range(4)
 
 @njit(**EXACT)
 def quantize_q8_k_row(x, q, d, bsums):
-    """quantize_row_q8_K_ref of one row: q int8 (n), d float32 (n / 256), bsums int32 (n / 16)."""
+    """quantize_row_q8_K_ref of one row: q int8 (n), d float32 (n / 256), bsums int32 (n / 16). But for a block
+    holding a NaN, which ggml's nearest_int makes 0 (so its dots stay finite and a NaN passes unseen): its scale
+    is NaN, so are its dots, and the forward's logits check stops the step."""
     for b in range(x.size // QK_K):
         o = b * QK_K
         amax, vmax = F32(0.0), F32(0.0)
+        has_nan = False
         for j in range(QK_K):
+            has_nan |= x[o + j] != x[o + j]
             if abs(x[o + j]) > amax:
                 amax, vmax = abs(x[o + j]), x[o + j]
+        if has_nan:
+            d[b] = F32(np.nan)
+            q[o:o + QK_K] = 0
+            bsums[16 * b:16 * b + 16] = 0
+            continue
         if amax == F32(0.0):
             d[b] = F32(0.0)
             q[o:o + QK_K] = 0
