@@ -175,3 +175,23 @@ def test_a_forward_without_logits_checks_the_final_states(tmp_path):
             model.forward([1, 2, 3], taps=[1], logits="none")
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("scheme", ["q8_0", "q4_1", "q4_k", "q6_k"])
+@pytest.mark.parametrize("tensor, piece", [("blk.3.attn_norm.weight", "layer 3's token mixer"),
+                                           ("blk.1.ffn_norm.weight", "layer 1's feed-forward network")])
+def test_nan_in_a_norm_of_a_quantized_target_is_caught(tmp_path, scheme, tensor, piece):
+    """A NaN in a norm (F32 in every scheme) reaches the quantized matmuls through their inputs' rounding to Q8_0,
+    Q8_1 or Q8_K, which must keep it: rounded to an integer, it left the logits finite and wrong."""
+    from ggtools.runtime import TargetModel
+    from ggtools.runtime.errors import NonFiniteError
+    from tests.hostile_corpus import poison, run_cli
+    quantized = tmp_path / f"{scheme}.gguf"
+    assert run_cli(["quantize", os.path.join(DEMO, "target.gguf"), "-o", quantized, "--scheme", scheme]).exit_code == 0
+    model = TargetModel(poison(quantized, tmp_path / "m.gguf", tensor), threads=1)
+    try:
+        with pytest.raises(NonFiniteError) as e:
+            model.forward([0, 1, 2])
+    finally:
+        model.close()
+    assert f"tensor '{tensor}' holds NaN/inf" in str(e.value) and piece in str(e.value), str(e.value)
