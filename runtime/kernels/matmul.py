@@ -412,6 +412,8 @@ def quantize_q8_row(x, xq, xd, xs):
             xs[b] = to_f16(d * np.float32(np.int32(q_sum)))
 
 
+# ---- float dot structures ------------------------------------------------------------------------
+
 @njit(inline="always", **EXACT)
 def dot_one_row(w, x, t, f16_tail):
     """ggml_vec_dot_f32 / ggml_vec_dot_f16 (AVX2) of w with x[t]: 4 accumulators of 8 lanes over
