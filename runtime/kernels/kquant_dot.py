@@ -2,8 +2,8 @@
 
 The input goes through Q8_K (quantize_row_q8_K_ref: per 256 values q = min(127, nearest_int(x * iscale)) with
 iscale = -127 / the value of largest magnitude, d = 1 / iscale, and the sums of each 16 q). Every integer sum is
-exact (llama.cpp's 16-bit intermediates cannot overflow for these value ranges; simd.q4_k_chunk_lanes and
-q6_k_lanes compute them), so only the float steps, per 256-value super-block, decide the bits. Which kernel llama.cpp
+exact (llama.cpp's 16-bit intermediates cannot overflow for these value ranges; simd.q4_k_chunk_lanes_* and
+q6_k_lanes_* compute them), so only the float steps, per 256-value super-block, decide the bits. Which kernel llama.cpp
 gives an input row (rows_kquant), and its float steps:
 
 - GEMV, GEMM: Q4_K in a matrix llama.cpp repacks (rows a multiple of 8: ggml_gemv / gemm_q4_K_8x8_q8_K, its
@@ -32,7 +32,8 @@ from numba import njit
 
 from ggtools.quants.floatbits import FP16_TO_F32, nearest_int
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma
-from ggtools.runtime.kernels.simd import q4_k_chunk_lanes, q6_k_lanes
+from ggtools.runtime.kernels.simd import (fma_lanes8, q4_k_chunk_lanes_1, q4_k_chunk_lanes_4, q4_k_chunk_lanes_8,
+                                          q6_k_lanes_1, q6_k_lanes_4, q6_k_lanes_8)
 
 QK_K = 256
 Q4_K_BLOCK, Q6_K_BLOCK = 144, 210
@@ -105,72 +106,121 @@ def q4_k_row_scales(buf, so, n_blocks, sc, mn, d, dmin):
 
 
 @njit(inline="always", **EXACT)
-def hsum8(a):
-    """hsum_float_8: (a0 + a4) + (a2 + a6) + ((a1 + a5) + (a3 + a7))."""
-    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+def hsum8(a, r):
+    """hsum_float_8 of a[r, :8]: (a0 + a4) + (a2 + a6) + ((a1 + a5) + (a3 + a7))."""
+    return ((a[r, 0] + a[r, 4]) + (a[r, 2] + a[r, 6])) + ((a[r, 1] + a[r, 5]) + (a[r, 3] + a[r, 7]))
 
 
 @njit(inline="always", **EXACT)
-def q4_k_mins(mn, m, bsums, g, c):
-    """min * q8 sum of sub-blocks 2c and 2c + 1 (the mins from mn[m], bsums from index g: the super-block's 16-value
-    sums)."""
-    o = g + 4 * c
-    return mn[m + 2 * c] * (bsums[o] + bsums[o + 1]) + mn[m + 2 * c + 1] * (bsums[o + 2] + bsums[o + 3])
+def q4_k_lanes(n, buf, bo, q8, t, xo, sc, mn, so, bsums, go, lanes):
+    """simd.q4_k_chunk_lanes_<n> for input rows t..t + n - 1 (n: 1, 4 or 8)."""
+    if n == 8:
+        q4_k_chunk_lanes_8(buf, bo, q8, t, xo, sc, mn, so, bsums, go, lanes)
+    elif n == 4:
+        q4_k_chunk_lanes_4(buf, bo, q8, t, xo, sc, mn, so, bsums, go, lanes)
+    else:
+        q4_k_chunk_lanes_1(buf, bo, q8, t, xo, sc, mn, so, bsums, go, lanes)
 
 
 @njit(inline="always", **EXACT)
-def dot_q4_k(variant, buf, so, n_blocks, q8, xd, bsums, w):
-    """One Q4_K weight row . one Q8_K input row, as `variant` sums it (module docstring); w: the row's numbers from
-    q4_k_row_scales (sc, mn, d, dmin) and scratch (lanes (12: simd.q4_k_chunk_lanes), acc (8), acc_m (4))."""
-    sc, mn, d_ws, dmin_ws, lanes, acc, acc_m = w
-    acc[:] = F32(0.0)
-    acc_m[:] = F32(0.0)
-    total, total_m = F32(0.0), F32(0.0)
-    for b in range(n_blocks):
-        q4_k_chunk_lanes(buf, so + U(b) * U(Q4_K_BLOCK), q8, U(QK_K * b), sc, U(8 * b), lanes)
-        d_w, dmin_w = d_ws[b], dmin_ws[b]
-        if variant == VEC_DOT:
-            d, dmin = xd[b] * d_w, -xd[b] * dmin_w
-            for l in range(8):
-                acc[l] = fma(d, F32(lanes[l]), acc[l])
-            for k in range(4):
-                acc_m[k] = fma(dmin, F32(q4_k_mins(mn, 8 * b, bsums, 16 * b, k)), acc_m[k])
-            continue
-        isum, imin = np.int32(0), np.int32(0)
-        for c in range(4):
-            isum += lanes[8 + c]
-            imin += q4_k_mins(mn, 8 * b, bsums, 16 * b, c)
-            if variant == GEMM:
-                total = fma(F32(isum), d_w * xd[b], total)
-                total_m = fma(F32(imin), dmin_w * xd[b], total_m)
-                isum, imin = np.int32(0), np.int32(0)
-        if variant == GEMV:
-            total = fma(F32(isum), d_w * xd[b], total)
-            total_m = fma(F32(imin), dmin_w * xd[b], total_m)
-        elif variant == TILED:
-            total = fma(fma(-dmin_w, F32(imin), d_w * F32(isum)), xd[b], total)
-    if variant == VEC_DOT:
-        return hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
-    return total - total_m
+def q6_k_lanes(n, buf, bo, q8, t, xo, bsums, go, lanes):
+    """simd.q6_k_lanes_<n> for input rows t..t + n - 1 (n: 1, 4 or 8)."""
+    if n == 8:
+        q6_k_lanes_8(buf, bo, q8, t, xo, bsums, go, lanes)
+    elif n == 4:
+        q6_k_lanes_4(buf, bo, q8, t, xo, bsums, go, lanes)
+    else:
+        q6_k_lanes_1(buf, bo, q8, t, xo, bsums, go, lanes)
 
 
 @njit(inline="always", **EXACT)
-def dot_q6_k(variant, buf, so, n_blocks, q8, xd, bsums, w):
-    """One Q6_K weight row . one Q8_K input row: vec_dot's 8 lanes, or the tiled kernel's chain (module
-    docstring); w: scratch (lanes (9: simd.q6_k_lanes), acc (8))."""
-    lanes, acc = w
-    acc[:] = F32(0.0)
-    total = F32(0.0)
-    for b in range(n_blocks):
-        bo = so + U(b) * U(Q6_K_BLOCK)
-        q6_k_lanes(buf, bo, q8, U(QK_K * b), bsums, U(16 * b), lanes)
-        if variant == VEC_DOT:
-            d = xd[b] * f16_at(buf, bo + U(208))
-            for l in range(8):
-                acc[l] = fma(d, F32(lanes[l]), acc[l])
-        else:
-            total = fma(f16_at(buf, bo + U(208)) * F32(lanes[8]), xd[b], total)
-    return hsum8(acc) if variant == VEC_DOT else total
+def group_rows(t, n_in):
+    """How many input rows from t on share each decoded weight chunk: 8, 4 or 1."""
+    return 8 if t + 8 <= n_in else 4 if t + 4 <= n_in else 1
+
+
+@njit(**EXACT)
+def rows_q4_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, tiled, repacked, gemm_rows):
+    """rows_kquant for Q4_K: each weight row's scales decoded once (q4_k_row_scales), then its dot with input rows
+    t..t + n - 1 (group_rows), each as its variant sums it (module docstring). The loops live here, with the scratch
+    arrays, so that numba counts no references inside them."""
+    n_in = q8.shape[0]
+    sc, mn = np.empty(8 * n_blocks, np.int32), np.empty(8 * n_blocks, np.int32)
+    d_ws, dmin_ws = np.empty(n_blocks, np.float32), np.empty(n_blocks, np.float32)
+    lanes, acc, acc_m = np.empty((8, 16), np.int32), np.empty((8, 8), np.float32), np.empty((8, 4), np.float32)
+    total, total_m = np.empty(8, np.float32), np.empty(8, np.float32)
+    for i in range(n_rows):
+        so = U(offset) + U(i) * U(row_bytes)
+        q4_k_row_scales(buf, so, n_blocks, sc, mn, d_ws, dmin_ws)
+        t = 0
+        while t < n_in:
+            n = group_rows(t, n_in)
+            variant = TILED if tiled else (GEMM if t < gemm_rows else GEMV) if repacked else VEC_DOT
+            for r in range(n):
+                for l in range(8):
+                    acc[r, l] = F32(0.0)
+                for k in range(4):
+                    acc_m[r, k] = F32(0.0)
+                total[r] = total_m[r] = F32(0.0)
+            for b in range(n_blocks):
+                q4_k_lanes(n, buf, so + U(b) * U(Q4_K_BLOCK), q8, t, U(QK_K * b), sc, mn, U(8 * b), bsums, U(16 * b),
+                           lanes)
+                d_w, dmin_w = d_ws[b], dmin_ws[b]
+                for r in range(n):
+                    x_d = xd[t + r, b]
+                    if variant == VEC_DOT:
+                        d, dmin = x_d * d_w, -x_d * dmin_w
+                        fma_lanes8(acc, r, d, lanes)
+                        for k in range(4):
+                            acc_m[r, k] = fma(dmin, F32(lanes[r, 12 + k]), acc_m[r, k])
+                        continue
+                    isum, imin = np.int32(0), np.int32(0)
+                    for c in range(4):
+                        isum += lanes[r, 8 + c]
+                        imin += lanes[r, 12 + c]
+                        if variant == GEMM:
+                            total[r] = fma(F32(isum), d_w * x_d, total[r])
+                            total_m[r] = fma(F32(imin), dmin_w * x_d, total_m[r])
+                            isum, imin = np.int32(0), np.int32(0)
+                    if variant == GEMV:
+                        total[r] = fma(F32(isum), d_w * x_d, total[r])
+                        total_m[r] = fma(F32(imin), dmin_w * x_d, total_m[r])
+                    elif variant == TILED:
+                        total[r] = fma(fma(-dmin_w, F32(imin), d_w * F32(isum)), x_d, total[r])
+            for r in range(n):
+                if variant == VEC_DOT:
+                    out[t + r, column + i] = hsum8(acc, r) + ((acc_m[r, 0] + acc_m[r, 2]) + (acc_m[r, 1] + acc_m[r, 3]))
+                else:
+                    out[t + r, column + i] = total[r] - total_m[r]
+            t += n
+
+
+@njit(**EXACT)
+def rows_q6_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, tiled):
+    """rows_kquant for Q6_K (as rows_q4_k): vec_dot's 8 lanes, or the tiled kernel's chain (module docstring)."""
+    n_in = q8.shape[0]
+    lanes, acc, total = np.empty((8, 16), np.int32), np.empty((8, 8), np.float32), np.empty(8, np.float32)
+    for i in range(n_rows):
+        so = U(offset) + U(i) * U(row_bytes)
+        t = 0
+        while t < n_in:
+            n = group_rows(t, n_in)
+            for r in range(n):
+                for l in range(8):
+                    acc[r, l] = F32(0.0)
+                total[r] = F32(0.0)
+            for b in range(n_blocks):
+                bo = so + U(b) * U(Q6_K_BLOCK)
+                q6_k_lanes(n, buf, bo, q8, t, U(QK_K * b), bsums, U(16 * b), lanes)
+                d_w = f16_at(buf, bo + U(208))
+                for r in range(n):
+                    if tiled:
+                        total[r] = fma(d_w * F32(lanes[r, 8]), xd[t + r, b], total[r])
+                    else:
+                        fma_lanes8(acc, r, xd[t + r, b] * d_w, lanes)
+            for r in range(n):
+                out[t + r, column + i] = total[r] if tiled else hsum8(acc, r)
+            t += n
 
 
 def rows_mode(stepwise: bool, expert: bool) -> int:
@@ -180,27 +230,13 @@ def rows_mode(stepwise: bool, expert: bool) -> int:
 @njit(**EXACT)
 def rows_kquant(kernel, buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, mode):
     """out[:, column + i] = weight row i (from buf[offset] on) . every input row, each input row through the kernel
-    llama.cpp gives it in `mode`."""
+    llama.cpp gives it in `mode`; input rows go 8, then 4 at a time, then one at a time, sharing each decoded weight
+    chunk (the kernel is the same for every row of a group: the gemm's rows are the first multiple of 4)."""
     n_in = q8.shape[0]
     gemm_rows = n_in // 4 * 4 if kernel == Q4_K_REPACKED and mode == ROWS_MATMUL and n_in > 3 else 0
     tiled = kernel != Q4_K_REPACKED and mode != ROWS_STEPWISE and n_in >= TILED_MIN_ROWS
-    q4_scratch = (np.empty(8 * n_blocks, np.int32), np.empty(8 * n_blocks, np.int32), np.empty(n_blocks, np.float32),
-                  np.empty(n_blocks, np.float32), np.empty(12, np.int32), np.empty(8, np.float32),
-                  np.empty(4, np.float32))
-    q6_scratch = (np.empty(9, np.int32), np.empty(8, np.float32))
-    for i in range(n_rows):
-        so = U(offset) + U(i) * U(row_bytes)
-        if kernel != Q6_K:
-            q4_k_row_scales(buf, so, n_blocks, q4_scratch[0], q4_scratch[1], q4_scratch[2], q4_scratch[3])
-        for t in range(n_in):
-            if tiled:
-                variant = TILED
-            elif kernel == Q4_K_REPACKED:
-                variant = GEMM if t < gemm_rows else GEMV
-            else:
-                variant = VEC_DOT
-            if kernel == Q6_K:
-                out[t, column + i] = dot_q6_k(variant, buf, so, n_blocks, q8[t], xd[t], bsums[t], q6_scratch)
-            else:
-                out[t, column + i] = dot_q4_k(variant, buf, so, n_blocks, q8[t], xd[t], bsums[t], q4_scratch)
-
+    if kernel == Q6_K:
+        rows_q6_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, tiled)
+    else:
+        rows_q4_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, tiled, kernel == Q4_K_REPACKED,
+                  gemm_rows)

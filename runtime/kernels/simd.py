@@ -602,17 +602,23 @@ def _sum_lanes(builder, v):
     return _lane(builder, _row_sums8(builder, [v] * 8), 0)
 
 
-def _scaled_lanes(builder, values, x, scale_low, scale_high):
-    """<8 x i32>: lane l = scale * (unsigned values[4l..4l+3] . signed x[4l..4l+3]), <32 x i8> each; the scale
-    (i32) is scale_low for lanes 0-3 and scale_high for lanes 4-7. On AVX2 ggml's maddubs + madd."""
+def _lane_scales(builder, scale_low, scale_high):
+    """The scales _scaled_lanes applies (i32 scale_low for lanes 0-3, scale_high for lanes 4-7), made once for the
+    input rows that share a weight chunk: 16 x i16 for madd on AVX2, else 8 x i32."""
     if HAVE_AVX2:
         v8s = ir.VectorType(ir.IntType(16), 8)
         low, high = (_splat(builder, builder.trunc(s, ir.IntType(16)), v8s) for s in (scale_low, scale_high))
-        scales16 = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, 16), list(range(16))))
+        return builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(I32, 16), list(range(16))))
+    return builder.shuffle_vector(_splat(builder, scale_low, V8I), _splat(builder, scale_high, V8I),
+                                  ir.Constant(V8I, [0, 1, 2, 3, 12, 13, 14, 15]))
+
+
+def _scaled_lanes(builder, values, x, scales):
+    """<8 x i32>: lane l = scale * (unsigned values[4l..4l+3] . signed x[4l..4l+3]), <32 x i8> each, with the
+    scales of _lane_scales. On AVX2 ggml's maddubs + madd."""
+    if HAVE_AVX2:
         pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, [values, x])
-        return _x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, scales16])
-    scales = builder.shuffle_vector(_splat(builder, scale_low, V8I), _splat(builder, scale_high, V8I),
-                                    ir.Constant(V8I, [0, 1, 2, 3, 12, 13, 14, 15]))
+        return _x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, scales])
     return builder.mul(scales, _lanes_of_4(builder, builder.mul(builder.zext(values, V32S), builder.sext(x, V32S))))
 
 
@@ -620,73 +626,139 @@ def _store_lanes(builder, lanes, ptr):
     builder.store(lanes, builder.bitcast(ptr, V8I.as_pointer()), align=4)
 
 
-@intrinsic
-def q4_k_chunk_lanes(typingctx, buf, bo, q8, xo, scales, so, out):
-    """One Q4_K super-block (bytes from bo) against Q8_K values q8[xo:xo + 256], exact integers (ggml's maddubs /
-    madd lanes; its 8 scales: int32 scales[so:so + 8]): with lanes_c[l] = scale 2c * (values 4l..4l+3 of sub-block
-    2c . q8) + scale 2c + 1 * (the same of sub-block 2c + 1) for the 64-value chunks c < 4, out[l] = the sum of
-    lanes_c[l] over c (l < 8) and out[8 + c] = the sum of lanes_c's lanes."""
-    def codegen(context, builder, signature, args):
-        buf_a, bo_v, q8_a, xo_v, sc_a, so_v, out_a = args
-        buf_t, _, q8_t, _, sc_t, _, out_t = signature.args
-        scales_at = _element_ptr(context, builder, sc_t, sc_a, so_v)
-        block = _element_ptr(context, builder, buf_t, buf_a, bo_v)
-        xp = _element_ptr(context, builder, q8_t, q8_a, xo_v)
-        for c in range(4):
-            raw = _bytes32(builder, builder.gep(block, [ir.Constant(I64, 16 + 32 * c)]))
-            low = builder.and_(raw, ir.Constant(V32B, [15] * 32))
-            high = builder.lshr(raw, ir.Constant(V32B, [4] * 32))
-            x_low = _bytes32(builder, builder.gep(xp, [ir.Constant(I64, 64 * c)]))
-            x_high = _bytes32(builder, builder.gep(xp, [ir.Constant(I64, 64 * c + 32)]))
-            s_low, s_high = (builder.load(builder.gep(scales_at, [ir.Constant(I64, 2 * c + k)])) for k in (0, 1))
-            lanes = builder.add(_scaled_lanes(builder, low, x_low, s_low, s_low),
-                                _scaled_lanes(builder, high, x_high, s_high, s_high))
-            total_at = _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 8 + c))
-            builder.store(_sum_lanes(builder, lanes), total_at)
-            acc = lanes if c == 0 else builder.add(acc, lanes)
-        _store_lanes(builder, acc, _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 0)))
-        return context.get_dummy_value()
-
-    return types.void(buf, bo, q8, xo, scales, so, out), codegen
+def _store_4(builder, v8, half, ptr):
+    """Store lanes 4 * half .. 4 * half + 3 of an <8 x i32> at ptr."""
+    v4 = builder.shuffle_vector(v8, v8, ir.Constant(ir.VectorType(I32, 4), [4 * half + k for k in range(4)]))
+    builder.store(v4, builder.bitcast(ptr, ir.VectorType(I32, 4).as_pointer()), align=4)
 
 
-@intrinsic
-def q6_k_lanes(typingctx, buf, bo, q8, xo, bsums, go, out):
-    """One Q6_K super-block (bytes from bo) against q8[xo:xo + 256] (its 16-value sums bsums[go:go + 16], int32),
-    exact integers: out[l] = ggml's lane l, the sum over the 32-value chunks of scale * (unsigned values 4l..4l+3
-    . q8) (the scale of the chunk's first or second 16 values) less 32 * (bsums[2l] * scale_2l + bsums[2l + 1] *
-    scale_2l+1); out[8] = the sum of the lanes."""
-    def codegen(context, builder, signature, args):
-        buf_a, bo_v, q8_a, xo_v, bs_a, go_v, out_a = args
-        buf_t, _, q8_t, _, bs_t, _, out_t = signature.args
-        block = _element_ptr(context, builder, buf_t, buf_a, bo_v)
-        xp = _element_ptr(context, builder, q8_t, q8_a, xo_v)
-        acc = ir.Constant(V8I, [0] * 8)
-        for j in range(2):
-            qh = _bytes32(builder, builder.gep(block, [ir.Constant(I64, 128 + 32 * j)]))
+def _pair_sums(builder, v):
+    """An integer vector of 2n lanes -> n lanes: lane l = v[2l] + v[2l + 1]."""
+    n = v.type.count // 2
+    even, odd = (builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), [2 * l + k for l in range(n)]))
+                 for k in (0, 1))
+    return builder.add(even, odd)
+
+
+def _q4_k_chunk_lanes(n_rows):
+    """One Q4_K super-block (bytes from bo) against the Q8_K values q8[t + r, xo:xo + 256] of input rows r < n_rows
+    (their 16-value sums bsums[t + r, go:go + 16]), the weight decoded once for them all; exact integers (ggml's
+    maddubs / madd lanes; the super-block's 8 scales and mins: int32 scales[so:so + 8], mins[so:so + 8]): with
+    lanes_c[l] = scale 2c * (values 4l..4l+3 of sub-block 2c . q8) + scale 2c + 1 * (the same of sub-block 2c + 1)
+    for the 64-value chunks c < 4, out[r, l] = the sum of lanes_c[l] over c (l < 8), out[r, 8 + c] = the sum of
+    lanes_c's lanes and out[r, 12 + c] = min 2c * (the q8 sum of sub-block 2c) + min 2c + 1 * (that of 2c + 1)."""
+    def typer(typingctx, buf, bo, q8, t, xo, scales, mins, so, bsums, go, out):
+        def codegen(context, builder, signature, args):
+            buf_a, bo_v, q8_a, t_v, xo_v, sc_a, mn_a, so_v, bs_a, go_v, out_a = args
+            buf_t, _, q8_t, _, _, sc_t, mn_t, _, bs_t, _, out_t = signature.args
+            scales_at = _element_ptr(context, builder, sc_t, sc_a, so_v)
+            block = _element_ptr(context, builder, buf_t, buf_a, bo_v)
+            rows = _input_rows(builder, t_v, n_rows)
+            xps = [_element_ptr(context, builder, q8_t, q8_a, row, xo_v) for row in rows]
+            chunks = [[None] * 4 for _ in range(n_rows)]
             for c in range(4):
-                ql = _bytes32(builder, builder.gep(block, [ir.Constant(I64, 64 * j + 32 * (c & 1))]))
-                low = builder.and_(builder.lshr(ql, ir.Constant(V32B, [4 * (c >> 1)] * 32)),
-                                   ir.Constant(V32B, [15] * 32))
-                high = builder.and_(builder.lshr(qh, ir.Constant(V32B, [2 * c] * 32)), ir.Constant(V32B, [3] * 32))
-                q = builder.or_(low, builder.shl(high, ir.Constant(V32B, [4] * 32)))
-                x = _bytes32(builder, builder.gep(xp, [ir.Constant(I64, 128 * j + 32 * c)]))
-                scale = [builder.sext(builder.load(builder.gep(block, [ir.Constant(I64, 192 + 8 * j + 2 * c + k)])),
-                                      I32) for k in (0, 1)]
-                acc = builder.add(acc, _scaled_lanes(builder, q, x, scale[0], scale[1]))
-        bs = builder.bitcast(_element_ptr(context, builder, bs_t, bs_a, go_v), ir.VectorType(I32, 16).as_pointer())
-        bs = builder.load(bs, align=4)
-        scales = builder.sext(builder.load(builder.bitcast(builder.gep(block, [ir.Constant(I64, 192)]),
-                                                           V16B.as_pointer()), align=1), ir.VectorType(I32, 16))
-        products = builder.mul(bs, scales)
-        even, odd = (builder.shuffle_vector(products, products, ir.Constant(V8I, [2 * l + k for l in range(8)]))
-                     for k in (0, 1))
-        acc = builder.sub(acc, builder.shl(builder.add(even, odd), ir.Constant(V8I, [5] * 8)))
-        _store_lanes(builder, acc, _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 0)))
-        builder.store(_sum_lanes(builder, acc), _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, 8)))
+                raw = _bytes32(builder, builder.gep(block, [ir.Constant(I64, 16 + 32 * c)]))
+                low = builder.and_(raw, ir.Constant(V32B, [15] * 32))
+                high = builder.lshr(raw, ir.Constant(V32B, [4] * 32))
+                s_low, s_high = (builder.load(builder.gep(scales_at, [ir.Constant(I64, 2 * c + k)])) for k in (0, 1))
+                s_low, s_high = _lane_scales(builder, s_low, s_low), _lane_scales(builder, s_high, s_high)
+                for r, xp in enumerate(xps):
+                    x_low = _bytes32(builder, builder.gep(xp, [ir.Constant(I64, 64 * c)]))
+                    x_high = _bytes32(builder, builder.gep(xp, [ir.Constant(I64, 64 * c + 32)]))
+                    chunks[r][c] = builder.add(_scaled_lanes(builder, low, x_low, s_low),
+                                               _scaled_lanes(builder, high, x_high, s_high))
+            mins = builder.load(builder.bitcast(_element_ptr(context, builder, mn_t, mn_a, so_v), V8I.as_pointer()),
+                                align=4)
+
+            def out_at(r, k):
+                return _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, r), ir.Constant(I64, k))
+
+            for r, row in enumerate(rows):
+                c = chunks[r]
+                _store_lanes(builder, builder.add(builder.add(c[0], c[1]), builder.add(c[2], c[3])), out_at(r, 0))
+                bs = builder.bitcast(_element_ptr(context, builder, bs_t, bs_a, row, go_v),
+                                     ir.VectorType(I32, 16).as_pointer())
+                by_sub_block = _pair_sums(builder, builder.load(bs, align=4))
+                imin = _pair_sums(builder, builder.mul(by_sub_block, mins))
+                builder.store(imin, builder.bitcast(out_at(r, 12), imin.type.as_pointer()), align=4)
+            for r in range(0, n_rows, 2):   # the chunk sums of two rows per reduction
+                pair = chunks[r] + chunks[min(r + 1, n_rows - 1)]
+                sums = _row_sums8(builder, pair)
+                _store_4(builder, sums, 0, out_at(r, 8))
+                if r + 1 < n_rows:
+                    _store_4(builder, sums, 1, out_at(r + 1, 8))
+            return context.get_dummy_value()
+
+        return types.void(buf, bo, q8, t, xo, scales, mins, so, bsums, go, out), codegen
+    return intrinsic(typer)
+
+
+def _q6_k_lanes(n_rows):
+    """One Q6_K super-block (bytes from bo) against q8[t + r, xo:xo + 256] of input rows r < n_rows (their 16-value
+    sums bsums[t + r, go:go + 16], int32), the weight decoded once for them all; exact integers: out[r, l] = ggml's
+    lane l, the sum over the 32-value chunks of scale * (unsigned values 4l..4l+3 . q8) (the scale of the chunk's
+    first or second 16 values) less 32 * (bsums[2l] * scale_2l + bsums[2l + 1] * scale_2l+1); out[r, 8] = the sum
+    of the lanes."""
+    def typer(typingctx, buf, bo, q8, t, xo, bsums, go, out):
+        def codegen(context, builder, signature, args):
+            buf_a, bo_v, q8_a, t_v, xo_v, bs_a, go_v, out_a = args
+            buf_t, _, q8_t, _, _, bs_t, _, out_t = signature.args
+            block = _element_ptr(context, builder, buf_t, buf_a, bo_v)
+            rows = _input_rows(builder, t_v, n_rows)
+            xps = [_element_ptr(context, builder, q8_t, q8_a, row, xo_v) for row in rows]
+            acc = [ir.Constant(V8I, [0] * 8)] * n_rows
+            for j in range(2):
+                qh = _bytes32(builder, builder.gep(block, [ir.Constant(I64, 128 + 32 * j)]))
+                for c in range(4):
+                    ql = _bytes32(builder, builder.gep(block, [ir.Constant(I64, 64 * j + 32 * (c & 1))]))
+                    low = builder.and_(builder.lshr(ql, ir.Constant(V32B, [4 * (c >> 1)] * 32)),
+                                       ir.Constant(V32B, [15] * 32))
+                    high = builder.and_(builder.lshr(qh, ir.Constant(V32B, [2 * c] * 32)), ir.Constant(V32B, [3] * 32))
+                    q = builder.or_(low, builder.shl(high, ir.Constant(V32B, [4] * 32)))
+                    scale = [builder.sext(builder.load(builder.gep(block, [ir.Constant(I64, 192 + 8 * j + 2 * c + k)])),
+                                          I32) for k in (0, 1)]
+                    scales = _lane_scales(builder, scale[0], scale[1])
+                    for r, xp in enumerate(xps):
+                        x = _bytes32(builder, builder.gep(xp, [ir.Constant(I64, 128 * j + 32 * c)]))
+                        acc[r] = builder.add(acc[r], _scaled_lanes(builder, q, x, scales))
+            scales = builder.sext(builder.load(builder.bitcast(builder.gep(block, [ir.Constant(I64, 192)]),
+                                                               V16B.as_pointer()), align=1), ir.VectorType(I32, 16))
+            for r, row in enumerate(rows):
+                bs = builder.bitcast(_element_ptr(context, builder, bs_t, bs_a, row, go_v),
+                                     ir.VectorType(I32, 16).as_pointer())
+                bias = _pair_sums(builder, builder.mul(builder.load(bs, align=4), scales))
+                lanes = builder.sub(acc[r], builder.shl(bias, ir.Constant(V8I, [5] * 8)))
+                _store_lanes(builder, lanes, _element_ptr(context, builder, out_t, out_a, ir.Constant(I64, r),
+                                                          ir.Constant(I64, 0)))
+                builder.store(_sum_lanes(builder, lanes), _element_ptr(context, builder, out_t, out_a,
+                                                                       ir.Constant(I64, r), ir.Constant(I64, 8)))
+            return context.get_dummy_value()
+
+        return types.void(buf, bo, q8, t, xo, bsums, go, out), codegen
+    return intrinsic(typer)
+
+
+@intrinsic
+def fma_lanes8(typingctx, acc, r, d, lanes):
+    """acc[r, :8] = fma(d, float(lanes[r, :8]), acc[r, :8]) (float32 acc, int32 lanes): vec_dot's 8 accumulators over
+    one super-block, one vector fma (each lane's fma as the scalar one rounds it)."""
+    def codegen(context, builder, signature, args):
+        acc_a, r_v, d_v, lanes_a = args
+        acc_t, _, _, lanes_t = signature.args
+        at = builder.bitcast(_element_ptr(context, builder, acc_t, acc_a, r_v, ir.Constant(I64, 0)), V8F.as_pointer())
+        lp = builder.bitcast(_element_ptr(context, builder, lanes_t, lanes_a, r_v, ir.Constant(I64, 0)),
+                             V8I.as_pointer())
+        summed = _fma8(builder, _splat(builder, d_v), builder.sitofp(builder.load(lp, align=4), V8F),
+                       builder.load(at, align=4))
+        builder.store(summed, at, align=4)
         return context.get_dummy_value()
 
-    return types.void(buf, bo, q8, xo, bsums, go, out), codegen
+    return types.void(acc, r, d, lanes), codegen
+
+
+# rows of Q8_K input per call: 8 or 4 sharing each decoded weight chunk (more spill registers on AVX2), or one
+q4_k_chunk_lanes_1, q4_k_chunk_lanes_4, q4_k_chunk_lanes_8 = (_q4_k_chunk_lanes(n) for n in (1, 4, 8))
+q6_k_lanes_1, q6_k_lanes_4, q6_k_lanes_8 = (_q6_k_lanes(n) for n in (1, 4, 8))
 
 
 # ---- attention: many dots against one vector, ggml_v_expf ------------------------------------------
