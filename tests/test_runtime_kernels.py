@@ -195,7 +195,8 @@ def extreme_q8_0_rows(n_rows, n_cols):
 
 @pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "q8_0 extremes"])
 def test_vnni_block_dot_equals_maddubs(name):
-    """Where the CPU has VNNI the block dots sum each 4-value lane in one vpdpbusd (as ggml's VNNI builds); the
+    """Where the CPU has VNNI the block dots sum each 4-value lane in one vpdpbusd (as ggml's VNNI builds; the 4- and
+    8-row kernels with signed weights as w + 128 against lanes started at -128 times the input's 4-value sums); the
     lanes equal the maddubs + madd sums of ggml's AVX2 builds (the test oracle) bit for bit, also for the largest
     products (weights -128 and 127 against inputs +-127)."""
     from numba import njit
@@ -216,16 +217,18 @@ def test_vnni_block_dot_equals_maddubs(name):
     maddubs_1, maddubs_4 = simd._dot_row_block32_maddubs(layout, 1), simd._dot_row_block32_maddubs(layout, 4)
 
     @njit
-    def both(data, row_bytes, n_blocks, xq, xd, xs, out):
+    def both(data, row_bytes, n_blocks, xq, xd, xs, xc, xdT, out):
         for r in range(out.shape[1]):
             so = np.uint64(r * row_bytes)
-            out[0, r, 0], out[0, r, 1], out[0, r, 2], out[0, r, 3] = vnni_4(data, so, n_blocks, xq, xd, xs, 0)
-            out[1, r, 0], out[1, r, 1], out[1, r, 2], out[1, r, 3] = maddubs_4(data, so, n_blocks, xq, xd, xs, 0)
+            out[0, r, 0], out[0, r, 1], out[0, r, 2], out[0, r, 3] = vnni_4(data, so, n_blocks, xq, xd, xs, 0, xc, xdT)
+            out[1, r, 0], out[1, r, 1], out[1, r, 2], out[1, r, 3] = maddubs_4(data, so, n_blocks, xq, xd, xs, 0, xc,
+                                                                               xdT)
             (out[0, r, 4],) = vnni_1(data, so, n_blocks, xq, xd, xs, 4)
             (out[1, r, 4],) = maddubs_1(data, so, n_blocks, xq, xd, xs, 4)
 
     out = np.empty((2, 8, 5), np.float32)
-    both(data, data.size // 8, 256 // 32, prepared.xq, prepared.xd, prepared.xs, out)
+    xc, xdT = matmul.batch_forms(prepared.xq, prepared.xd)
+    both(data, data.size // 8, 256 // 32, prepared.xq, prepared.xd, prepared.xs, xc, xdT, out)
     assert np.array_equal(out[0].view(np.uint32), out[1].view(np.uint32))
 
 

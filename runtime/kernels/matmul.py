@@ -46,7 +46,7 @@ from ggtools.runtime.kernels.workers import (ARGS, CONTROL_SIZE, Job, array_1d, 
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
 from ggtools.runtime.kernels.kquant_dot import (Q4_K_REPACKED, QK_K, ROWS_EXPERT, quantize_q8_k_row, rows_kquant,
                                                 rows_mode)
-from ggtools.runtime.kernels.simd import (HAVE_AVX2, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_4x8_stored_1,
+from ggtools.runtime.kernels.simd import (HAVE_AVX2, HAVE_VNNI, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_4x8_stored_1,
                                   dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
                                   stored2_lanes8_4,
                                   dot_row_mxfp4_1, dot_row_mxfp4_4,
@@ -457,6 +457,26 @@ def prepare_rows(kind, x, xq, xd, xs):
             dst[:] = src
 
 
+@njit(**EXACT)
+def batch_forms(xq, xd):
+    """What the 4- and 8-row block dots take besides xq and xd (simd._dot_row_block32_with): xc[t, 8b + l] = -128 *
+    the sum of xq[t, 32b + 4l:32b + 4l + 4] (VNNI only; else no columns), and xdT[b, t] = xd[t, b]. One-row
+    inputs get none (their dots do not read them)."""
+    n_in, n_blocks = xd.shape
+    batch = n_in >= 4
+    xc = np.empty((n_in if batch else 0, 8 * n_blocks if batch and HAVE_VNNI else 0), np.int32)
+    xdT = np.empty((n_blocks if batch else 0, n_in if batch else 0), np.float32)
+    for t in range(xc.shape[0]):
+        for k in range(xc.shape[1]):
+            o = 4 * k
+            xc[t, k] = -128 * (np.int32(xq[t, o]) + np.int32(xq[t, o + 1]) + np.int32(xq[t, o + 2]) +
+                               np.int32(xq[t, o + 3]))
+    for b in range(xdT.shape[0]):
+        for t in range(n_in):
+            xdT[b, t] = xd[t, b]
+    return xc, xdT
+
+
 # ---- matmul --------------------------------------------------------------------------------------
 
 # Each type's task loop is its own (not inlined) function: one kernel holding every type's inlined dots ran
@@ -464,7 +484,7 @@ def prepare_rows(kind, x, xq, xd, xs):
 # written out, not made by a factory closing over the simd dots: numba keys a closure's cache on its pickled
 # cells, and an intrinsic pickles with a uuid made per process, so such loops would never load from the cache.
 @njit(**EXACT)
-def rows_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
+def rows_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column):
     """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
     rows per decode of a weight row, then one at a time (ggml_vec_dot_q4_0_q8_*'s sums)."""
     for i in range(n_rows):
@@ -472,12 +492,13 @@ def rows_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
         r = column + i
         t = 0
         while t + 8 <= xq.shape[0]:
-            sums = dot_row_q4_0_8(buf, so, n_blocks, xq, xd, xs, t)
+            sums = dot_row_q4_0_8(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             for j in range(8):
                 out[t + j, r] = sums[j]
             t += 8
         while t + 4 <= xq.shape[0]:
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q4_0_4(buf, so, n_blocks, xq, xd, xs, t)
+            sums4 = dot_row_q4_0_4(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = sums4
             t += 4
         while t < xq.shape[0]:
             (out[t, r],) = dot_row_q4_0_1(buf, so, n_blocks, xq, xd, xs, t)
@@ -485,7 +506,7 @@ def rows_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
 
 
 @njit(**EXACT)
-def rows_q4_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
+def rows_q4_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column):
     """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
     rows per decode of a weight row, then one at a time (ggml_vec_dot_q4_1_q8_*'s sums)."""
     for i in range(n_rows):
@@ -493,12 +514,13 @@ def rows_q4_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
         r = column + i
         t = 0
         while t + 8 <= xq.shape[0]:
-            sums = dot_row_q4_1_8(buf, so, n_blocks, xq, xd, xs, t)
+            sums = dot_row_q4_1_8(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             for j in range(8):
                 out[t + j, r] = sums[j]
             t += 8
         while t + 4 <= xq.shape[0]:
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q4_1_4(buf, so, n_blocks, xq, xd, xs, t)
+            sums4 = dot_row_q4_1_4(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = sums4
             t += 4
         while t < xq.shape[0]:
             (out[t, r],) = dot_row_q4_1_1(buf, so, n_blocks, xq, xd, xs, t)
@@ -506,7 +528,7 @@ def rows_q4_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
 
 
 @njit(**EXACT)
-def rows_q5_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
+def rows_q5_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column):
     """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
     rows per decode of a weight row, then one at a time (ggml_vec_dot_q5_0_q8_*'s sums)."""
     for i in range(n_rows):
@@ -514,12 +536,13 @@ def rows_q5_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
         r = column + i
         t = 0
         while t + 8 <= xq.shape[0]:
-            sums = dot_row_q5_0_8(buf, so, n_blocks, xq, xd, xs, t)
+            sums = dot_row_q5_0_8(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             for j in range(8):
                 out[t + j, r] = sums[j]
             t += 8
         while t + 4 <= xq.shape[0]:
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q5_0_4(buf, so, n_blocks, xq, xd, xs, t)
+            sums4 = dot_row_q5_0_4(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = sums4
             t += 4
         while t < xq.shape[0]:
             (out[t, r],) = dot_row_q5_0_1(buf, so, n_blocks, xq, xd, xs, t)
@@ -527,7 +550,7 @@ def rows_q5_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
 
 
 @njit(**EXACT)
-def rows_q5_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
+def rows_q5_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column):
     """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
     rows per decode of a weight row, then one at a time (ggml_vec_dot_q5_1_q8_*'s sums)."""
     for i in range(n_rows):
@@ -535,12 +558,13 @@ def rows_q5_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
         r = column + i
         t = 0
         while t + 8 <= xq.shape[0]:
-            sums = dot_row_q5_1_8(buf, so, n_blocks, xq, xd, xs, t)
+            sums = dot_row_q5_1_8(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             for j in range(8):
                 out[t + j, r] = sums[j]
             t += 8
         while t + 4 <= xq.shape[0]:
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q5_1_4(buf, so, n_blocks, xq, xd, xs, t)
+            sums4 = dot_row_q5_1_4(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = sums4
             t += 4
         while t < xq.shape[0]:
             (out[t, r],) = dot_row_q5_1_1(buf, so, n_blocks, xq, xd, xs, t)
@@ -548,7 +572,7 @@ def rows_q5_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
 
 
 @njit(**EXACT)
-def rows_q8_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
+def rows_q8_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column):
     """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
     rows per decode of a weight row, then one at a time (ggml_vec_dot_q8_0_q8_*'s sums)."""
     for i in range(n_rows):
@@ -556,12 +580,13 @@ def rows_q8_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
         r = column + i
         t = 0
         while t + 8 <= xq.shape[0]:
-            sums = dot_row_q8_0_8(buf, so, n_blocks, xq, xd, xs, t)
+            sums = dot_row_q8_0_8(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             for j in range(8):
                 out[t + j, r] = sums[j]
             t += 8
         while t + 4 <= xq.shape[0]:
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_q8_0_4(buf, so, n_blocks, xq, xd, xs, t)
+            sums4 = dot_row_q8_0_4(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = sums4
             t += 4
         while t < xq.shape[0]:
             (out[t, r],) = dot_row_q8_0_1(buf, so, n_blocks, xq, xd, xs, t)
@@ -569,7 +594,7 @@ def rows_q8_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column)
 
 
 @njit(**EXACT)
-def rows_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
+def rows_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column):
     """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
     rows per decode of a weight row, then one at a time (ggml_vec_dot_mxfp4_q8_*'s sums)."""
     for i in range(n_rows):
@@ -577,12 +602,13 @@ def rows_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column
         r = column + i
         t = 0
         while t + 8 <= xq.shape[0]:
-            sums = dot_row_mxfp4_8(buf, so, n_blocks, xq, xd, xs, t)
+            sums = dot_row_mxfp4_8(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             for j in range(8):
                 out[t + j, r] = sums[j]
             t += 8
         while t + 4 <= xq.shape[0]:
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_row_mxfp4_4(buf, so, n_blocks, xq, xd, xs, t)
+            sums4 = dot_row_mxfp4_4(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
+            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = sums4
             t += 4
         while t < xq.shape[0]:
             (out[t, r],) = dot_row_mxfp4_1(buf, so, n_blocks, xq, xd, xs, t)
@@ -648,6 +674,7 @@ def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, e
     (a plain matmul is one group of all rows through expert 0). Repacked kinds take weight rows 8 at a time (their
     matrices' row counts, and so every task's, are multiples of 8)."""
     n_blocks = xq.shape[1] // 32
+    xc, xdT = batch_forms(xq, xd)
     enter(counter)
     while True:
         k = claim(counter)
@@ -655,22 +682,23 @@ def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, e
             break
         offset, n_rows, column, t0, t1 = task_at(tasks, experts, groups, k)
         gq, gd, gs, g_out = xq[t0:t1], xd[t0:t1], xs[t0:t1], out[t0:t1]
+        gc, gdT = xc[t0:t1], xdT[:, t0:t1]
         if qtype == Q4_0_REPACKED:
             rows8_q4_0(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, g_out, column)
         elif qtype == MXFP4_REPACKED:
             rows8_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, g_out, column)
         elif qtype == Q4_0:
-            rows_q4_0(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, g_out, column)
+            rows_q4_0(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, gc, gdT, g_out, column)
         elif qtype == Q4_1:
-            rows_q4_1(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, g_out, column)
+            rows_q4_1(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, gc, gdT, g_out, column)
         elif qtype == Q5_0:
-            rows_q5_0(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, g_out, column)
+            rows_q5_0(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, gc, gdT, g_out, column)
         elif qtype == Q5_1:
-            rows_q5_1(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, g_out, column)
+            rows_q5_1(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, gc, gdT, g_out, column)
         elif qtype == MXFP4:
-            rows_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, g_out, column)
+            rows_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, gc, gdT, g_out, column)
         else:
-            rows_q8_0(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, g_out, column)
+            rows_q8_0(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, gc, gdT, g_out, column)
     leave(counter)
 
 

@@ -60,7 +60,8 @@ def _load8(builder, ptr, offset=0):
 
 def _splat(builder, scalar, vtype=V8F):
     v = builder.insert_element(ir.Constant(vtype, ir.Undefined), scalar, ir.Constant(I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(vtype, ir.Undefined), ir.Constant(V8I, [0] * 8))
+    return builder.shuffle_vector(v, ir.Constant(vtype, ir.Undefined), ir.Constant(ir.VectorType(I32, vtype.count),
+                                                                                  [0] * vtype.count))
 
 
 def _fma8(builder, a, b, c):
@@ -386,77 +387,106 @@ def _block_planes(builder, block_ptr, layout):
     return planes
 
 
-def _dot_row_block32_with(decode_block, row_lanes):
+def _dot_row_block32_with(decode_block, row_lanes, shifted_lanes=None):
     """ggml's dot of the weight row at data[row_offset] (n_blocks blocks, decoded in registers) with input
     rows t..t+n_rows-1 of (xq, xd, xs): per block, decode_block(builder, block_ptr, layout) once and
     row_lanes(builder, decoded, x_ptr) -> 8 lanes per row (<8 x i32> or <8 x float>: exact integer sums of 4
     products each), summed as layout.accumulate says, plus the m_w * s_x sum for types with a min. With
     weight_rows=8: the 8 rows from data[row_offset] on, in llama.cpp's repacked order (_repacked_dots); results
-    weight row k . input row t + j at j * 8 + k."""
+    weight row k . input row t + j at j * 8 + k.
+
+    With 4 or 8 input rows (weight_rows=1) the kernel also takes the rows' batch forms (xc, xdT: matmul.batch_forms)
+    and spends less per input row, with the same bits: every d_w * d_x of a block in one vector multiply (xdT[b]:
+    the rows' d_x side by side), and with shifted_lanes (VNNI) a signed type's weights enter once per block as
+    unsigned w + 128, each row's lanes starting at xc (-128 times the sum of each 4 of its values): one vpdpbusd
+    per row, with no sign fix-up, for the same exact integers."""
     def build(layout, n_rows, weight_rows=1):
         n_results = n_rows * weight_rows
+        batched = n_rows > 1 and weight_rows == 1
 
-        def typer(typingctx, data, row_offset, n_blocks, xq, xd, xs, t):
-            def codegen(context, builder, signature, args):
-                data_a, row_off, nb_v, xq_a, xd_a, xs_a, t_v = args
-                data_t, _, _, xq_t, xd_t, xs_t, _ = signature.args
-                row_ptr = _element_ptr(context, builder, data_t, data_a, row_off)
-                rows = _input_rows(builder, t_v, n_rows)
-                nb = _i64(builder, nb_v)
-                if weight_rows == 8:
-                    dots = _repacked_dots(context, builder, layout, (decode_block, row_lanes), row_ptr, nb, rows,
-                                          (xq_t, xq_a), (xd_t, xd_a))
-                    return _tuple(context, builder, dots, n_results)
+        def codegen(context, builder, signature, args):
+            data_a, row_off, nb_v, xq_a, xd_a, xs_a, t_v = args[:7]
+            data_t, _, _, xq_t, xd_t, xs_t, _ = signature.args[:7]
+            row_ptr = _element_ptr(context, builder, data_t, data_a, row_off)
+            rows = _input_rows(builder, t_v, n_rows)
+            nb = _i64(builder, nb_v)
+            if weight_rows == 8:
+                dots = _repacked_dots(context, builder, layout, (decode_block, row_lanes), row_ptr, nb, rows,
+                                      (xq_t, xq_a), (xd_t, xd_a))
+                return _tuple(context, builder, dots, n_results)
 
-                def block(b):
-                    """[(lanes, d_w * d_x) per row] of block b."""
-                    block_ptr = builder.gep(row_ptr, [builder.mul(b, ir.Constant(I64, layout.block_bytes))])
-                    d_w = _load_scale(builder, block_ptr, layout)
-                    decoded = decode_block(builder, block_ptr, layout)
-                    o = builder.mul(b, ir.Constant(I64, 32))
-                    terms = []
-                    for row in rows:
-                        lanes = _as_float(builder, row_lanes(builder, decoded,
-                                                             _element_ptr(context, builder, xq_t, xq_a, row, o)))
-                        d_x = builder.load(_element_ptr(context, builder, xd_t, xd_a, row, b))
-                        terms.append((lanes, builder.fmul(d_w, d_x)))
-                    return terms, block_ptr
+            def block(b):
+                """[(lanes, d_w * d_x) per row] of block b."""
+                block_ptr = builder.gep(row_ptr, [builder.mul(b, ir.Constant(I64, layout.block_bytes))])
+                d_w = _load_scale(builder, block_ptr, layout)
+                decoded = decode_block(builder, block_ptr, layout)
+                o = builder.mul(b, ir.Constant(I64, 32))
+                if batched:
+                    (xc_t, xdT_t), (xc_a, xdT_a) = signature.args[7:], args[7:]
+                    rows_d = ir.VectorType(F32, n_rows)
+                    d_xs = builder.load(builder.bitcast(_element_ptr(context, builder, xdT_t, xdT_a, b, t_v),
+                                                        rows_d.as_pointer()), align=4)
+                    ds = builder.fmul(_splat(builder, d_w, rows_d), d_xs)
+                shifted = batched and shifted_lanes is not None and decoded[2]
+                if shifted:
+                    w_u = builder.xor(decoded[0], ir.Constant(V32B, [-128] * 32))
+                terms = []
+                for j, row in enumerate(rows):
+                    xp = _element_ptr(context, builder, xq_t, xq_a, row, o)
+                    if shifted:
+                        start = builder.bitcast(_element_ptr(context, builder, xc_t, xc_a, row,
+                                                             builder.mul(b, ir.Constant(I64, 8))), V8I.as_pointer())
+                        lanes = shifted_lanes(builder, w_u, xp, builder.load(start, align=4))
+                    else:
+                        lanes = row_lanes(builder, decoded, xp)
+                    if batched:
+                        d = builder.extract_element(ds, ir.Constant(I32, j))
+                    else:
+                        d = builder.fmul(d_w, builder.load(_element_ptr(context, builder, xd_t, xd_a, row, b)))
+                    terms.append((_as_float(builder, lanes), d))
+                return terms, block_ptr
 
-                zero8 = ir.Constant(V8F, [0.0] * 8)
-                acc = _Accumulators(builder, n_rows, zero8)
-                if layout.accumulate == "pairs":
-                    odd = _Accumulators(builder, n_rows, zero8)
-                    with cgutils.for_range(builder, builder.udiv(nb, ir.Constant(I64, 2))) as loop:
-                        b = builder.mul(loop.index, ir.Constant(I64, 2))
-                        for j, (lanes, d) in enumerate(block(b)[0]):
-                            acc[j] = _fma8(builder, _splat(builder, d), lanes, acc[j])
-                        for j, (lanes, d) in enumerate(block(builder.add(b, ir.Constant(I64, 1)))[0]):
-                            odd[j] = _fma8(builder, _splat(builder, d), lanes, odd[j])
-                    totals = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
-                    for j in range(n_rows):
-                        totals[j] = _hsum8(builder, builder.fadd(acc[j], odd[j]))
-                    last = builder.sub(nb, ir.Constant(I64, 1))
-                    with builder.if_then(builder.icmp_unsigned("==", builder.and_(nb, ir.Constant(I64, 1)),
-                                                               ir.Constant(I64, 1))):
-                        for j, (lanes, d) in enumerate(block(last)[0]):
-                            totals[j] = _fma1(builder, d, _hsum8(builder, lanes), totals[j])
-                    return _tuple(context, builder, [totals[j] for j in range(n_rows)], n_rows)
-
-                summs = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
-                with cgutils.for_range(builder, nb) as loop:
-                    b = loop.index
-                    terms, block_ptr = block(b)
-                    for j, (lanes, d) in enumerate(terms):
+            zero8 = ir.Constant(V8F, [0.0] * 8)
+            acc = _Accumulators(builder, n_rows, zero8)
+            if layout.accumulate == "pairs":
+                odd = _Accumulators(builder, n_rows, zero8)
+                with cgutils.for_range(builder, builder.udiv(nb, ir.Constant(I64, 2))) as loop:
+                    b = builder.mul(loop.index, ir.Constant(I64, 2))
+                    for j, (lanes, d) in enumerate(block(b)[0]):
                         acc[j] = _fma8(builder, _splat(builder, d), lanes, acc[j])
-                    if layout.m is not None:
-                        m_w = _load_half(builder, builder.gep(block_ptr, [ir.Constant(I64, layout.m)]))
-                        for j, row in enumerate(rows):
-                            s_x = builder.load(_element_ptr(context, builder, xs_t, xs_a, row, b))
-                            summs[j] = _fma1(builder, m_w, s_x, summs[j])
-                results = [builder.fadd(_hsum8(builder, acc[j]), summs[j]) for j in range(n_rows)]
-                return _tuple(context, builder, results, n_rows)
+                    for j, (lanes, d) in enumerate(block(builder.add(b, ir.Constant(I64, 1)))[0]):
+                        odd[j] = _fma8(builder, _splat(builder, d), lanes, odd[j])
+                totals = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
+                for j in range(n_rows):
+                    totals[j] = _hsum8(builder, builder.fadd(acc[j], odd[j]))
+                last = builder.sub(nb, ir.Constant(I64, 1))
+                with builder.if_then(builder.icmp_unsigned("==", builder.and_(nb, ir.Constant(I64, 1)),
+                                                           ir.Constant(I64, 1))):
+                    for j, (lanes, d) in enumerate(block(last)[0]):
+                        totals[j] = _fma1(builder, d, _hsum8(builder, lanes), totals[j])
+                return _tuple(context, builder, [totals[j] for j in range(n_rows)], n_rows)
 
-            return types.UniTuple(types.float32, n_results)(data, row_offset, n_blocks, xq, xd, xs, t), codegen
+            summs = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
+            with cgutils.for_range(builder, nb) as loop:
+                b = loop.index
+                terms, block_ptr = block(b)
+                for j, (lanes, d) in enumerate(terms):
+                    acc[j] = _fma8(builder, _splat(builder, d), lanes, acc[j])
+                if layout.m is not None:
+                    m_w = _load_half(builder, builder.gep(block_ptr, [ir.Constant(I64, layout.m)]))
+                    for j, row in enumerate(rows):
+                        s_x = builder.load(_element_ptr(context, builder, xs_t, xs_a, row, b))
+                        summs[j] = _fma1(builder, m_w, s_x, summs[j])
+            results = [builder.fadd(_hsum8(builder, acc[j]), summs[j]) for j in range(n_rows)]
+            return _tuple(context, builder, results, n_rows)
+
+        result = types.UniTuple(types.float32, n_results)
+        if batched:
+            def typer(typingctx, data, row_offset, n_blocks, xq, xd, xs, t, xc, xdT):
+                return result(data, row_offset, n_blocks, xq, xd, xs, t, xc, xdT), codegen
+        else:
+            def typer(typingctx, data, row_offset, n_blocks, xq, xd, xs, t):
+                return result(data, row_offset, n_blocks, xq, xd, xs, t), codegen
         return intrinsic(typer)
     return build
 
@@ -576,7 +606,15 @@ def _vnni_lane_sums(builder, decoded, xp):
                 [ir.Constant(V8I, [0] * 8), builder.bitcast(w_abs, V8I), builder.bitcast(x, V8I)])
 
 
-_dot_row_block32_avx2 = _dot_row_block32_with(_avx2_weights, _vnni_lane_sums if HAVE_VNNI else _maddubs_lane_sums)
+def _shifted_vnni_lane_sums(builder, w_u, xp, start):
+    """start + the lanes of unsigned w_u (w + 128) . x in one vpdpbusd: with start = -128 * x's 4-value sums, the
+    lanes of w . x (exact: |start + sum| < 2^31)."""
+    x = builder.load(builder.bitcast(xp, V32B.as_pointer()), align=1)
+    return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", V8I, [start, builder.bitcast(w_u, V8I), builder.bitcast(x, V8I)])
+
+
+_dot_row_block32_avx2 = _dot_row_block32_with(_avx2_weights, _vnni_lane_sums if HAVE_VNNI else _maddubs_lane_sums,
+                                              _shifted_vnni_lane_sums if HAVE_VNNI else None)
 _dot_row_block32_maddubs = _dot_row_block32_with(_avx2_weights, _maddubs_lane_sums)
 
 
