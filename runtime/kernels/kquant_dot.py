@@ -134,17 +134,17 @@ def q6_k_lanes(n, buf, bo, q8, t, xo, bsums, go, lanes):
 
 
 @njit(inline="always", **EXACT)
-def group_rows(t, n_in):
-    """How many input rows from t on share each decoded weight chunk: 8, 4 or 1."""
-    return 8 if t + 8 <= n_in else 4 if t + 4 <= n_in else 1
+def group_rows(t, end):
+    """How many input rows from t on (before end) share each decoded weight chunk: 8, 4 or 1."""
+    return 8 if t + 8 <= end else 4 if t + 4 <= end else 1
 
 
 @njit(**EXACT)
-def rows_q4_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, tiled, repacked, gemm_rows):
+def rows_q4_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, t0, t1, tiled, repacked,
+              gemm_end):
     """rows_kquant for Q4_K: each weight row's scales decoded once (q4_k_row_scales), then its dot with input rows
     t..t + n - 1 (group_rows), each as its variant sums it (module docstring). The loops live here, with the scratch
     arrays, so that numba counts no references inside them."""
-    n_in = q8.shape[0]
     sc, mn = np.empty(8 * n_blocks, np.int32), np.empty(8 * n_blocks, np.int32)
     d_ws, dmin_ws = np.empty(n_blocks, np.float32), np.empty(n_blocks, np.float32)
     lanes, acc, acc_m = np.empty((8, 16), np.int32), np.empty((8, 8), np.float32), np.empty((8, 4), np.float32)
@@ -152,10 +152,10 @@ def rows_q4_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, colu
     for i in range(n_rows):
         so = U(offset) + U(i) * U(row_bytes)
         q4_k_row_scales(buf, so, n_blocks, sc, mn, d_ws, dmin_ws)
-        t = 0
-        while t < n_in:
-            n = group_rows(t, n_in)
-            variant = TILED if tiled else (GEMM if t < gemm_rows else GEMV) if repacked else VEC_DOT
+        t = t0
+        while t < t1:
+            n = group_rows(t, t1)
+            variant = TILED if tiled else (GEMM if t < gemm_end else GEMV) if repacked else VEC_DOT
             for r in range(n):
                 for l in range(8):
                     acc[r, l] = F32(0.0)
@@ -196,15 +196,14 @@ def rows_q4_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, colu
 
 
 @njit(**EXACT)
-def rows_q6_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, tiled):
+def rows_q6_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, t0, t1, tiled):
     """rows_kquant for Q6_K (as rows_q4_k): vec_dot's 8 lanes, or the tiled kernel's chain (module docstring)."""
-    n_in = q8.shape[0]
     lanes, acc, total = np.empty((8, 16), np.int32), np.empty((8, 8), np.float32), np.empty(8, np.float32)
     for i in range(n_rows):
         so = U(offset) + U(i) * U(row_bytes)
-        t = 0
-        while t < n_in:
-            n = group_rows(t, n_in)
+        t = t0
+        while t < t1:
+            n = group_rows(t, t1)
             for r in range(n):
                 for l in range(8):
                     acc[r, l] = F32(0.0)
@@ -228,15 +227,15 @@ def rows_mode(stepwise: bool, expert: bool) -> int:
 
 
 @njit(**EXACT)
-def rows_kquant(kernel, buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, mode):
-    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, each input row through the kernel
-    llama.cpp gives it in `mode`; input rows go 8, then 4 at a time, then one at a time, sharing each decoded weight
-    chunk (the kernel is the same for every row of a group: the gemm's rows are the first multiple of 4)."""
-    n_in = q8.shape[0]
-    gemm_rows = n_in // 4 * 4 if kernel == Q4_K_REPACKED and mode == ROWS_MATMUL and n_in > 3 else 0
+def rows_kquant(kernel, buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, t0, t1, mode):
+    """out[t, column + i] = weight row i (from buf[offset] on) . input row t, t0 <= t < t1, each input row through the
+    kernel llama.cpp gives it in `mode`; input rows go 8, then 4 at a time, then one at a time, sharing each decoded
+    weight chunk (the kernel is the same for every row of a group: the gemm's rows are the first multiple of 4)."""
+    n_in = t1 - t0
+    gemm_end = t0 + n_in // 4 * 4 if kernel == Q4_K_REPACKED and mode == ROWS_MATMUL and n_in > 3 else t0
     tiled = kernel != Q4_K_REPACKED and mode != ROWS_STEPWISE and n_in >= TILED_MIN_ROWS
     if kernel == Q6_K:
-        rows_q6_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, tiled)
+        rows_q6_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, t0, t1, tiled)
     else:
-        rows_q4_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, tiled, kernel == Q4_K_REPACKED,
-                  gemm_rows)
+        rows_q4_k(buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, t0, t1, tiled,
+                  kernel == Q4_K_REPACKED, gemm_end)

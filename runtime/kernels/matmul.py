@@ -460,12 +460,10 @@ def prepare_rows(kind, x, xq, xd, xs):
 @njit(**EXACT)
 def batch_forms(xq, xd):
     """What the 4- and 8-row block dots take besides xq and xd (simd._dot_row_block32_with): xc[t, 8b + l] = -128 *
-    the sum of xq[t, 32b + 4l:32b + 4l + 4] (VNNI only; else no columns), and xdT[b, t] = xd[t, b]. One-row
-    inputs get none (their dots do not read them)."""
+    the sum of xq[t, 32b + 4l:32b + 4l + 4] (VNNI only; else no columns), and xdT[b, t] = xd[t, b]."""
     n_in, n_blocks = xd.shape
-    batch = n_in >= 4
-    xc = np.empty((n_in if batch else 0, 8 * n_blocks if batch and HAVE_VNNI else 0), np.int32)
-    xdT = np.empty((n_blocks if batch else 0, n_in if batch else 0), np.float32)
+    xc = np.empty((n_in, 8 * n_blocks if HAVE_VNNI else 0), np.int32)
+    xdT = np.empty((n_blocks, n_in), np.float32)
     for t in range(xc.shape[0]):
         for k in range(xc.shape[1]):
             o = 4 * k
@@ -484,152 +482,152 @@ def batch_forms(xq, xd):
 # written out, not made by a factory closing over the simd dots: numba keys a closure's cache on its pickled
 # cells, and an intrinsic pickles with a uuid made per process, so such loops would never load from the cache.
 @njit(**EXACT)
-def rows_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column):
-    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
-    rows per decode of a weight row, then one at a time (ggml_vec_dot_q4_0_q8_*'s sums)."""
+def rows_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column, t0, t1):
+    """out[t, column + i] = weight row i (from buf[offset] on) . input row t, i < n_rows, t0 <= t < t1: eight, then
+    four input rows per decode of a weight row, then one at a time (ggml_vec_dot_q4_0_q8_*'s sums)."""
     for i in range(n_rows):
         so = offset + U(i) * row_bytes
         r = column + i
-        t = 0
-        while t + 8 <= xq.shape[0]:
+        t = t0
+        while t + 8 <= t1:
             sums = dot_row_q4_0_8(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             for j in range(8):
                 out[t + j, r] = sums[j]
             t += 8
-        while t + 4 <= xq.shape[0]:
+        while t + 4 <= t1:
             sums4 = dot_row_q4_0_4(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = sums4
             t += 4
-        while t < xq.shape[0]:
+        while t < t1:
             (out[t, r],) = dot_row_q4_0_1(buf, so, n_blocks, xq, xd, xs, t)
             t += 1
 
 
 @njit(**EXACT)
-def rows_q4_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column):
-    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
-    rows per decode of a weight row, then one at a time (ggml_vec_dot_q4_1_q8_*'s sums)."""
+def rows_q4_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column, t0, t1):
+    """out[t, column + i] = weight row i (from buf[offset] on) . input row t, i < n_rows, t0 <= t < t1: eight, then
+    four input rows per decode of a weight row, then one at a time (ggml_vec_dot_q4_1_q8_*'s sums)."""
     for i in range(n_rows):
         so = offset + U(i) * row_bytes
         r = column + i
-        t = 0
-        while t + 8 <= xq.shape[0]:
+        t = t0
+        while t + 8 <= t1:
             sums = dot_row_q4_1_8(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             for j in range(8):
                 out[t + j, r] = sums[j]
             t += 8
-        while t + 4 <= xq.shape[0]:
+        while t + 4 <= t1:
             sums4 = dot_row_q4_1_4(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = sums4
             t += 4
-        while t < xq.shape[0]:
+        while t < t1:
             (out[t, r],) = dot_row_q4_1_1(buf, so, n_blocks, xq, xd, xs, t)
             t += 1
 
 
 @njit(**EXACT)
-def rows_q5_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column):
-    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
-    rows per decode of a weight row, then one at a time (ggml_vec_dot_q5_0_q8_*'s sums)."""
+def rows_q5_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column, t0, t1):
+    """out[t, column + i] = weight row i (from buf[offset] on) . input row t, i < n_rows, t0 <= t < t1: eight, then
+    four input rows per decode of a weight row, then one at a time (ggml_vec_dot_q5_0_q8_*'s sums)."""
     for i in range(n_rows):
         so = offset + U(i) * row_bytes
         r = column + i
-        t = 0
-        while t + 8 <= xq.shape[0]:
+        t = t0
+        while t + 8 <= t1:
             sums = dot_row_q5_0_8(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             for j in range(8):
                 out[t + j, r] = sums[j]
             t += 8
-        while t + 4 <= xq.shape[0]:
+        while t + 4 <= t1:
             sums4 = dot_row_q5_0_4(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = sums4
             t += 4
-        while t < xq.shape[0]:
+        while t < t1:
             (out[t, r],) = dot_row_q5_0_1(buf, so, n_blocks, xq, xd, xs, t)
             t += 1
 
 
 @njit(**EXACT)
-def rows_q5_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column):
-    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
-    rows per decode of a weight row, then one at a time (ggml_vec_dot_q5_1_q8_*'s sums)."""
+def rows_q5_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column, t0, t1):
+    """out[t, column + i] = weight row i (from buf[offset] on) . input row t, i < n_rows, t0 <= t < t1: eight, then
+    four input rows per decode of a weight row, then one at a time (ggml_vec_dot_q5_1_q8_*'s sums)."""
     for i in range(n_rows):
         so = offset + U(i) * row_bytes
         r = column + i
-        t = 0
-        while t + 8 <= xq.shape[0]:
+        t = t0
+        while t + 8 <= t1:
             sums = dot_row_q5_1_8(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             for j in range(8):
                 out[t + j, r] = sums[j]
             t += 8
-        while t + 4 <= xq.shape[0]:
+        while t + 4 <= t1:
             sums4 = dot_row_q5_1_4(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = sums4
             t += 4
-        while t < xq.shape[0]:
+        while t < t1:
             (out[t, r],) = dot_row_q5_1_1(buf, so, n_blocks, xq, xd, xs, t)
             t += 1
 
 
 @njit(**EXACT)
-def rows_q8_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column):
-    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
-    rows per decode of a weight row, then one at a time (ggml_vec_dot_q8_0_q8_*'s sums)."""
+def rows_q8_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column, t0, t1):
+    """out[t, column + i] = weight row i (from buf[offset] on) . input row t, i < n_rows, t0 <= t < t1: eight, then
+    four input rows per decode of a weight row, then one at a time (ggml_vec_dot_q8_0_q8_*'s sums)."""
     for i in range(n_rows):
         so = offset + U(i) * row_bytes
         r = column + i
-        t = 0
-        while t + 8 <= xq.shape[0]:
+        t = t0
+        while t + 8 <= t1:
             sums = dot_row_q8_0_8(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             for j in range(8):
                 out[t + j, r] = sums[j]
             t += 8
-        while t + 4 <= xq.shape[0]:
+        while t + 4 <= t1:
             sums4 = dot_row_q8_0_4(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = sums4
             t += 4
-        while t < xq.shape[0]:
+        while t < t1:
             (out[t, r],) = dot_row_q8_0_1(buf, so, n_blocks, xq, xd, xs, t)
             t += 1
 
 
 @njit(**EXACT)
-def rows_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column):
-    """out[:, column + i] = weight row i (from buf[offset] on) . every input row, i < n_rows: eight, then four input
-    rows per decode of a weight row, then one at a time (ggml_vec_dot_mxfp4_q8_*'s sums)."""
+def rows_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column, t0, t1):
+    """out[t, column + i] = weight row i (from buf[offset] on) . input row t, i < n_rows, t0 <= t < t1: eight, then
+    four input rows per decode of a weight row, then one at a time (ggml_vec_dot_mxfp4_q8_*'s sums)."""
     for i in range(n_rows):
         so = offset + U(i) * row_bytes
         r = column + i
-        t = 0
-        while t + 8 <= xq.shape[0]:
+        t = t0
+        while t + 8 <= t1:
             sums = dot_row_mxfp4_8(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             for j in range(8):
                 out[t + j, r] = sums[j]
             t += 8
-        while t + 4 <= xq.shape[0]:
+        while t + 4 <= t1:
             sums4 = dot_row_mxfp4_4(buf, so, n_blocks, xq, xd, xs, t, xc, xdT)
             out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = sums4
             t += 4
-        while t < xq.shape[0]:
+        while t < t1:
             (out[t, r],) = dot_row_mxfp4_1(buf, so, n_blocks, xq, xd, xs, t)
             t += 1
 
 
 @njit(**EXACT)
-def rows8_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
+def rows8_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column, t0, t1):
     """As rows_q4_0 for a matrix llama.cpp repacks: 8 weight rows at a time, summed as its 8x8 gemm (4 input rows)
     and gemv (the rest) sum them; n_rows a multiple of 8."""
     for i in range(0, n_rows, 8):
         so = offset + U(i) * row_bytes
         r = column + i
-        t = 0
-        while t + 4 <= xq.shape[0]:
+        t = t0
+        while t + 4 <= t1:
             sums = dot_rows8_q4_0_4(buf, so, n_blocks, xq, xd, xs, t)
             for j in range(4):
                 for k in range(8):
                     out[t + j, r + k] = sums[j * 8 + k]
             t += 4
-        while t < xq.shape[0]:
+        while t < t1:
             one = dot_rows8_q4_0_1(buf, so, n_blocks, xq, xd, xs, t)
             for k in range(8):
                 out[t, r + k] = one[k]
@@ -637,20 +635,20 @@ def rows8_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column
 
 
 @njit(**EXACT)
-def rows8_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column):
+def rows8_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column, t0, t1):
     """As rows_mxfp4 for a matrix llama.cpp repacks: 8 weight rows at a time, summed as its 8x8 gemm (4 input rows)
     and gemv (the rest) sum them; n_rows a multiple of 8."""
     for i in range(0, n_rows, 8):
         so = offset + U(i) * row_bytes
         r = column + i
-        t = 0
-        while t + 4 <= xq.shape[0]:
+        t = t0
+        while t + 4 <= t1:
             sums = dot_rows8_mxfp4_4(buf, so, n_blocks, xq, xd, xs, t)
             for j in range(4):
                 for k in range(8):
                     out[t + j, r + k] = sums[j * 8 + k]
             t += 4
-        while t < xq.shape[0]:
+        while t < t1:
             one = dot_rows8_mxfp4_1(buf, so, n_blocks, xq, xd, xs, t)
             for k in range(8):
                 out[t, r + k] = one[k]
@@ -674,31 +672,32 @@ def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, e
     (a plain matmul is one group of all rows through expert 0). Repacked kinds take weight rows 8 at a time (their
     matrices' row counts, and so every task's, are multiples of 8)."""
     n_blocks = xq.shape[1] // 32
-    xc, xdT = batch_forms(xq, xd)
+    if xq.shape[0] >= 4:
+        xc, xdT = batch_forms(xq, xd)
+    else:                   # never read: no group reaches the 4-row dots (and nothing is allocated per step)
+        xc, xdT = xd.view(np.int32), xd
     enter(counter)
     while True:
         k = claim(counter)
         if k >= tasks.shape[0] * experts.size:
             break
         offset, n_rows, column, t0, t1 = task_at(tasks, experts, groups, k)
-        gq, gd, gs, g_out = xq[t0:t1], xd[t0:t1], xs[t0:t1], out[t0:t1]
-        gc, gdT = xc[t0:t1], xdT[:, t0:t1]
         if qtype == Q4_0_REPACKED:
-            rows8_q4_0(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, g_out, column)
+            rows8_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column, t0, t1)
         elif qtype == MXFP4_REPACKED:
-            rows8_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, g_out, column)
+            rows8_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, out, column, t0, t1)
         elif qtype == Q4_0:
-            rows_q4_0(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, gc, gdT, g_out, column)
+            rows_q4_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column, t0, t1)
         elif qtype == Q4_1:
-            rows_q4_1(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, gc, gdT, g_out, column)
+            rows_q4_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column, t0, t1)
         elif qtype == Q5_0:
-            rows_q5_0(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, gc, gdT, g_out, column)
+            rows_q5_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column, t0, t1)
         elif qtype == Q5_1:
-            rows_q5_1(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, gc, gdT, g_out, column)
+            rows_q5_1(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column, t0, t1)
         elif qtype == MXFP4:
-            rows_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, gc, gdT, g_out, column)
+            rows_mxfp4(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column, t0, t1)
         else:
-            rows_q8_0(buf, offset, row_bytes, n_rows, n_blocks, gq, gd, gs, gc, gdT, g_out, column)
+            rows_q8_0(buf, offset, row_bytes, n_rows, n_blocks, xq, xd, xs, xc, xdT, out, column, t0, t1)
     leave(counter)
 
 
@@ -792,8 +791,7 @@ def matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, gr
         if k >= tasks.shape[0] * experts.size:
             break
         offset, n_rows, column, t0, t1 = task_at(tasks, experts, groups, k)
-        rows_kquant(kernel, buf, offset, row_bytes, n_rows, n_blocks, q8[t0:t1], xd[t0:t1], bsums[t0:t1],
-                    out[t0:t1], column, mode)
+        rows_kquant(kernel, buf, offset, row_bytes, n_rows, n_blocks, q8, xd, bsums, out, column, t0, t1, mode)
     leave(counter)
 
 
