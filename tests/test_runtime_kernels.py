@@ -143,6 +143,32 @@ def test_ggml_expf_is_accurate_and_saturates():
     assert silu(np.float32(0.0)) == 0.0 and abs(silu(np.float32(3.0)) - want_silu) <= 2 * 2.0 ** -22
 
 
+def test_vector_silu_and_swiglu_equal_ggml_v_silu_lane_by_lane():
+    """ops.silu_rows / swiglu_rows run ggml_v_silu 8 values at a time on unit-stride rows (simd.silu_8 / swiglu_8):
+    the bits of the one-lane silu (ggmlmath, checked above) for every value, the exp's slow paths, +-inf, NaN and
+    subnormals included, in place too; a strided view takes the one-lane loop and agrees."""
+    from ggtools.runtime.kernels import ops
+
+    rng = np.random.default_rng(11)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 87.5, -87.5, 104.0, -104.0, 126.9, -127.5,
+                        150.0, -150.0, 200.0, -200.0, 3.4e38, -3.4e38], np.float32)
+    gate = np.concatenate([special, (rng.standard_normal(3 * 64 - special.size) * 40).astype(np.float32)]).reshape(3, 64)
+    up = (rng.standard_normal((3, 64)) * 3).astype(np.float32)
+    want_silu = np.array([[silu(v) for v in row] for row in gate], np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):     # silu(3.4e38) * 3 is inf, silu(inf) * 0 NaN
+        want = want_silu * up
+    assert np.array_equal(ops.swiglu(gate, up).view(np.uint32), want.view(np.uint32))
+    out = np.empty_like(gate)
+    ops.silu_rows(gate, out)
+    assert np.array_equal(out.view(np.uint32), want_silu.view(np.uint32))
+    in_place = gate.copy()
+    ops.silu_rows(in_place, in_place)
+    assert np.array_equal(in_place.view(np.uint32), want_silu.view(np.uint32))
+    strided = np.empty((3, 128), np.float32)
+    ops.swiglu_rows(np.repeat(gate, 2, axis=1)[:, ::2], np.repeat(up, 2, axis=1)[:, ::2], strided[:, ::2])
+    assert np.array_equal(strided[:, ::2].view(np.uint32), want.view(np.uint32))
+
+
 def avx2_and_portable_inputs(qtype, n_rows, n_cols):
     """Weights, float inputs, and those inputs prepared for the AVX2 block dots (int8 in value order) and for the
     portable ones (the same values as floats, lane-major)."""

@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit
 
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, silu
-from ggtools.runtime.kernels.simd import exp_blocks8
+from ggtools.runtime.kernels.simd import exp_blocks8, silu_8, swiglu_8
 
 F32 = np.float32
 NO_YARN = (F32(0.0), F32(1.0), np.zeros(2, np.float32))   # rope_angles' ext_factor, attn_factor, corr_dims
@@ -118,11 +118,17 @@ def rope_head(x, cos, sin, neox):
 
 @njit(**EXACT)
 def swiglu_rows(gate, up, out):
+    """ggml_vec_swiglu_f32 on each row: ggml_v_silu(gate) * up on 8-value chunks (a vector kernel where the rows are
+    unit-stride), libm expf on the leftovers."""
     n = gate.shape[1]
+    n_main = n // 8 * 8
+    vector = gate.strides[1] == 4 and up.strides[1] == 4 and out.strides[1] == 4
     for r in range(gate.shape[0]):
-        n_main = n // 8 * 8
-        for i in range(n_main):
-            out[r, i] = silu(gate[r, i]) * up[r, i]
+        if vector:
+            swiglu_8(gate[r], up[r], out[r], n_main // 8)
+        else:
+            for i in range(n_main):
+                out[r, i] = silu(gate[r, i]) * up[r, i]
         for i in range(n_main, n):
             g = gate[r, i]
             out[r, i] = g / (np.float32(1.0) + np.exp(-g)) * up[r, i]
@@ -170,9 +176,13 @@ def silu_rows(x, out):
     """ggml_vec_silu_f32 on each row of x (T, n): ggml_v_silu on 8-value chunks, libm expf on the leftovers."""
     n = x.shape[1]
     n_main = n // 8 * 8
+    vector = x.strides[1] == 4 and out.strides[1] == 4
     for r in range(x.shape[0]):
-        for i in range(n_main):
-            out[r, i] = silu(x[r, i])
+        if vector:
+            silu_8(x[r], x[r], out[r], n_main // 8)
+        else:
+            for i in range(n_main):
+                out[r, i] = silu(x[r, i])
         for i in range(n_main, n):
             out[r, i] = x[r, i] / (F32(1.0) + np.exp(-x[r, i]))
 

@@ -861,6 +861,32 @@ def _v_expf(builder, x):
     return builder.select(d, builder.fmul(s1, s1), near)
 
 
+def _silu_8(times_y):
+    """ggml_vec_silu_f32 (ggml_vec_swiglu_f32 with times_y) on x[:8 * n8] of a row (unit stride): out = x / (1 +
+    ggml_v_expf(0 - x)) in 8-value chunks, then (times_y) times y, rounded after the silu as ggml does."""
+    def typer(typingctx, x, y, out, n8):
+        def codegen(context, builder, signature, args):
+            x_a, y_a, out_a, n_v = args
+            x_t, y_t, out_t, _ = signature.args
+            xp, yp, op = (_element_ptr(context, builder, t, a, ir.Constant(I64, 0))
+                          for t, a in ((x_t, x_a), (y_t, y_a), (out_t, out_a)))
+            with cgutils.for_range(builder, _i64(builder, n_v)) as loop:
+                o = builder.mul(loop.index, ir.Constant(I64, 8))
+                x = _load8(builder, builder.gep(xp, [o]))
+                e = _v_expf(builder, builder.fsub(_v8([0.0] * 8), x))
+                s = builder.fdiv(x, builder.fadd(_v8([1.0] * 8), e))
+                if times_y:
+                    s = builder.fmul(s, _load8(builder, builder.gep(yp, [o])))
+                builder.store(s, builder.bitcast(builder.gep(op, [o]), V8F.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.void(x, y, out, n8), codegen
+    return intrinsic(typer)
+
+
+silu_8, swiglu_8 = _silu_8(False), _silu_8(True)
+
+
 @intrinsic
 def exp_blocks8(typingctx, w, w_max, out):
     """out = ggml_v_expf(w - w_max) in blocks of 8 (len(w) a multiple of 8); returns the float64 sum
