@@ -152,7 +152,8 @@ def test_vector_silu_and_swiglu_equal_ggml_v_silu_lane_by_lane():
     rng = np.random.default_rng(11)
     special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 87.5, -87.5, 104.0, -104.0, 126.9, -127.5,
                         150.0, -150.0, 200.0, -200.0, 3.4e38, -3.4e38], np.float32)
-    gate = np.concatenate([special, (rng.standard_normal(3 * 64 - special.size) * 40).astype(np.float32)]).reshape(3, 64)
+    spread = (rng.standard_normal(3 * 64 - special.size) * 40).astype(np.float32)
+    gate = np.concatenate([special, spread]).reshape(3, 64)
     up = (rng.standard_normal((3, 64)) * 3).astype(np.float32)
     want_silu = np.array([[silu(v) for v in row] for row in gate], np.float32)
     with np.errstate(over="ignore", invalid="ignore"):     # silu(3.4e38) * 3 is inf, silu(inf) * 0 NaN

@@ -610,7 +610,8 @@ def _shifted_vnni_lane_sums(builder, w_u, xp, start):
     """start + the lanes of unsigned w_u (w + 128) . x in one vpdpbusd: with start = -128 * x's 4-value sums, the
     lanes of w . x (exact: |start + sum| < 2^31)."""
     x = builder.load(builder.bitcast(xp, V32B.as_pointer()), align=1)
-    return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", V8I, [start, builder.bitcast(w_u, V8I), builder.bitcast(x, V8I)])
+    return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", V8I,
+                [start, builder.bitcast(w_u, V8I), builder.bitcast(x, V8I)])
 
 
 _dot_row_block32_avx2 = _dot_row_block32_with(_avx2_weights, _vnni_lane_sums if HAVE_VNNI else _maddubs_lane_sums,
