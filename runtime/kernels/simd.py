@@ -835,7 +835,8 @@ def _v8(values):
 
 
 def _v_expf(builder, x):
-    """ggml_v_expf (AVX2 + FMA) on 8 lanes; the slow path is selected per lane, as the blend does."""
+    """ggml_v_expf (AVX2 + FMA) on 8 lanes; where a lane needs the slow path it is selected per lane, as the blend
+    does."""
     module = builder.module
     fabs = module.globals.get("llvm.fabs.v8f32") or ir.Function(module, ir.FunctionType(V8F, [V8F]), "llvm.fabs.v8f32")
     shift = _v8([2.0 ** 23 * 1.5] * 8)
@@ -853,13 +854,23 @@ def _v_expf(builder, x):
                                               "0x1.ffffecp-1")]
     j = _fma8(builder, _fma8(builder, _fma8(builder, p[0], b, p[1]), u, _fma8(builder, p[2], b, p[3])), u,
               builder.fmul(p[4], b))
-    g = builder.select(builder.fcmp_ordered("<=", n, _v8([0.0] * 8)), ir.Constant(V8I, [0x82000000 - (1 << 32)] * 8),
-                       ir.Constant(V8I, [0] * 8))
-    s1 = builder.bitcast(builder.add(g, ir.Constant(V8I, [0x7F000000] * 8)), V8F)
-    s2 = builder.bitcast(builder.sub(e, g), V8F)
-    d = builder.fcmp_ordered(">", abs_n, _v8([192.0] * 8))
-    near = builder.select(c, builder.fmul(_fma8(builder, s2, j, s2), s1), _fma8(builder, k, j, k))
-    return builder.select(d, builder.fmul(s1, s1), near)
+    fast = _fma8(builder, k, j, k)
+    # as ggml, the slow path only when a lane needs it: its products of scales underflow for the other lanes, and a
+    # denormal result costs a microcode assist (measured: exp of values in -10..10 at 1.9 ns a value, against 0.3)
+    any_slow = builder.icmp_unsigned("!=", builder.bitcast(c, ir.IntType(8)), ir.Constant(ir.IntType(8), 0))
+    fast_block = builder.block
+    with builder.if_then(any_slow, likely=False):
+        g = builder.select(builder.fcmp_ordered("<=", n, _v8([0.0] * 8)),
+                           ir.Constant(V8I, [0x82000000 - (1 << 32)] * 8), ir.Constant(V8I, [0] * 8))
+        s1 = builder.bitcast(builder.add(g, ir.Constant(V8I, [0x7F000000] * 8)), V8F)
+        s2 = builder.bitcast(builder.sub(e, g), V8F)
+        d = builder.fcmp_ordered(">", abs_n, _v8([192.0] * 8))
+        near = builder.select(c, builder.fmul(_fma8(builder, s2, j, s2), s1), fast)
+        slow, slow_block = builder.select(d, builder.fmul(s1, s1), near), builder.block
+    result = builder.phi(V8F)
+    result.add_incoming(slow, slow_block)
+    result.add_incoming(fast, fast_block)
+    return result
 
 
 def _silu_8(times_y):
