@@ -46,7 +46,7 @@ from ggtools.runtime.kernels.workers import (ARGS, CONTROL_SIZE, Job, array_1d, 
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
 from ggtools.runtime.kernels.kquant_dot import (Q4_K_REPACKED, QK_K, ROWS_EXPERT, quantize_q8_k_row, rows_kquant,
                                                 rows_mode)
-from ggtools.runtime.kernels.simd import (HAVE_AVX2, HAVE_VNNI, decode_f16_8, dot_4x8_2, dot_4x8_main, dot_4x8_stored_1,
+from ggtools.runtime.kernels.simd import (HAVE_AVX2, HAVE_VNNI, decode_f16_8, dot_4x8_main, dot_4x8_stored_1,
                                   dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
                                   stored2_lanes8_4,
                                   dot_row_mxfp4_1, dot_row_mxfp4_4,

@@ -179,7 +179,7 @@ def silu_rows(x, out):
     vector = x.strides[1] == 4 and out.strides[1] == 4
     for r in range(x.shape[0]):
         if vector:
-            silu_8(x[r], x[r], out[r], n_main // 8)
+            silu_8(x[r], out[r], n_main // 8)
         else:
             for i in range(n_main):
                 out[r, i] = silu(x[r, i])

@@ -876,23 +876,25 @@ def _v_expf(builder, x):
 def _silu_8(times_y):
     """ggml_vec_silu_f32 (ggml_vec_swiglu_f32 with times_y) on x[:8 * n8] of a row (unit stride): out = x / (1 +
     ggml_v_expf(0 - x)) in 8-value chunks, then (times_y) times y, rounded after the silu as ggml does."""
-    def typer(typingctx, x, y, out, n8):
-        def codegen(context, builder, signature, args):
-            x_a, y_a, out_a, n_v = args
-            x_t, y_t, out_t, _ = signature.args
-            xp, yp, op = (_element_ptr(context, builder, t, a, ir.Constant(I64, 0))
-                          for t, a in ((x_t, x_a), (y_t, y_a), (out_t, out_a)))
-            with cgutils.for_range(builder, _i64(builder, n_v)) as loop:
-                o = builder.mul(loop.index, ir.Constant(I64, 8))
-                x = _load8(builder, builder.gep(xp, [o]))
-                e = _v_expf(builder, builder.fsub(_v8([0.0] * 8), x))
-                s = builder.fdiv(x, builder.fadd(_v8([1.0] * 8), e))
-                if times_y:
-                    s = builder.fmul(s, _load8(builder, builder.gep(yp, [o])))
-                builder.store(s, builder.bitcast(builder.gep(op, [o]), V8F.as_pointer()), align=4)
-            return context.get_dummy_value()
+    def codegen(context, builder, signature, args):
+        rows = list(zip(signature.args[:-1], args[:-1]))   # x, (y,) out
+        xp, *yp, op = (_element_ptr(context, builder, t, a, ir.Constant(I64, 0)) for t, a in rows)
+        with cgutils.for_range(builder, _i64(builder, args[-1])) as loop:
+            o = builder.mul(loop.index, ir.Constant(I64, 8))
+            x = _load8(builder, builder.gep(xp, [o]))
+            e = _v_expf(builder, builder.fsub(_v8([0.0] * 8), x))
+            s = builder.fdiv(x, builder.fadd(_v8([1.0] * 8), e))
+            if times_y:
+                s = builder.fmul(s, _load8(builder, builder.gep(yp[0], [o])))
+            builder.store(s, builder.bitcast(builder.gep(op, [o]), V8F.as_pointer()), align=4)
+        return context.get_dummy_value()
 
-        return types.void(x, y, out, n8), codegen
+    if times_y:
+        def typer(typingctx, x, y, out, n8):
+            return types.void(x, y, out, n8), codegen
+    else:
+        def typer(typingctx, x, out, n8):
+            return types.void(x, out, n8), codegen
     return intrinsic(typer)
 
 
