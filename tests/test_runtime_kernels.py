@@ -129,6 +129,52 @@ def test_q8_1_block_sums_are_rounded_like_ggml():
     assert np.array_equal(prepared.xs[0], want)
 
 
+def hard_rounding_rows(n_cols, seed):
+    """Input rows for the Q8 roundings: ordinary values; ties after scaling (the largest 127 and others at k + 0.5);
+    a block's largest magnitude held by a value and its negation (either first); zeros; subnormals; huge values;
+    +-inf; one value alone in its block."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((12, n_cols)) * 3).astype(np.float32)
+    x[1] = (np.arange(n_cols) % 255 - 127) / np.float32(2)
+    x[2, ::7] = np.float32(-x[2].__abs__().max())
+    x[3, 3::7], x[3, 5::7] = 9.0, -9.0
+    x[4, ::2] = 0
+    x[5] *= np.float32(1e-40)
+    x[6] *= np.float32(1e37)
+    x[7, 10], x[7, 100] = np.inf, -np.inf
+    x[8], x[8, 33] = 0, -2.5
+    x[9, :64] = np.float32(1e-45)
+    x[10] = np.float32(4.0)
+    x[11] = -x[1]
+    return x
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_1, T.Q4_K], ids=["q8_0", "q8_1", "q8_K"])
+def test_input_rounding_equals_ggml_from_float(qtype):
+    """The vector roundings of input rows (simd.q8_0_block; q8_k_max and q8_k_block) give ggml's bytes: libggml-cpu's
+    from_float for Q8_0, Q8_1 (AVX2) and Q8_K (quantize_row_q8_K_ref), block by block."""
+    from tests.ggml_oracle import load_ggml_cpu
+
+    x = hard_rounding_rows(512, seed=6)
+    want = load_ggml_cpu().prepare(qtype, x)
+    prepared = matmul.PreparedInput(x, matmul.ACTIVATION[qtype])
+    if qtype == T.Q4_K:
+        blocks = want.reshape(len(x), -1, 292)
+        assert np.array_equal(blocks[:, :, :4].copy().view(np.float32)[..., 0].view(np.uint32),
+                              prepared.xd.view(np.uint32))
+        assert np.array_equal(blocks[:, :, 4:260].reshape(len(x), -1).view(np.int8), prepared.q8)
+        assert np.array_equal(blocks[:, :, 260:].copy().view(np.int16).reshape(len(x), -1), prepared.xs)
+        return
+    size = 34 if qtype == T.Q8_0 else 36     # ggml's block_q8_1: two halves (gguf-py's sizes say two floats)
+    blocks = want[:, :x.shape[1] // 32 * size].reshape(len(x), -1, size)
+    assert np.array_equal(blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32), prepared.xd)
+    if qtype == T.Q4_1:
+        assert np.array_equal(blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32), prepared.xs)
+    if matmul.HAVE_AVX2:
+        assert np.array_equal(blocks[:, :, size - 32:].reshape(len(x), -1).view(np.int8), prepared.xq)
+
+
 def test_ggml_expf_is_accurate_and_saturates():
     """Within ggml_v_expf's documented accuracy of the float64 exp ("the maximum error is 1.45358 plus 0.5 ulps",
     ggml-cpu/vec.h; an ulp of the exact value's binade; measured 1.77); silu(3) = 3 / (1 + e^-3) within two ulps:

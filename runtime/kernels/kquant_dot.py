@@ -30,9 +30,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit
 
-from ggtools.quants.floatbits import FP16_TO_F32, nearest_int
+from ggtools.quants.floatbits import FP16_TO_F32
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma
-from ggtools.runtime.kernels.simd import (fma_lanes8, q4_k_chunk_lanes_1, q4_k_chunk_lanes_4, q4_k_chunk_lanes_8,
+from ggtools.runtime.kernels.simd import (fma_lanes8, q8_k_block, q8_k_max, q4_k_chunk_lanes_1, q4_k_chunk_lanes_4, q4_k_chunk_lanes_8,
                                           q6_k_lanes_1, q6_k_lanes_4, q6_k_lanes_8)
 
 QK_K = 256
@@ -51,37 +51,23 @@ VEC_DOT, GEMV, GEMM, TILED = range(4)
 
 
 @njit(**EXACT)
-def quantize_q8_k_row(x, q, d, bsums):
-    """quantize_row_q8_K_ref of one row: q int8 (n), d float32 (n / 256), bsums int32 (n / 16). But for a block
-    holding a NaN, which ggml's nearest_int makes 0 (so its dots stay finite and a NaN passes unseen): its scale
-    is NaN, so are its dots, and the forward's logits check stops the step."""
+def quantize_q8_k_row(x, q, d, bsums, values):
+    """quantize_row_q8_K_ref of one row: q int8 (n), d float32 (n / 256), bsums int32 (n / 16), and values the
+    float q * d. But for a block holding a NaN, which ggml's nearest_int makes 0 (so its dots stay finite and a NaN
+    passes unseen): its scale is NaN, so are its dots, and the forward's logits check stops the step. Rows of unit
+    stride (the vector kernels read them so)."""
     for b in range(x.size // QK_K):
         o = b * QK_K
-        amax, vmax = F32(0.0), F32(0.0)
-        has_nan = False
-        for j in range(QK_K):
-            has_nan |= x[o + j] != x[o + j]
-            if abs(x[o + j]) > amax:
-                amax, vmax = abs(x[o + j]), x[o + j]
-        if has_nan:
-            d[b] = F32(np.nan)
+        has_nan, vmax = q8_k_max(x, o)
+        if has_nan or vmax == F32(0.0):
+            d[b] = F32(np.nan) if has_nan else F32(0.0)
             q[o:o + QK_K] = 0
-            bsums[16 * b:16 * b + 16] = 0
-            continue
-        if amax == F32(0.0):
-            d[b] = F32(0.0)
-            q[o:o + QK_K] = 0
+            values[o:o + QK_K] = F32(0.0) * d[b]
             bsums[16 * b:16 * b + 16] = 0
             continue
         iscale = F32(-127.0) / vmax
-        for j in range(QK_K):
-            q[o + j] = min(127, nearest_int(iscale * x[o + j]))
-        for g in range(16):
-            s = 0
-            for j in range(16):
-                s += np.int32(q[o + 16 * g + j])
-            bsums[16 * b + g] = s
         d[b] = F32(1.0) / iscale
+        q8_k_block(x, o, iscale, d[b], q, values, bsums, 16 * b)
 
 
 @njit(inline="always", **EXACT)

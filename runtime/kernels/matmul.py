@@ -41,12 +41,13 @@ from numba import carray, cfunc, literal_unroll, njit, types
 from ggtools.quants.block32 import KVALUES_MXFP4
 from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16
 from ggtools.runtime.kernels import workers
-from ggtools.runtime.kernels.workers import (ARGS, CONTROL_SIZE, Job, array_1d, array_2d, claim, close_job, enter,
-                                             leave, publish, put_array)
+from ggtools.runtime.kernels.workers import (ARGS, CFUNC, CONTROL_SIZE, ENTRY_SIGNATURE, Job, array_1d, array_2d,
+                                             claim, close_job, enter, leave, publish, put_array)
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
 from ggtools.runtime.kernels.kquant_dot import (Q4_K_REPACKED, QK_K, ROWS_EXPERT, quantize_q8_k_row, rows_kquant,
                                                 rows_mode)
-from ggtools.runtime.kernels.simd import (HAVE_AVX2, HAVE_VNNI, decode_f16_8, dot_4x8_main, dot_4x8_stored_1,
+from ggtools.runtime.kernels.simd import (HAVE_AVX2, HAVE_VNNI, decode_f16_8, q8_0_block, dot_4x8_main,
+                                  dot_4x8_stored_1,
                                   dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
                                   stored2_lanes8_4,
                                   dot_row_mxfp4_1, dot_row_mxfp4_4,
@@ -386,6 +387,12 @@ def quantize_q8_row(x, xq, xd, xs):
     bits exceed inf's, so a block holding one gets a NaN scale and its row NaN outputs, which the logits check
     stops (a float max skipped it, and the NaN became some integer); the integer max also runs faster (16 rows of
     1024: 1.23 ns a value against 1.47)."""
+    if HAVE_AVX2 and x.strides[0] == 4 and xq.strides[0] == 1:
+        for b in range(x.size // 32):
+            xd[b], s = q8_0_block(x, b * 32, xq)
+            if xs.size:
+                xs[b] = s
+        return
     bits = x.view(np.uint32)
     for b in range(x.size // 32):
         o = b * 32
@@ -435,10 +442,10 @@ def dot_one_row(w, x, t, f16_tail):
 @njit(**EXACT)
 def prepare_q8_k_rows(x, values, q8, xd, bsums):
     """Each row through Q8_K (kquant_dot.quantize_q8_k_row) and back to float values q * d (the float path's)."""
+    if x.strides[1] != 4:
+        x = x.copy()
     for t in range(x.shape[0]):
-        quantize_q8_k_row(x[t], q8[t], xd[t], bsums[t])
-        for j in range(x.shape[1]):
-            values[t, j] = np.float32(q8[t, j]) * xd[t, j // 256]
+        quantize_q8_k_row(x[t], q8[t], xd[t], bsums[t], values[t])
 
 
 @njit(**EXACT)
@@ -797,8 +804,6 @@ def matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, gr
 
 # ---- the matmuls on the workers' fast path (workers.py): arguments through the control array -------------
 
-ENTRY_SIGNATURE = types.void(types.CPointer(types.int64))
-CFUNC = dict(cache=True, error_model="numpy")
 XQ_DTYPE = np.int8 if HAVE_AVX2 else np.float32     # the block32 input's values (PreparedInput)
 
 

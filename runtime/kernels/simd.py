@@ -938,3 +938,127 @@ dot_row_q4_0_8, dot_row_q4_1_8, dot_row_q5_0_8, dot_row_q5_1_8, dot_row_q8_0_8, 
     _DOT_ROW(BLOCK32_LAYOUTS[name], 8) for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4"))
 dot_rows8_q4_0_1, dot_rows8_q4_0_4 = (_DOT_ROW(BLOCK32_LAYOUTS["q4_0"], n, weight_rows=8) for n in (1, 4))
 dot_rows8_mxfp4_1, dot_rows8_mxfp4_4 = (_DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], n, weight_rows=8) for n in (1, 4))
+
+
+# ---- input rows rounded for the integer dots ---------------------------------------------------------
+
+def _reduce(builder, name, v):
+    """llvm.vector.reduce.<name> of an <8 x i32> (umax, add, or on i1 lanes...)."""
+    return _x86(builder, f"llvm.vector.reduce.{name}.v{v.type.count}{_suffix(v.type.element)}", v.type.element, [v])
+
+
+def _suffix(element):
+    return "f32" if element == F32 else f"i{element.width}"
+
+
+def _block_vectors(context, builder, x_t, x_a, o, n):
+    """x[o:o + 8n] as n <8 x float> vectors."""
+    xp = _element_ptr(context, builder, x_t, x_a, o)
+    return [_load8(builder, xp, 8 * i) for i in range(n)]
+
+
+def _abs_bits(builder, v):
+    """|v| as <8 x i32> bits: ordered as |v| is for every non-NaN lane (a NaN's bits exceed inf's)."""
+    return builder.and_(builder.bitcast(v, V8I), ir.Constant(V8I, [0x7FFFFFFF] * 8))
+
+
+def _fold(builder, combine, vectors):
+    while len(vectors) > 1:
+        vectors = [combine(vectors[k], vectors[k + 1]) for k in range(0, len(vectors), 2)]
+    return vectors[0]
+
+
+def _umax(builder, a, b):
+    return builder.select(builder.icmp_unsigned(">", a, b), a, b)
+
+
+@intrinsic
+def q8_0_block(typingctx, x, o, xq):
+    """quantize_row_q8_0 / q8_1's AVX2 block (ggml's instruction sequence): x[o:o + 32] -> xq[o:o + 32] (int8, value
+    order) = cvtps2dq(x * id) packed with signed saturation (cvtps2dq's INT_MIN for an inf or NaN product gives
+    -128), id = 127 / amax (0 when amax is 0), amax taken on the bits (a NaN makes it NaN). Returns the block's
+    scale d = amax / 127 and Q8_1's sum d * s (s the int32 sum of the cvtps2dq values, wrapping as ggml's), each
+    rounded to f16 (fptrunc: round to nearest even, as ggml's FP32_TO_FP16)."""
+    def codegen(context, builder, signature, args):
+        x_a, o_v, xq_a = args
+        x_t, _, xq_t = signature.args
+        v = _block_vectors(context, builder, x_t, x_a, o_v, 4)
+        amax = builder.bitcast(_reduce(builder, "umax", _fold(builder, lambda a, b: _umax(builder, a, b),
+                                                               [_abs_bits(builder, u) for u in v])), F32)
+        d = builder.fdiv(amax, ir.Constant(F32, 127.0))
+        inv = builder.select(builder.fcmp_unordered("!=", amax, ir.Constant(F32, 0.0)),
+                             builder.fdiv(ir.Constant(F32, 127.0), amax), ir.Constant(F32, 0.0))
+        q = [_x86(builder, "llvm.x86.avx.cvt.ps2dq.256", V8I, [builder.fmul(u, _splat(builder, inv))]) for u in v]
+        total = _reduce(builder, "add", _fold(builder, builder.add, q))
+        out = builder.bitcast(_element_ptr(context, builder, xq_t, xq_a, o_v), ir.VectorType(I8, 8).as_pointer())
+        for i, u in enumerate(q):
+            clamped = builder.select(builder.icmp_signed("<", u, ir.Constant(V8I, [-128] * 8)),
+                                     ir.Constant(V8I, [-128] * 8), u)
+            clamped = builder.select(builder.icmp_signed(">", clamped, ir.Constant(V8I, [127] * 8)),
+                                     ir.Constant(V8I, [127] * 8), clamped)
+            builder.store(builder.trunc(clamped, ir.VectorType(I8, 8)),
+                          builder.gep(out, [ir.Constant(I64, i)]), align=1)
+        d_s = [d, builder.fmul(d, builder.sitofp(total, F32))]
+        rounded = [builder.fpext(builder.fptrunc(v, ir.HalfType()), F32) for v in d_s]
+        return context.make_tuple(builder, signature.return_type, rounded)
+
+    return types.UniTuple(types.float32, 2)(x, o, xq), codegen
+
+
+@intrinsic
+def q8_k_max(typingctx, x, o):
+    """A Q8_K super-block x[o:o + 256]: (whether it holds a NaN, its first value of the largest magnitude), as
+    quantize_row_q8_K_ref's scan (strict >) finds it."""
+    def codegen(context, builder, signature, args):
+        x_a, o_v = args
+        x_t, _ = signature.args
+        v = _block_vectors(context, builder, x_t, x_a, o_v, 32)
+        nan = _fold(builder, builder.or_, [builder.fcmp_unordered("uno", u, u) for u in v])
+        bits = [_abs_bits(builder, u) for u in v]
+        amax = _splat(builder, _reduce(builder, "umax", _fold(builder, lambda a, b: _umax(builder, a, b), bits)), V8I)
+        # the first lane equal to the largest: 32 eight-lane masks as four 64-bit words, lowest set bit
+        index = ir.Constant(I64, 0)
+        for word in reversed(range(4)):
+            w = ir.Constant(I64, 0)
+            for k in range(8):
+                mask = builder.bitcast(builder.icmp_unsigned("==", bits[8 * word + k], amax), I8)
+                w = builder.or_(w, builder.shl(builder.zext(mask, I64), ir.Constant(I64, 8 * k)))
+            first = builder.add(_x86(builder, "llvm.cttz.i64", I64, [w, ir.Constant(I1, 0)]),
+                                ir.Constant(I64, 64 * word))
+            index = builder.select(builder.icmp_unsigned("!=", w, ir.Constant(I64, 0)), first, index)
+        vmax = builder.load(_element_ptr(context, builder, x_t, x_a, builder.add(_i64(builder, o_v), index)))
+        return context.make_tuple(builder, signature.return_type, [_reduce(builder, "or", nan), vmax])
+
+    return types.Tuple((types.boolean, types.float32))(x, o), codegen
+
+
+@intrinsic
+def q8_k_block(typingctx, x, o, iscale, d, q, values, bsums, g):
+    """quantize_row_q8_K_ref's values of a super-block x[o:o + 256] with no NaN: q = min(127, nearest_int(iscale *
+    x)) (the 1.5 * 2^23 trick) stored as int8 (wrapping, as C's assignment), values = q * d (float), bsums[g:g + 16]
+    the sums of 16."""
+    def codegen(context, builder, signature, args):
+        x_a, o_v, iscale_v, d_v, q_a, values_a, bsums_a, g_v = args
+        x_t, _, _, _, q_t, values_t, bsums_t, _ = signature.args
+        v = _block_vectors(context, builder, x_t, x_a, o_v, 32)
+        qp = builder.bitcast(_element_ptr(context, builder, q_t, q_a, o_v), ir.VectorType(I8, 8).as_pointer())
+        vp = _element_ptr(context, builder, values_t, values_a, o_v)
+        bp = _element_ptr(context, builder, bsums_t, bsums_a, g_v)
+        scale, d8 = _splat(builder, iscale_v), _splat(builder, d_v)
+        magic = _v8([12582912.0] * 8)
+        wide = []
+        for i, u in enumerate(v):
+            bits = builder.bitcast(builder.fadd(builder.fmul(scale, u), magic), V8I)
+            n = builder.sub(builder.and_(bits, ir.Constant(V8I, [0x7FFFFF] * 8)), ir.Constant(V8I, [0x400000] * 8))
+            n = builder.select(builder.icmp_signed(">", n, ir.Constant(V8I, [127] * 8)), ir.Constant(V8I, [127] * 8), n)
+            small = builder.trunc(n, ir.VectorType(I8, 8))
+            builder.store(small, builder.gep(qp, [ir.Constant(I64, i)]), align=1)
+            wide.append(builder.sext(small, V8I))
+            builder.store(builder.fmul(builder.sitofp(wide[-1], V8F), d8),
+                          builder.bitcast(builder.gep(vp, [ir.Constant(I64, 8 * i)]), V8F.as_pointer()), align=4)
+        for k in range(16):
+            total = _reduce(builder, "add", builder.add(wide[2 * k], wide[2 * k + 1]))
+            builder.store(total, builder.gep(bp, [ir.Constant(I64, k)]))
+        return context.get_dummy_value()
+
+    return types.void(x, o, iscale, d, q, values, bsums, g), codegen

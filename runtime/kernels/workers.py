@@ -195,6 +195,9 @@ def wait_idle(counter):
 
 # ---- the fast path: a job's arguments in the control array ----------------------------------------------
 
+ENTRY_SIGNATURE = types.void(types.CPointer(types.int64))    # a job's entry: a cfunc taking the control's address
+CFUNC = dict(cache=True, error_model="numpy")
+
 @njit(cache=True, nogil=True)
 def put_array(control, i, a):
     """Write a C-contiguous array's address and shape at control[i:]; returns the next free index."""
@@ -212,6 +215,11 @@ def array_1d(control, i, dtype):
 @njit(cache=True, nogil=True)
 def array_2d(control, i, dtype):
     return carray(address_as_pointer(control[i]), (control[i + 1], control[i + 2]), dtype), i + 3
+
+
+@njit(cache=True, nogil=True)
+def array_3d(control, i, dtype):
+    return carray(address_as_pointer(control[i]), (control[i + 1], control[i + 2], control[i + 3]), dtype), i + 4
 
 
 @njit(cache=True, nogil=True)

@@ -22,12 +22,14 @@ laid out where a one-token step along it has them (tree_attention_rows): the sam
 """
 
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.fixed_args import FixedArgs, fixed_args
-from ggtools.runtime.kernels.workers import claim, enter, leave
+from ggtools.quants.floatbits import f32_bits, f32_from_bits
+from ggtools.runtime.kernels.workers import (ARGS, CFUNC, CONTROL_SIZE, ENTRY_SIGNATURE, Job, array_1d, array_2d,
+                                             array_3d, claim, close_job, enter, leave, publish, put_array)
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16, to_f16_row
 from ggtools.runtime.kernels.matmul import dot_one_row
 from ggtools.runtime.kernels.ops import rms_norm_row, rope_head, soft_max
@@ -61,6 +63,7 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sink
     d_v = out.shape[1] // n_head
     group = n_head // k_cache.shape[0]
     n_pad = (n_ctx + KV_PAD - 1) // KV_PAD * KV_PAD
+    q16, w, p = np.empty(d, np.float32), np.empty(n_pad, np.float32), np.empty(n_pad, np.float32)
     enter(counter)
     while True:
         job = claim(counter)
@@ -68,39 +71,65 @@ def attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sink
             break
         t, h = job // n_head, job % n_head
         g = h // group
-        q16 = query_operand(q[t, h], f16)
-        w = np.empty(n_pad, np.float32)
+        query_operand(q[t, h], f16, q16)
         dots(q16, k_cache[g], n_pad, one_row or not f16, f16, w)
-        attend_scores(w, vt_cache[g], q_positions[t], scale, window, sinks[h] if sinks.size else np.float32(-np.inf),
-                      one_row, f16, out[t, h * d_v:(h + 1) * d_v])
+        attend_scores(w, p, vt_cache[g], q_positions[t], scale, window,
+                      sinks[h] if sinks.size else np.float32(-np.inf), one_row, f16, out[t, h * d_v:(h + 1) * d_v])
     leave(counter)
 
 
 @njit(**EXACT)
-def query_operand(q_row, f16):
-    """The query as mul_mat(k, q) reads it: rounded to f16 over an f16 cache."""
-    q16 = np.empty(q_row.size, np.float32)
+def query_operand(q_row, f16, q16):
+    """q16 = the query as mul_mat(k, q) reads it: rounded to f16 over an f16 cache."""
     if f16:
         to_f16_row(q_row, q16)
     else:
         q16[:] = q_row
-    return q16
 
 
 @njit(**EXACT)
-def attend_scores(w, vt, q_position, scale, window, sink, one_row, f16, out):
+def attend_scores(w, p, vt, q_position, scale, window, sink, one_row, f16, out):
     """One (token, head) from its raw scores w over key positions 0..w.size-1 (a multiple of KV_PAD): scaled, keys
-    after q_position (and with a window, `window` or more back) masked, softmax with the sink, then the sum of the
-    values vt (d, >= w.size) weighted by it -> out (d)."""
+    after q_position (and with a window, `window` or more back) masked, softmax with the sink into p (scratch of
+    w's size), then the sum of the values vt (d, >= w.size) weighted by it -> out (d)."""
     n_pad = w.size
     lo = q_position - window + 1 if window else 0
     for s in range(n_pad):
         w[s] = w[s] * scale if lo <= s <= q_position else -np.inf
-    p = np.empty(n_pad, np.float32)
     soft_max(w, p, sink)
     if f16:      # mul_mat(v, kq) rounds the probabilities to f16
         to_f16_row(p, p)
     dots(p, vt, out.size, one_row, f16, out)
+
+
+@njit(**EXACT)
+def attention_rows_post(control, entry, q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sinks, one_row, f16,
+                        out):
+    """attention_rows on the workers' fast path (workers.py; contiguous arrays)."""
+    control[ARGS], control[ARGS + 1], control[ARGS + 2] = n_ctx, np.int64(f32_bits(scale)), window
+    control[ARGS + 3], control[ARGS + 4] = one_row, f16
+    i = put_array(control, put_array(control, put_array(control, ARGS + 5, q), k_cache), vt_cache)
+    i = put_array(control, put_array(control, put_array(control, i, q_positions), sinks), out)
+    publish(control, entry)
+    attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sinks, one_row, f16, out, control[0:2])
+    close_job(control)
+
+
+@cfunc(ENTRY_SIGNATURE, **CFUNC)
+def attention_rows_entry(address):
+    control = carray(address, (CONTROL_SIZE,))
+    n_ctx, scale, window = control[ARGS], f32_from_bits(control[ARGS + 1]), control[ARGS + 2]
+    one_row, f16 = control[ARGS + 3] != 0, control[ARGS + 4] != 0
+    q, i = array_3d(control, ARGS + 5, np.float32)
+    k_cache, i = array_3d(control, i, np.float32)
+    vt_cache, i = array_3d(control, i, np.float32)
+    q_positions, i = array_1d(control, i, np.int64)
+    sinks, i = array_1d(control, i, np.float32)
+    out, i = array_2d(control, i, np.float32)
+    attention_rows(q, k_cache, vt_cache, q_positions, n_ctx, scale, window, sinks, one_row, f16, out, control[0:2])
+
+
+ATTENTION_ROWS = Job(attention_rows, attention_rows_post, attention_rows_entry)
 
 
 TREE_ROWS_PER_TASK = 8
@@ -119,6 +148,7 @@ def tree_attention_rows(q, k_cache, vt_cache, start, paths, depths, scale, windo
     group = n_head // n_kv
     n_blocks = (n_tokens + TREE_ROWS_PER_TASK - 1) // TREE_ROWS_PER_TASK
     width = (start + depths.max() + 1 + KV_PAD - 1) // KV_PAD * KV_PAD
+    q16, scores, p = np.empty(d, np.float32), np.empty(width, np.float32), np.empty(width, np.float32)
     enter(counter)
     while True:
         job = claim(counter)
@@ -134,14 +164,16 @@ def tree_attention_rows(q, k_cache, vt_cache, start, paths, depths, scale, windo
             for j in range(depth + 1):
                 vt[:, start + j] = vt_cache[g, :d_v, start + paths[t, j]]
             for h in range(g * group, (g + 1) * group):
-                q16 = query_operand(q[t, h], f16)
-                w = np.zeros(n_pad, np.float32)
+                query_operand(q[t, h], f16, q16)
+                w = scores[:n_pad]
+                w[:] = 0.0
                 dots(q16, k_cache[g], start, one_row or not f16, f16, w)
                 for j in range(depth + 1):
                     row = start + paths[t, j]
                     dots(q16, k_cache[g, row:row + 1], 1, one_row or not f16, f16, w[start + j:start + j + 1])
-                attend_scores(w, vt, start + depth, scale, window, sinks[h] if sinks.size else np.float32(-np.inf),
-                              one_row, f16, out[t, h * d_v:(h + 1) * d_v])
+                attend_scores(w, p[:n_pad], vt, start + depth, scale, window,
+                              sinks[h] if sinks.size else np.float32(-np.inf), one_row, f16,
+                              out[t, h * d_v:(h + 1) * d_v])
     leave(counter)
 
 
@@ -227,10 +259,13 @@ def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positi
     n_tokens, n_head, d = q.shape
     out = np.empty((n_tokens, n_head * (d_v or d)), np.float32)
     one_row = n_tokens == 1 or stepwise
-    args = (np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.asarray(q_positions, np.int64), n_ctx,
-            np.float32(scale), window, sinks, one_row, f16, out)
-    workers.run(attention_rows, n_tokens * n_head, attention_work(n_tokens, n_head, n_ctx, d),
-                workers.ATTENTION_MIN_WORK, *args)
+    args = (np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.ascontiguousarray(q_positions, np.int64),
+            n_ctx, np.float32(scale), window, sinks, one_row, f16, out)
+    split = (n_tokens * n_head, attention_work(n_tokens, n_head, n_ctx, d), workers.ATTENTION_MIN_WORK)
+    if k_cache.flags.c_contiguous and vt_cache.flags.c_contiguous and sinks.flags.c_contiguous:
+        workers.run_job(ATTENTION_ROWS, *split, *args)
+    else:
+        workers.run(attention_rows, *split, *args)
     return out
 
 
