@@ -75,7 +75,7 @@ def test_polling_workers_take_tasks(threads):
     layout = matmul.Layout(T.Q8_0, 4096, 512)
     x = matmul.PreparedInput(np.ones((1, 512), np.float32), layout.activation)
     plan = matmul.MatmulPlan([layout], data, [0])
-    n_tasks, seen = len(plan.one_row_tasks(2)), set()
+    n_tasks, seen = len(plan.thread_tasks(2)), set()
     for _ in range(5000):
         plan.run(x)
         seen.add(int(pool.control[workers.CLAIM]))
@@ -85,16 +85,16 @@ def test_polling_workers_take_tasks(threads):
 
 
 @pytest.mark.parametrize("n_threads", [1, 2, 3, 16])
-def test_one_row_tasks_cover_each_row_once_in_long_runs(n_threads):
-    """A one-row input's tasks: every weight row of every matrix exactly once, at its byte offset and output
-    column; within a matrix all tasks but the last take the same number of rows r, a multiple of 8 (the repacked
-    kernels take 8 rows at a time) from ROWS_PER_TASK to MAX_ROWS_PER_ONE_ROW_TASK, and as long as gives each
-    thread ONE_ROW_TASKS_PER_THREAD tasks (r is the rows per task that would, rounded up to 8)."""
+def test_tasks_cover_each_row_once_in_long_runs(n_threads):
+    """A plan's tasks: every weight row of every matrix exactly once, at its byte offset and output column; within
+    a matrix all tasks but the last take the same number of rows r, a multiple of 8 (the repacked kernels take 8
+    rows at a time) from MIN_ROWS_PER_TASK to MAX_ROWS_PER_TASK, and as long as gives each thread TASKS_PER_THREAD
+    tasks (r is the rows per task that would, rounded up to 8)."""
     shapes = [(576, 576), (192, 576), (3072, 576), (40, 576)]
     layouts = [matmul.Layout(T.Q8_0, n, c) for n, c in shapes]
     offsets = np.cumsum([0] + [l.n_rows * int(l.row_bytes) for l in layouts])
     plan = matmul.MatmulPlan(layouts, np.zeros(offsets[-1], np.uint8), list(offsets[:-1]))
-    tasks = plan.one_row_tasks(n_threads)
+    tasks = plan.thread_tasks(n_threads)
     covered = np.zeros(plan.n_rows, np.int64)
     for m, (lo, hi) in enumerate(plan.columns):
         mine = [t for t in tasks if lo <= t[2] < hi]
@@ -104,8 +104,8 @@ def test_one_row_tasks_cover_each_row_once_in_long_runs(n_threads):
         r = {rows for _, rows, _, _ in mine[:-1]} or {mine[0][1]}
         assert len(r) == 1, r
         r = r.pop()
-        target = (hi - lo) / (matmul.ONE_ROW_TASKS_PER_THREAD * n_threads)
+        target = (hi - lo) / (matmul.TASKS_PER_THREAD * n_threads)
         assert r % 8 == 0 or len(mine) == 1
-        assert r <= matmul.MAX_ROWS_PER_ONE_ROW_TASK and (r <= matmul.ROWS_PER_TASK or r < target + 8)
-        assert r >= min(matmul.MAX_ROWS_PER_ONE_ROW_TASK, target, hi - lo)
+        assert r <= matmul.MAX_ROWS_PER_TASK and (r <= matmul.MIN_ROWS_PER_TASK or r < target + 8)
+        assert r >= min(matmul.MAX_ROWS_PER_TASK, target, hi - lo)
     assert (covered == 1).all()

@@ -1,8 +1,8 @@
 """numba matmul kernels: ggml weights dequantized on the fly, numerics equal to llama.cpp's CPU backend.
 
 y[t, r] = W[r] . x[t] for weight rows W kept in their ggml block layout (memory-mapped) and 1 to
-many input rows x. Each task decodes ROWS_PER_TASK weight rows, one at a time, and dots each with
-every input row, so a 16-token verify batch reads the weights once. Tasks are split over the
+many input rows x. Each task decodes a run of weight rows (MatmulPlan.thread_tasks), one at a time, and dots
+each with every input row, so a 16-token verify batch reads the weights once. Tasks are split over the
 runtime's own workers (workers.py), never numba's prange.
 
 Numerics follow what llama.cpp (x86-64, AVX2 build) does for the weight type, operation for
@@ -57,12 +57,13 @@ from ggtools.runtime.kernels.simd import (HAVE_AVX2, HAVE_VNNI, decode_f16_8, q8
                                   dot_row_q5_1_4, dot_row_q8_0_1, dot_row_q8_0_4, dot_row_q4_0_8, dot_row_q4_1_8,
                                   dot_row_q5_0_8, dot_row_q5_1_8, dot_row_q8_0_8, dot_row_mxfp4_8)
 
-ROWS_PER_TASK = 16     # a multiple of 8: repacked matrices are dotted 8 weight rows at a time
-# a one-row input's tasks: about two per thread, so each thread streams long runs of weight rows. Claimed in
-# turn, 16-row tasks interleave the threads' reads and defeat the hardware prefetcher: on the 2-core VM a
-# decode step's matmuls ran slower on 2 threads than on 1 (docs/runtime.md, "Threads and the native anchor")
-ONE_ROW_TASKS_PER_THREAD = 2
-MAX_ROWS_PER_ONE_ROW_TASK = 256
+MIN_ROWS_PER_TASK = 16     # a multiple of 8: repacked matrices are dotted 8 weight rows at a time
+# about two tasks per thread, so each thread streams long runs of weight rows. Claimed in turn, 16-row tasks
+# interleave the threads' reads and defeat the hardware prefetcher: on the 2-core VM a decode step's matmuls ran
+# slower on 2 threads than on 1, and a 16-row batch's matmuls took 31 ms against 27.7 (docs/runtime.md,
+# "Threads and the native anchor"; "Long jobs and long tasks")
+TASKS_PER_THREAD = 2
+MAX_ROWS_PER_TASK = 256
 
 # how a weight type's input is rounded (its vec_dot_type in ggml-cpu.c)
 ACT_F32, ACT_F16, ACT_BF16, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K = range(6)
@@ -1068,8 +1069,7 @@ class MatmulPlan:
                 raise ValueError("matrix data lies outside the buffer")
             self.columns.append((column, column + layout.n_rows))
             column += layout.n_rows
-        self.n_rows, self.tasks = column, self._tasks(lambda n_rows: ROWS_PER_TASK)
-        self._one_row_tasks = {}
+        self.n_rows, self._thread_tasks = column, {}
         if first.block32:
             self.job, self.weight_args = MATMUL_BLOCK32, (first.kernel_id, first.block_bytes, first.row_bytes, buf)
         elif first.integer_kquant:
@@ -1089,14 +1089,14 @@ class MatmulPlan:
                               expert_bytes))
         return np.array(tasks, np.int64)
 
-    def one_row_tasks(self, n_threads: int) -> np.ndarray:
-        """The tasks for one input row per expert, split for n_threads (ONE_ROW_TASKS_PER_THREAD)."""
-        if n_threads not in self._one_row_tasks:
+    def thread_tasks(self, n_threads: int) -> np.ndarray:
+        """The tasks split for n_threads (TASKS_PER_THREAD)."""
+        if n_threads not in self._thread_tasks:
             def rows_per_task(n_rows):
-                rows = -(-n_rows // (ONE_ROW_TASKS_PER_THREAD * n_threads))
-                return min(MAX_ROWS_PER_ONE_ROW_TASK, max(ROWS_PER_TASK, -(-rows // 8) * 8))
-            self._one_row_tasks[n_threads] = self._tasks(rows_per_task)
-        return self._one_row_tasks[n_threads]
+                rows = -(-n_rows // (TASKS_PER_THREAD * n_threads))
+                return min(MAX_ROWS_PER_TASK, max(MIN_ROWS_PER_TASK, -(-rows // 8) * 8))
+            self._thread_tasks[n_threads] = self._tasks(rows_per_task)
+        return self._thread_tasks[n_threads]
 
     @property
     def one_call(self) -> bool:
@@ -1123,7 +1123,7 @@ class MatmulPlan:
         else:
             kernel_id = layout.type_id
             family, xq, xd, xs, xf = FAMILY_FLOAT, np.empty((n_in, 0), XQ_DTYPE), unused, unused, prepared.xq
-        tasks = self.one_row_tasks(workers.pool().n_threads)
+        tasks = self.thread_tasks(workers.pool().n_threads)
         split = len(tasks) * n_in > 1 and n_in * self.n_rows * layout.n_cols >= workers.ONE_CALL_MIN_WORK
         return (np.int64(family), np.int64(layout.activation), np.int64(kernel_id), layout.qk, block_bytes, row_bytes,
                 buf, xq, xd, xs, xf, tasks, np.empty((n_in, self.n_rows), np.float32), np.int64(self.job.entry), split,
@@ -1147,7 +1147,7 @@ class MatmulPlan:
     def _run(self, a: PreparedInput, experts: np.ndarray, groups: np.ndarray, one_row: bool, mode: int) -> list:
         layout, n_in = self.layout, a.xq.shape[0]
         out = np.empty((n_in, self.n_rows), np.float32)
-        tasks = self.one_row_tasks(workers.pool().n_threads) if n_in <= len(experts) else self.tasks
+        tasks = self.thread_tasks(workers.pool().n_threads)
         split = (len(tasks) * len(experts), n_in * self.n_rows * layout.n_cols, workers.MATMUL_MIN_WORK)
         if layout.block32:
             workers.run_job(self.job, *split, *self.weight_args, a.xq, a.xd, a.xs, out, tasks, experts, groups)

@@ -247,7 +247,9 @@ def close_job(control):
 def serve(control, me, spin_ns):
     """A worker's loop: run the fast-path jobs as they are published; return IDLE after spin_ns without one,
     LEFT when asked to leave (control[EXIT + me]: a job for the general path, or shutdown)."""
-    last = atomic_get(control, GEN)
+    # a job already open when the worker comes (woken for it, or back from a general-path job) is joined too: one
+    # longer than SPIN_SECONDS would otherwise see the worker wait it out, go back to sleep, and miss the next
+    last = atomic_get(control, GEN) | 1
     idle_since = monotonic_ns()
     spins = 0
     while True:
@@ -312,7 +314,7 @@ class Workers:
                 job = inbox.get()
 
     def wake(self) -> None:
-        """Wake the workers that went to sleep (their first jobs run without them: waking takes a while)."""
+        """Wake the workers that went to sleep (a job posted meanwhile starts without them; they join it on arrival)."""
         for me, asleep in enumerate(self._asleep):
             if asleep:
                 self._asleep[me] = False
