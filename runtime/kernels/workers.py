@@ -208,6 +208,22 @@ def put_array(control, i, a):
 
 
 @njit(cache=True, nogil=True)
+def put_rows(control, i, a):
+    """Write a 2-D array of unit-stride rows (a column range of a wider array, say) at control[i:]: its address,
+    shape and row stride; returns the next free index."""
+    control[i], control[i + 1], control[i + 2] = a.ctypes.data, a.shape[0], a.shape[1]
+    control[i + 3] = a.strides[0] // a.itemsize
+    return i + 4
+
+
+@njit(cache=True, nogil=True)
+def rows_2d(control, i, dtype):
+    """The array put_rows wrote: full rows of the row stride, cut to its columns."""
+    full = carray(address_as_pointer(control[i]), (control[i + 1], control[i + 3]), dtype)
+    return full[:, :control[i + 2]], i + 4
+
+
+@njit(cache=True, nogil=True)
 def array_1d(control, i, dtype):
     return carray(address_as_pointer(control[i]), (control[i + 1],), dtype), i + 2
 
@@ -400,6 +416,14 @@ def run_job(job: Job, n_tasks: int, work: int, min_work: int, *args) -> None:
         job.kernel(*args, np.zeros(2, np.int64))
     else:
         pool().post(job, *args)
+
+
+def run_any(job: Job, n_tasks: int, work: int, min_work: int, *args) -> None:
+    """run_job where every array among args is C-contiguous (as the fast path takes them), else run (general path)."""
+    if all(a.flags.c_contiguous for a in args if isinstance(a, np.ndarray)):
+        run_job(job, n_tasks, work, min_work, *args)
+    else:
+        run(job.kernel, n_tasks, work, min_work, *args)
 
 
 def pool() -> Workers:

@@ -15,11 +15,14 @@ token routes to are never read.
 """
 
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
+from ggtools.quants.floatbits import f32_bits, f32_from_bits
 from ggtools.runtime.kernels.ggmlmath import EXACT
+from ggtools.runtime.kernels.workers import (ARGS, CFUNC, CONTROL_SIZE, ENTRY_SIGNATURE, Job, array_2d, claim,
+                                             close_job, enter, leave, publish, put_array, put_rows, rows_2d)
 from ggtools.runtime.target.ffn.dense import DenseFFN
 from ggtools.runtime.target.ffn.moe import RoutedExperts, combine_rows, normalize_and_scale, top_k
 from ggtools.runtime.target.kimi_k3_pieces import LatentMoETensors, SituFFNTensors
@@ -47,9 +50,51 @@ def route_sigmoid_rows(logits, selection_bias, k, normalize, scale, experts, wei
         normalize_and_scale(weights[t], normalize, scale)
 
 
+@njit(**EXACT)
+def situ_tasks(gate, up, beta, linear_beta, out, counter):
+    """ops.situ_rows, one task per row."""
+    enter(counter)
+    while True:
+        r = claim(counter)
+        if r >= gate.shape[0]:
+            break
+        ops.situ_rows(gate[r:r + 1], up[r:r + 1], beta, linear_beta, out[r:r + 1])
+    leave(counter)
+
+
+@njit(**EXACT)
+def situ_post(control, entry, gate, up, beta, linear_beta, out):
+    """situ_tasks on the workers' fast path (workers.py; gate and up: unit-stride rows, out contiguous)."""
+    control[ARGS], control[ARGS + 1] = np.int64(f32_bits(beta)), np.int64(f32_bits(linear_beta))
+    put_array(control, put_rows(control, put_rows(control, ARGS + 2, gate), up), out)
+    publish(control, entry)
+    situ_tasks(gate, up, beta, linear_beta, out, control[0:2])
+    close_job(control)
+
+
+@cfunc(ENTRY_SIGNATURE, **CFUNC)
+def situ_entry(address):
+    control = carray(address, (CONTROL_SIZE,))
+    beta, linear_beta = f32_from_bits(control[ARGS]), f32_from_bits(control[ARGS + 1])
+    gate, i = rows_2d(control, ARGS + 2, np.float32)
+    up, i = rows_2d(control, i, np.float32)
+    out, i = array_2d(control, i, np.float32)
+    situ_tasks(gate, up, beta, linear_beta, out, control[0:2])
+
+
+SITU = Job(situ_tasks, situ_post, situ_entry)
+# a value's tanh, sigmoid and tanh (libm) cost about what 256 multiply-adds of a matmul do (workers.run's measure)
+SITU_WORK_PER_VALUE = 256
+
+
 def situ(gate: np.ndarray, up: np.ndarray, beta: float, linear_beta: float) -> np.ndarray:
+    """situ_rows over the workers, a row per task (gate and up: rows of unit stride)."""
     out = np.empty((len(gate), gate.shape[1]), np.float32)
-    ops.situ_rows(gate, up, F32(beta), F32(linear_beta), out)
+    work = gate.size * SITU_WORK_PER_VALUE
+    if gate.strides[1] == up.strides[1] == 4:
+        workers.run_job(SITU, len(gate), work, workers.MATMUL_MIN_WORK, gate, up, F32(beta), F32(linear_beta), out)
+    else:
+        workers.run(situ_tasks, len(gate), work, workers.MATMUL_MIN_WORK, gate, up, F32(beta), F32(linear_beta), out)
     return out
 
 

@@ -261,11 +261,8 @@ def attention(q: np.ndarray, k_cache: np.ndarray, vt_cache: np.ndarray, q_positi
     one_row = n_tokens == 1 or stepwise
     args = (np.ascontiguousarray(q, np.float32), k_cache, vt_cache, np.ascontiguousarray(q_positions, np.int64),
             n_ctx, np.float32(scale), window, sinks, one_row, f16, out)
-    split = (n_tokens * n_head, attention_work(n_tokens, n_head, n_ctx, d), workers.ATTENTION_MIN_WORK)
-    if k_cache.flags.c_contiguous and vt_cache.flags.c_contiguous and sinks.flags.c_contiguous:
-        workers.run_job(ATTENTION_ROWS, *split, *args)
-    else:
-        workers.run(attention_rows, *split, *args)
+    workers.run_any(ATTENTION_ROWS, n_tokens * n_head, attention_work(n_tokens, n_head, n_ctx, d),
+                    workers.ATTENTION_MIN_WORK, *args)
     return out
 
 

@@ -19,7 +19,7 @@ The recurrence is per token whatever the batch, so a verify batch gives the same
 """
 
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit
 
 from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
@@ -27,7 +27,8 @@ from ggtools.runtime.kernels.fixed_args import fixed_args
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma
 from ggtools.runtime.kernels.matmul import dot_one_row
 from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, silu_rows
-from ggtools.runtime.kernels.workers import claim, enter, leave
+from ggtools.runtime.kernels.workers import (ARGS, CFUNC, CONTROL_SIZE, ENTRY_SIGNATURE, Job, array_2d, array_3d,
+                                             claim, close_job, enter, leave, publish, put_array)
 from ggtools.runtime.target.pieces import DeltaNetTensors
 from ggtools.runtime.weights import MatrixGroup
 
@@ -140,6 +141,47 @@ def delta_rule_heads(q, k, v, g, beta, state, head_dim, out, counter):
     leave(counter)
 
 
+@njit(**EXACT)
+def delta_rule_parts(qk, conv, key_dim, g, beta, state, head_dim, out, counter):
+    """delta_rule_heads on the recurrences' layout: q and k qk's first and last key_dim columns, v conv's columns
+    from 2 * key_dim."""
+    delta_rule_heads(qk[:, :key_dim], qk[:, key_dim:], conv[:, 2 * key_dim:], g, beta, state, head_dim, out, counter)
+
+
+@njit(**EXACT)
+def delta_rule_post(control, entry, qk, conv, key_dim, g, beta, state, head_dim, out):
+    """delta_rule_parts on the workers' fast path (workers.py; contiguous arrays)."""
+    control[ARGS], control[ARGS + 1] = key_dim, head_dim
+    i = put_array(control, put_array(control, put_array(control, ARGS + 2, qk), conv), g)
+    i = put_array(control, put_array(control, put_array(control, i, beta), state), out)
+    publish(control, entry)
+    delta_rule_parts(qk, conv, key_dim, g, beta, state, head_dim, out, control[0:2])
+    close_job(control)
+
+
+@cfunc(ENTRY_SIGNATURE, **CFUNC)
+def delta_rule_entry(address):
+    control = carray(address, (CONTROL_SIZE,))
+    key_dim, head_dim = control[ARGS], control[ARGS + 1]
+    qk, i = array_2d(control, ARGS + 2, np.float32)
+    conv, i = array_2d(control, i, np.float32)
+    g, i = array_2d(control, i, np.float32)
+    beta, i = array_2d(control, i, np.float32)
+    state, i = array_3d(control, i, np.float32)
+    out, i = array_2d(control, i, np.float32)
+    delta_rule_parts(qk, conv, key_dim, g, beta, state, head_dim, out, control[0:2])
+
+
+DELTA_RULE = Job(delta_rule_parts, delta_rule_post, delta_rule_entry)
+
+
+def run_delta_rule(qk, conv, key_dim: int, g, beta, state, head_dim: int, out) -> None:
+    """delta_rule_parts over the workers."""
+    n_v_heads = state.shape[0]
+    workers.run_any(DELTA_RULE, n_v_heads, delta_rule_work(len(qk), n_v_heads, head_dim), workers.ATTENTION_MIN_WORK,
+                    qk, conv, key_dim, g, beta, state, head_dim, out)
+
+
 def delta_rule_work(n_tokens: int, n_v_heads: int, head_dim: int) -> int:
     """delta_rule_heads' multiply-adds over n_tokens (workers.run's measure)."""
     return n_tokens * n_v_heads * head_dim * head_dim * 3
@@ -182,8 +224,7 @@ def one_token_delta_net(x, norm, eps, fixed, proj, conv_state, ssm_state, g, bet
     decay_and_beta(alpha, beta_in, dt_bias, a, g, beta)
     conv_silu_l2(conv_state, qkv, conv_weight, key_dim, head_dim, ssm_eps, conv, qk)
     workers.restart(counter)
-    delta_rule_heads(qk[:, :key_dim], qk[:, key_dim:], conv[:, 2 * key_dim:], g, beta, ssm_state, head_dim, core,
-                     counter)
+    delta_rule_parts(qk, conv, key_dim, g, beta, ssm_state, head_dim, core, counter)
     gated_norm_heads(core, ssm_norm, z, ssm_eps, normed)
     out = matmul.plan_rows(wout, normed, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
     for i in range(x.shape[1]):
@@ -257,7 +298,4 @@ class GatedDeltaNet(DeltaNetTensors):
         conv = np.empty_like(qkv)
         qk = np.empty((len(qkv), 2 * self.key_dim), np.float32)
         conv_silu_l2(conv_state, qkv, self.conv, self.key_dim, self.head_dim, F32(self.eps), conv, qk)
-        q, k = qk[:, :self.key_dim], qk[:, self.key_dim:]
-        v = conv[:, 2 * self.key_dim:]
-        workers.run(delta_rule_heads, self.n_v_heads, delta_rule_work(len(qkv), self.n_v_heads, self.head_dim),
-                    workers.ATTENTION_MIN_WORK, q, k, v, g, beta, ssm_state, self.head_dim, out)
+        run_delta_rule(qk, conv, self.key_dim, g, beta, ssm_state, self.head_dim, out)

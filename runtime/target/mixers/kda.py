@@ -29,8 +29,8 @@ from ggtools.runtime.kernels.fixed_args import fixed_args
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, sigmoid_rows, silu_rows
 from ggtools.runtime.target.kimi_k3_pieces import KDATensors
-from ggtools.runtime.target.mixers.gated_delta_net import (NO_OUTPUT, conv_rows, delta_rule_heads, delta_rule_work,
-                                                            l2_norm_heads, one_token_delta_rule_in_caller)
+from ggtools.runtime.target.mixers.gated_delta_net import (NO_OUTPUT, conv_rows, delta_rule_parts, l2_norm_heads,
+                                                            one_token_delta_rule_in_caller, run_delta_rule)
 from ggtools.runtime.weights import MatrixGroup
 
 F32 = np.float32
@@ -88,7 +88,7 @@ def one_token_kda(h, fixed, proj, conv_state, ssm_state, g, beta, counter):
     sigmoid_rows(proj[:, 3 * d + head_dim:3 * d + head_dim + n_head], beta)
     conv_silu_l2_parts(conv_state, proj[:, :3 * d], conv_weight, d, head_dim, eps, conv, qk)
     workers.restart(counter)
-    delta_rule_heads(qk[:, :d], qk[:, d:], conv[:, 2 * d:], g, beta, ssm_state, head_dim, core, counter)
+    delta_rule_parts(qk, conv, d, g, beta, ssm_state, head_dim, core, counter)
     sigmoid_gated_norm_heads(core, norm, proj[:, 3 * d + head_dim + n_head:], eps, normed)
     return matmul.plan_rows(wo, normed, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter)
 
@@ -162,6 +162,4 @@ class KDA(KDATensors):
         conv = np.empty_like(qkv)
         qk = np.empty((len(qkv), 2 * d), np.float32)
         conv_silu_l2_parts(conv_state, qkv, self.conv, d, self.head_dim, F32(self.eps), conv, qk)
-        workers.run(delta_rule_heads, self.n_v_heads, delta_rule_work(len(qkv), self.n_v_heads, self.head_dim),
-                    workers.ATTENTION_MIN_WORK, qk[:, :d], qk[:, d:], conv[:, 2 * d:], g, beta, ssm_state,
-                    self.head_dim, out)
+        run_delta_rule(qk, conv, d, g, beta, ssm_state, self.head_dim, out)
