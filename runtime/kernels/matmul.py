@@ -46,8 +46,8 @@ from ggtools.runtime.kernels.workers import (ARGS, CFUNC, CONTROL_SIZE, ENTRY_SI
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
 from ggtools.runtime.kernels.kquant_dot import (Q4_K_REPACKED, QK_K, ROWS_EXPERT, quantize_q8_k_row, rows_kquant,
                                                 rows_mode)
-from ggtools.runtime.kernels.simd import (HAVE_AVX2, HAVE_VNNI, decode_f16_8, q8_0_block, dot_4x8_main,
-                                  dot_4x8_stored_1,
+from ggtools.runtime.kernels.simd import (HAVE_AVX2, HAVE_AVX512, HAVE_VNNI, decode_f16_8, q8_0_block,
+                                  dot_4x8_main, dot_4x8_stored_1, stored4_lanes8_4, stored4_lanes8_8,
                                   dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
                                   stored2_lanes8_4,
                                   dot_row_mxfp4_1, dot_row_mxfp4_4,
@@ -724,6 +724,9 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, 
     direct = qtype == F16 or qtype == F32
     f16 = qtype == F16
     tail = n % (32 if one_row_structure else 8) != 0   # vec_dot's leftover loop (its own summation)
+    # with AVX-512, tinyBLAS's layout takes four weight rows at a time against groups of four input rows
+    # (stored4_lanes8_4), and the pair kernels the input rows left
+    quads = HAVE_AVX512 and direct and not one_row_structure and not tail
     enter(counter)
     while True:
         k = claim(counter)
@@ -733,8 +736,27 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, 
         x, out = x_all[t0:t1], out_all[t0:t1]
         n_in = x.shape[0]
         i = 0
+        quad_end, quad_rows = 0, 0     # weight rows below quad_end are done for input rows below quad_rows
         while i < n_rows:
             r = column + i
+            if quads and i >= quad_end and i + 4 <= n_rows and n_in >= 4:
+                so, t = offset + U(i) * row_bytes, 0
+                while t + 8 <= n_in:
+                    d32 = stored4_lanes8_8(buf, so, row_bytes, f16, x, t)
+                    for k in range(4):
+                        for q in range(8):
+                            out[t + q, r + k] = d32[8 * k + q]
+                    t += 8
+                while t + 4 <= n_in:
+                    d16 = stored4_lanes8_4(buf, so, row_bytes, f16, x, t)
+                    for k in range(4):
+                        for q in range(4):
+                            out[t + q, r + k] = d16[4 * k + q]
+                    t += 4
+                quad_end, quad_rows = i + 4, t
+                if t == n_in:
+                    i += 4
+                    continue
             if tail:
                 decode_row(qtype, buf, offset + U(i) * row_bytes, w0, qk, block_bytes)
                 for t in range(n_in):
@@ -750,7 +772,7 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, 
                 if pair:
                     decode_row(qtype, buf, offset + U(i + 1) * row_bytes, w1, qk, block_bytes)
                 so, stride = U0, U(4 * n) if pair else U0
-            t = 0
+            t = quad_rows if i < quad_end else 0
             if one_row_structure:
                 while t + 2 <= n_in:
                     out[t, r], out[t + 1, r] = dot_4x8_stored_2(buf, decoded, not direct, so, f16, x, t, n)

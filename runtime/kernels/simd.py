@@ -33,6 +33,7 @@ from ggtools.quants.block32 import KVALUES_MXFP4 as KVALUES_MXFP4_F32
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
 V8F = ir.VectorType(F32, 8)
+V16F = ir.VectorType(F32, 16)
 V8I = ir.VectorType(I32, 8)
 V4B = ir.VectorType(I8, 4)
 V16B = ir.VectorType(I8, 16)
@@ -226,7 +227,72 @@ def _dot_4x8_stored(n_rows=1):
     return intrinsic(typer)
 
 
+def _load_stored16(builder, bases, at, is_f16):
+    """8 weights at element `at` of each of two rows stored from bases, side by side in a <16 x float>."""
+    v8s = ir.VectorType(ir.IntType(16), 8)
+    both = ir.Constant(ir.VectorType(I32, 16), list(range(16)))
+    with builder.if_else(is_f16) as (then, otherwise):
+        with then:
+            raw = [builder.load(builder.bitcast(builder.gep(b, [builder.mul(at, ir.Constant(I64, 2))]),
+                                                v8s.as_pointer()), align=1) for b in bases]
+            halves = builder.bitcast(builder.shuffle_vector(raw[0], raw[1], both), ir.VectorType(ir.HalfType(), 16))
+            from_f16, f16_block = builder.fpext(halves, V16F), builder.block
+        with otherwise:
+            rows = [builder.load(builder.bitcast(builder.gep(b, [builder.mul(at, ir.Constant(I64, 4))]),
+                                                 V8F.as_pointer()), align=1) for b in bases]
+            from_f32, f32_block = builder.shuffle_vector(rows[0], rows[1], both), builder.block
+    w = builder.phi(V16F)
+    w.add_incoming(from_f16, f16_block)
+    w.add_incoming(from_f32, f32_block)
+    return w
+
+
+def _dot_lanes8_quad(n_rows):
+    """_dot_lanes8_pair for four weight rows stored from byte `offset` of data, row_bytes apart, on 16-lane vectors
+    (AVX-512): rows 0 and 1 share one vector (lanes 0-7, 8-15), rows 2 and 3 another, each input row's 8 values
+    broadcast to both halves, so every lane keeps the fma chain of tinyBLAS's 8-lane layout. Results: row k . x[t
+    + j] at k * n_rows + j."""
+    def typer(typingctx, data, offset, row_bytes, is_f16, x, t):
+        def codegen(context, builder, signature, args):
+            data_a, off_v, stride_v, f16_v, x_a, t_v = args
+            data_t, _, _, _, x_t, _ = signature.args
+            first = builder.gep(_element_ptr(context, builder, data_t, data_a, ir.Constant(I64, 0)),
+                                [_i64(builder, off_v)])
+            bases = [builder.gep(first, [builder.mul(_i64(builder, stride_v), ir.Constant(I64, k))]) for k in range(4)]
+            n = _i64(builder, builder.extract_value(context.make_array(x_t)(context, builder, x_a).shape, 1))
+            rows = _input_rows(builder, t_v, n_rows)
+            acc = _Accumulators(builder, 2 * n_rows, ir.Constant(V16F, [0.0] * 16))
+            twice = ir.Constant(ir.VectorType(I32, 16), list(range(8)) * 2)
+            with cgutils.for_range(builder, builder.udiv(n, ir.Constant(I64, 8))) as loop:
+                o = builder.mul(loop.index, ir.Constant(I64, 8))
+                ws = [_load_stored16(builder, bases[2 * p:2 * p + 2], o, f16_v) for p in range(2)]
+                for j, row in enumerate(rows):
+                    x8 = _load8(builder, _element_ptr(context, builder, x_t, x_a, row, o))
+                    xv = builder.shuffle_vector(x8, x8, twice)
+                    for p, wv in enumerate(ws):
+                        acc[p * n_rows + j] = _fma16(builder, wv, xv, acc[p * n_rows + j])
+            sums = [None] * (4 * n_rows)
+            for p in range(2):
+                for j in range(n_rows):
+                    for half in range(2):
+                        lanes = builder.shuffle_vector(acc[p * n_rows + j], acc[p * n_rows + j],
+                                                       ir.Constant(V8I, [8 * half + i for i in range(8)]))
+                        sums[(2 * p + half) * n_rows + j] = _hsum8(builder, lanes)
+            return _tuple(context, builder, sums, 4 * n_rows)
+
+        return types.UniTuple(types.float32, 4 * n_rows)(data, offset, row_bytes, is_f16, x, t), codegen
+    return intrinsic(typer)
+
+
+def _fma16(builder, a, b, c):
+    module = builder.module
+    fn = module.globals.get("llvm.fma.v16f32") or ir.Function(module, ir.FunctionType(V16F, [V16F] * 3),
+                                                               "llvm.fma.v16f32")
+    return builder.call(fn, [a, b, c])
+
+
 stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3, stored2_lanes8_4 = (_dot_lanes8_pair(n) for n in (1, 2, 3, 4))
+stored4_lanes8_4, stored4_lanes8_8 = _dot_lanes8_quad(4), _dot_lanes8_quad(8)
 dot_4x8_main = _dot_4x8()
 dot_4x8_2 = _dot_4x8(2)
 dot_4x8_stored_1, dot_4x8_stored_2 = _dot_4x8_stored(1), _dot_4x8_stored(2)
@@ -306,6 +372,7 @@ BLOCK32_LAYOUTS = {
 V16S = ir.VectorType(ir.IntType(16), 16)
 _FEATURES = llvm_binding.get_host_cpu_features()
 HAVE_AVX2 = bool(_FEATURES.get("avx2"))
+HAVE_AVX512 = bool(_FEATURES.get("avx512f"))     # 16-lane float vectors in registers (else LLVM splits them)
 # vpdpbusd on 256-bit vectors (AVX512-VNNI with VL, or AVX-VNNI): u8 . s8 in 4-value lanes, exact in int32
 HAVE_VNNI = HAVE_AVX2 and bool(_FEATURES.get("avxvnni") or (_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl")))
 
