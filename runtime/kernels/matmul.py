@@ -36,7 +36,7 @@ import functools
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
-from numba import carray, cfunc, literal_unroll, njit, types
+from numba import carray, cfunc, literal_unroll, njit
 
 from ggtools.quants.block32 import KVALUES_MXFP4
 from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16
@@ -61,7 +61,7 @@ MIN_ROWS_PER_TASK = 16     # a multiple of 8: repacked matrices are dotted 8 wei
 # about two tasks per thread, so each thread streams long runs of weight rows. Claimed in turn, 16-row tasks
 # interleave the threads' reads and defeat the hardware prefetcher: on the 2-core VM a decode step's matmuls ran
 # slower on 2 threads than on 1, and a 16-row batch's matmuls took 31 ms against 27.7 (docs/runtime.md,
-# "Threads and the native anchor"; "Long jobs and long tasks")
+# "Threads and the native anchor"; the ninth pass)
 TASKS_PER_THREAD = 2
 MAX_ROWS_PER_TASK = 256
 
@@ -724,8 +724,8 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, 
     direct = qtype == F16 or qtype == F32
     f16 = qtype == F16
     tail = n % (32 if one_row_structure else 8) != 0   # vec_dot's leftover loop (its own summation)
-    # with AVX-512, tinyBLAS's layout takes four weight rows at a time against groups of four input rows
-    # (stored4_lanes8_4), and the pair kernels the input rows left
+    # with AVX-512, tinyBLAS's layout takes four weight rows at a time against groups of 8, then 4 input rows
+    # (stored4_lanes8_8 / _4), and the pair kernels the input rows left
     quads = HAVE_AVX512 and direct and not one_row_structure and not tail
     enter(counter)
     while True:
