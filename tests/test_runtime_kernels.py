@@ -136,7 +136,7 @@ def hard_rounding_rows(n_cols, seed):
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((12, n_cols)) * 3).astype(np.float32)
     x[1] = (np.arange(n_cols) % 255 - 127) / np.float32(2)
-    x[2, ::7] = np.float32(-x[2].__abs__().max())
+    x[2, ::7] = -np.abs(x[2]).max()
     x[3, 3::7], x[3, 5::7] = 9.0, -9.0
     x[4, ::2] = 0
     x[5] *= np.float32(1e-40)

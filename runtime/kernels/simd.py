@@ -879,18 +879,33 @@ def _dot_rows(one_row_structure):
             w_t, x_t, _, out_t = signature.args
             n = _i64(builder, context.make_array(w_t)(context, builder, w_a).nitems)
             wp = _element_ptr(context, builder, w_t, w_a, ir.Constant(I64, 0))
-            with cgutils.for_range(builder, _i64(builder, n_v)) as rows:
-                xp = _element_ptr(context, builder, x_t, x_a, rows.index, ir.Constant(I64, 0))
+            n_rows = _i64(builder, n_v)
+            # tinyBLAS's one-accumulator rows go four at a time, sharing the loads of w (each keeps its own chain)
+            group = 1 if one_row_structure else 4
+            n_groups = builder.udiv(n_rows, ir.Constant(I64, group))
+
+            def dot_rows(first, count):
                 step = 32 if one_row_structure else 8
-                acc = _Accumulators(builder, 4 if one_row_structure else 1, ir.Constant(V8F, [0.0] * 8))
+                xps = [_element_ptr(context, builder, x_t, x_a, builder.add(first, ir.Constant(I64, k)),
+                                    ir.Constant(I64, 0)) for k in range(count)]
+                acc = _Accumulators(builder, 4 * count if one_row_structure else count, ir.Constant(V8F, [0.0] * 8))
                 with cgutils.for_range(builder, builder.udiv(n, ir.Constant(I64, step))) as loop:
                     o = builder.mul(loop.index, ir.Constant(I64, step))
                     for j in range(step // 8):
                         ws = _load8(builder, builder.gep(wp, [o]), 8 * j)
-                        xs = _load8(builder, builder.gep(xp, [o]), 8 * j)
-                        acc[j] = _fma8(builder, ws, xs, acc[j])
-                total = _reduce4x8(builder, [acc[j] for j in range(4)]) if one_row_structure else _hsum8(builder, acc[0])
-                builder.store(total, _element_ptr(context, builder, out_t, out_a, rows.index))
+                        for k, xp in enumerate(xps):
+                            a = k * (step // 8) + j
+                            acc[a] = _fma8(builder, ws, _load8(builder, builder.gep(xp, [o]), 8 * j), acc[a])
+                for k in range(count):
+                    total = (_reduce4x8(builder, [acc[4 * k + j] for j in range(4)]) if one_row_structure
+                             else _hsum8(builder, acc[k]))
+                    row = builder.add(first, ir.Constant(I64, k))
+                    builder.store(total, _element_ptr(context, builder, out_t, out_a, row))
+
+            with cgutils.for_range(builder, n_groups) as groups:
+                dot_rows(builder.mul(groups.index, ir.Constant(I64, group)), group)
+            with cgutils.for_range(builder, builder.sub(n_rows, builder.mul(n_groups, ir.Constant(I64, group)))) as rest:
+                dot_rows(builder.add(builder.mul(n_groups, ir.Constant(I64, group)), rest.index), 1)
             return context.get_dummy_value()
 
         return types.void(w, x, n_rows, out), codegen
