@@ -84,6 +84,27 @@ def test_polling_workers_take_tasks(threads):
     assert n_tasks + 2 in seen and seen <= {n_tasks + 1, n_tasks + 2}, seen
 
 
+def test_a_woken_worker_joins_the_job_that_woke_it(threads):
+    """A job posted while the worker sleeps starts without it; the worker, once awake, joins that job if it is still
+    open (it used to wait for the next one, and a job longer than its polling time never saw it). Each try is a
+    fresh pool, its worker asleep, and one long job (a 16-row batch of a 4096 x 512 matmul); the claim counter
+    ends at the task count + 2 when both threads ran the claim loop. Tries are repeated until that is seen (a loaded
+    machine may not run the worker before the job ends)."""
+    data, _ = make_weights(T.Q8_0, n_rows=4096, n_cols=512)
+    layout = matmul.Layout(T.Q8_0, 4096, 512)
+    x = matmul.PreparedInput(np.ones((16, 512), np.float32), layout.activation)
+    seen = set()
+    for _ in range(20):
+        workers.set_threads(1)
+        pool = threads(2)
+        plan = matmul.MatmulPlan([layout], data, [0])
+        plan.run(x)
+        seen.add(int(pool.control[workers.CLAIM]) - len(plan.thread_tasks(2)))
+        if 2 in seen:
+            break
+    assert 2 in seen, seen
+
+
 @pytest.mark.parametrize("n_threads", [1, 2, 3, 16])
 def test_tasks_cover_each_row_once_in_long_runs(n_threads):
     """A plan's tasks: every weight row of every matrix exactly once, at its byte offset and output column; within
