@@ -1054,6 +1054,17 @@ def _umax(builder, a, b):
     return builder.select(builder.icmp_unsigned(">", a, b), a, b)
 
 
+def _cvtps2dq(builder, v):
+    """cvtps2dq: round to nearest even, INT_MIN for NaN and out-of-range lanes (the same in portable IR where the
+    CPU has no AVX2, which only compiles this: the callers take the AVX2 path alone)."""
+    if HAVE_AVX2:
+        return _x86(builder, "llvm.x86.avx.cvt.ps2dq.256", V8I, [v])
+    r = _x86(builder, "llvm.rint.v8f32", V8F, [v])
+    fits = builder.fcmp_ordered("<", _x86(builder, "llvm.fabs.v8f32", V8F, [r]), _v8([2.0 ** 31] * 8))
+    return builder.select(fits, builder.fptosi(builder.select(fits, r, _v8([0.0] * 8)), V8I),
+                          ir.Constant(V8I, [-2 ** 31] * 8))
+
+
 @intrinsic
 def q8_0_block(typingctx, x, o, xq):
     """quantize_row_q8_0 / q8_1's AVX2 block (ggml's instruction sequence): x[o:o + 32] -> xq[o:o + 32] (int8, value
@@ -1070,7 +1081,7 @@ def q8_0_block(typingctx, x, o, xq):
         d = builder.fdiv(amax, ir.Constant(F32, 127.0))
         inv = builder.select(builder.fcmp_unordered("!=", amax, ir.Constant(F32, 0.0)),
                              builder.fdiv(ir.Constant(F32, 127.0), amax), ir.Constant(F32, 0.0))
-        q = [_x86(builder, "llvm.x86.avx.cvt.ps2dq.256", V8I, [builder.fmul(u, _splat(builder, inv))]) for u in v]
+        q = [_cvtps2dq(builder, builder.fmul(u, _splat(builder, inv))) for u in v]
         total = _reduce(builder, "add", _fold(builder, builder.add, q))
         out = builder.bitcast(_element_ptr(context, builder, xq_t, xq_a, o_v), ir.VectorType(I8, 8).as_pointer())
         for i, u in enumerate(q):
