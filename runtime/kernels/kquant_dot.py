@@ -32,8 +32,8 @@ from numba import njit
 
 from ggtools.quants.floatbits import FP16_TO_F32
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma
-from ggtools.runtime.kernels.simd import (fma_lanes8, q8_k_block, q8_k_max, q4_k_chunk_lanes_1, q4_k_chunk_lanes_4, q4_k_chunk_lanes_8,
-                                          q6_k_lanes_1, q6_k_lanes_4, q6_k_lanes_8)
+from ggtools.runtime.kernels.simd import (fma_lanes8, q4_k_chunk_lanes_1, q4_k_chunk_lanes_4, q4_k_chunk_lanes_8,
+                                          q6_k_lanes_1, q6_k_lanes_4, q6_k_lanes_8, q8_k_block, q8_k_max)
 
 QK_K = 256
 Q4_K_BLOCK, Q6_K_BLOCK = 144, 210

@@ -904,8 +904,9 @@ def _dot_rows(one_row_structure):
 
             with cgutils.for_range(builder, n_groups) as groups:
                 dot_rows(builder.mul(groups.index, ir.Constant(I64, group)), group)
-            with cgutils.for_range(builder, builder.sub(n_rows, builder.mul(n_groups, ir.Constant(I64, group)))) as rest:
-                dot_rows(builder.add(builder.mul(n_groups, ir.Constant(I64, group)), rest.index), 1)
+            grouped = builder.mul(n_groups, ir.Constant(I64, group))
+            with cgutils.for_range(builder, builder.sub(n_rows, grouped)) as rest:
+                dot_rows(builder.add(grouped, rest.index), 1)
             return context.get_dummy_value()
 
         return types.void(w, x, n_rows, out), codegen

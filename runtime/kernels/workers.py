@@ -198,6 +198,7 @@ def wait_idle(counter):
 ENTRY_SIGNATURE = types.void(types.CPointer(types.int64))    # a job's entry: a cfunc taking the control's address
 CFUNC = dict(cache=True, error_model="numpy")
 
+
 @njit(cache=True, nogil=True)
 def put_array(control, i, a):
     """Write a C-contiguous array's address and shape at control[i:]; returns the next free index."""

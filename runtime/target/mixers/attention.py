@@ -24,10 +24,10 @@ laid out where a one-token step along it has them (tree_attention_rows): the sam
 import numpy as np
 from numba import carray, cfunc, njit
 
+from ggtools.quants.floatbits import f32_bits, f32_from_bits
 from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.fixed_args import FixedArgs, fixed_args
-from ggtools.quants.floatbits import f32_bits, f32_from_bits
 from ggtools.runtime.kernels.workers import (ARGS, CFUNC, CONTROL_SIZE, ENTRY_SIGNATURE, Job, array_1d, array_2d,
                                              array_3d, claim, close_job, enter, leave, publish, put_array)
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16, to_f16_row
