@@ -92,6 +92,22 @@ def _hsum8(builder, v):
     return builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3]))
 
 
+def _hsum8_4(builder, accs):
+    """_hsum8 of four vectors, the same adds vectorized across them: [t_i = a_i + a_(i+4)] of two vectors per
+    add, then t0 + t2 and t1 + t3, then their sum."""
+    def pairs(a, b, first, second):
+        return builder.fadd(builder.shuffle_vector(a, b, ir.Constant(V8I, first)),
+                            builder.shuffle_vector(a, b, ir.Constant(V8I, second)))
+
+    halves = ([0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+    t01, t23 = pairs(accs[0], accs[1], *halves), pairs(accs[2], accs[3], *halves)
+    u = pairs(t01, t23, [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15])
+    v4 = ir.VectorType(I32, 4)
+    sums = builder.fadd(builder.shuffle_vector(u, u, ir.Constant(v4, [0, 2, 4, 6])),
+                        builder.shuffle_vector(u, u, ir.Constant(v4, [1, 3, 5, 7])))
+    return [_lane(builder, sums, k) for k in range(4)]
+
+
 def _reduce4x8(builder, accs):
     a = builder.fadd(builder.fadd(accs[0], accs[2]), builder.fadd(accs[1], accs[3]))
     t = [builder.fadd(_lane(builder, a, i), _lane(builder, a, i + 4)) for i in range(4)]
@@ -896,9 +912,13 @@ def _dot_rows(one_row_structure):
                         for k, xp in enumerate(xps):
                             a = k * (step // 8) + j
                             acc[a] = _fma8(builder, ws, _load8(builder, builder.gep(xp, [o]), 8 * j), acc[a])
-                for k in range(count):
-                    total = (_reduce4x8(builder, [acc[4 * k + j] for j in range(4)]) if one_row_structure
-                             else _hsum8(builder, acc[k]))
+                if one_row_structure:
+                    totals = [_reduce4x8(builder, [acc[4 * k + j] for j in range(4)]) for k in range(count)]
+                elif count == 4:
+                    totals = _hsum8_4(builder, [acc[k] for k in range(4)])
+                else:
+                    totals = [_hsum8(builder, acc[k]) for k in range(count)]
+                for k, total in enumerate(totals):
                     row = builder.add(first, ir.Constant(I64, k))
                     builder.store(total, _element_ptr(context, builder, out_t, out_a, row))
 
