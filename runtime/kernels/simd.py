@@ -65,16 +65,17 @@ def _splat(builder, scalar, vtype=V8F):
                                                                                   [0] * vtype.count))
 
 
-def _fma8(builder, a, b, c):
+def _llvm(builder, name, ret, args):
+    """A call of the LLVM intrinsic `name` (declared in the module on first use)."""
     module = builder.module
-    fn = module.globals.get("llvm.fma.v8f32") or ir.Function(module, ir.FunctionType(V8F, [V8F] * 3), "llvm.fma.v8f32")
-    return builder.call(fn, [a, b, c])
+    fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
 
 
-def _fma1(builder, a, b, c):
-    module = builder.module
-    fn = module.globals.get("llvm.fma.f32") or ir.Function(module, ir.FunctionType(F32, [F32] * 3), "llvm.fma.f32")
-    return builder.call(fn, [a, b, c])
+def _fma(builder, a, b, c):
+    """llvm.fma of float32 scalars or vectors (any lane count): one rounding, as ggml's fused multiply-adds."""
+    suffix = f"v{a.type.count}f32" if isinstance(a.type, ir.VectorType) else "f32"
+    return _llvm(builder, f"llvm.fma.{suffix}", a.type, [a, b, c])
 
 
 def _input_rows(builder, t, n_rows):
@@ -92,19 +93,21 @@ def _hsum8(builder, v):
     return builder.fadd(builder.fadd(t[0], t[2]), builder.fadd(t[1], t[3]))
 
 
+def _shuffled_sum(builder, a, b, first, second):
+    """The lanes `first` of a and b side by side plus their lanes `second` (add or fadd by the element type)."""
+    add = builder.add if isinstance(a.type.element, ir.IntType) else builder.fadd
+    mask = ir.VectorType(I32, len(first))
+    return add(builder.shuffle_vector(a, b, ir.Constant(mask, first)),
+               builder.shuffle_vector(a, b, ir.Constant(mask, second)))
+
+
 def _hsum8_4(builder, accs):
     """_hsum8 of four vectors, the same adds vectorized across them: [t_i = a_i + a_(i+4)] of two vectors per
     add, then t0 + t2 and t1 + t3, then their sum."""
-    def pairs(a, b, first, second):
-        return builder.fadd(builder.shuffle_vector(a, b, ir.Constant(V8I, first)),
-                            builder.shuffle_vector(a, b, ir.Constant(V8I, second)))
-
     halves = ([0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
-    t01, t23 = pairs(accs[0], accs[1], *halves), pairs(accs[2], accs[3], *halves)
-    u = pairs(t01, t23, [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15])
-    v4 = ir.VectorType(I32, 4)
-    sums = builder.fadd(builder.shuffle_vector(u, u, ir.Constant(v4, [0, 2, 4, 6])),
-                        builder.shuffle_vector(u, u, ir.Constant(v4, [1, 3, 5, 7])))
+    t01, t23 = (_shuffled_sum(builder, accs[k], accs[k + 1], *halves) for k in (0, 2))
+    u = _shuffled_sum(builder, t01, t23, [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15])
+    sums = _shuffled_sum(builder, u, u, [0, 2, 4, 6], [1, 3, 5, 7])
     return [_lane(builder, sums, k) for k in range(4)]
 
 
@@ -181,7 +184,7 @@ def _dot_lanes8_pair(n_rows):
                 for j, row in enumerate(rows):
                     xv = _load8(builder, _element_ptr(context, builder, x_t, x_a, row, o))
                     for k, wv in enumerate(ws):
-                        acc[k * n_rows + j] = _fma8(builder, wv, xv, acc[k * n_rows + j])
+                        acc[k * n_rows + j] = _fma(builder, wv, xv, acc[k * n_rows + j])
             return _tuple(context, builder, [_hsum8(builder, acc[j]) for j in range(2 * n_rows)], 2 * n_rows)
 
         return types.UniTuple(types.float32, 2 * n_rows)(data, decoded, from_decoded, offset, row_bytes, is_f16, x,
@@ -200,7 +203,7 @@ def _sums_4x8(context, builder, load_w, x_t, x_a, t_v, n_v, n_rows):
         for r, row in enumerate(rows):
             xp = _element_ptr(context, builder, x_t, x_a, row, o)
             for j in range(4):
-                acc[4 * r + j] = _fma8(builder, ws[j], _load8(builder, xp, 8 * j), acc[4 * r + j])
+                acc[4 * r + j] = _fma(builder, ws[j], _load8(builder, xp, 8 * j), acc[4 * r + j])
     return [_reduce4x8(builder, [acc[4 * r + j] for j in range(4)]) for r in range(n_rows)]
 
 
@@ -286,7 +289,7 @@ def _dot_lanes8_quad(n_rows):
                     x8 = _load8(builder, _element_ptr(context, builder, x_t, x_a, row, o))
                     xv = builder.shuffle_vector(x8, x8, twice)
                     for p, wv in enumerate(ws):
-                        acc[p * n_rows + j] = _fma16(builder, wv, xv, acc[p * n_rows + j])
+                        acc[p * n_rows + j] = _fma(builder, wv, xv, acc[p * n_rows + j])
             sums = [None] * (4 * n_rows)
             for p in range(2):
                 for j in range(n_rows):
@@ -298,13 +301,6 @@ def _dot_lanes8_quad(n_rows):
 
         return types.UniTuple(types.float32, 4 * n_rows)(data, offset, row_bytes, is_f16, x, t), codegen
     return intrinsic(typer)
-
-
-def _fma16(builder, a, b, c):
-    module = builder.module
-    fn = module.globals.get("llvm.fma.v16f32") or ir.Function(module, ir.FunctionType(V16F, [V16F] * 3),
-                                                               "llvm.fma.v16f32")
-    return builder.call(fn, [a, b, c])
 
 
 stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3, stored2_lanes8_4 = (_dot_lanes8_pair(n) for n in (1, 2, 3, 4))
@@ -393,12 +389,6 @@ HAVE_AVX512 = bool(_FEATURES.get("avx512f"))     # 16-lane float vectors in regi
 HAVE_VNNI = HAVE_AVX2 and bool(_FEATURES.get("avxvnni") or (_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl")))
 
 
-def _x86(builder, name, ret, args):
-    module = builder.module
-    fn = module.globals.get(name) or ir.Function(module, ir.FunctionType(ret, [a.type for a in args]), name)
-    return builder.call(fn, args)
-
-
 def _load_half(builder, byte_ptr):
     h = builder.load(builder.bitcast(byte_ptr, ir.IntType(16).as_pointer()), align=1)
     return builder.fpext(builder.bitcast(h, ir.HalfType()), F32)
@@ -427,7 +417,7 @@ def _lut_bytes(builder, qs_ptr, lut):
     """The block's values lut[nibble] as <32 x i8> in value order: pshufb on AVX2 (as ggml), selects elsewhere."""
     idx = _nibble_indices(builder, qs_ptr)
     if HAVE_AVX2:
-        return _x86(builder, "llvm.x86.avx2.pshuf.b", V32B, [ir.Constant(V32B, list(lut) * 2), idx])
+        return _llvm(builder, "llvm.x86.avx2.pshuf.b", V32B, [ir.Constant(V32B, list(lut) * 2), idx])
     values = ir.Constant(V32B, [lut[0]] * 32)
     for k in range(1, 16):
         hit = builder.icmp_unsigned("==", idx, ir.Constant(V32B, [k] * 32))
@@ -536,9 +526,9 @@ def _dot_row_block32_with(decode_block, row_lanes, shifted_lanes=None):
                 with cgutils.for_range(builder, builder.udiv(nb, ir.Constant(I64, 2))) as loop:
                     b = builder.mul(loop.index, ir.Constant(I64, 2))
                     for j, (lanes, d) in enumerate(block(b)[0]):
-                        acc[j] = _fma8(builder, _splat(builder, d), lanes, acc[j])
+                        acc[j] = _fma(builder, _splat(builder, d), lanes, acc[j])
                     for j, (lanes, d) in enumerate(block(builder.add(b, ir.Constant(I64, 1)))[0]):
-                        odd[j] = _fma8(builder, _splat(builder, d), lanes, odd[j])
+                        odd[j] = _fma(builder, _splat(builder, d), lanes, odd[j])
                 totals = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
                 for j in range(n_rows):
                     totals[j] = _hsum8(builder, builder.fadd(acc[j], odd[j]))
@@ -546,7 +536,7 @@ def _dot_row_block32_with(decode_block, row_lanes, shifted_lanes=None):
                 with builder.if_then(builder.icmp_unsigned("==", builder.and_(nb, ir.Constant(I64, 1)),
                                                            ir.Constant(I64, 1))):
                     for j, (lanes, d) in enumerate(block(last)[0]):
-                        totals[j] = _fma1(builder, d, _hsum8(builder, lanes), totals[j])
+                        totals[j] = _fma(builder, d, _hsum8(builder, lanes), totals[j])
                 return _tuple(context, builder, [totals[j] for j in range(n_rows)], n_rows)
 
             summs = _Accumulators(builder, n_rows, ir.Constant(F32, 0.0))
@@ -554,12 +544,12 @@ def _dot_row_block32_with(decode_block, row_lanes, shifted_lanes=None):
                 b = loop.index
                 terms, block_ptr = block(b)
                 for j, (lanes, d) in enumerate(terms):
-                    acc[j] = _fma8(builder, _splat(builder, d), lanes, acc[j])
+                    acc[j] = _fma(builder, _splat(builder, d), lanes, acc[j])
                 if layout.m is not None:
                     m_w = _load_half(builder, builder.gep(block_ptr, [ir.Constant(I64, layout.m)]))
                     for j, row in enumerate(rows):
                         s_x = builder.load(_element_ptr(context, builder, xs_t, xs_a, row, b))
-                        summs[j] = _fma1(builder, m_w, s_x, summs[j])
+                        summs[j] = _fma(builder, m_w, s_x, summs[j])
             results = [builder.fadd(_hsum8(builder, acc[j]), summs[j]) for j in range(n_rows)]
             return _tuple(context, builder, results, n_rows)
 
@@ -601,7 +591,7 @@ def _repacked_dots(context, builder, layout, block_dot, row_ptr, n_blocks, rows,
             xp = _element_ptr(context, builder, *xq, row, o)
             sums = _as_float(builder, _row_sums8(builder, [row_lanes(builder, w, xp) for w in decoded]))
             d_x = builder.load(_element_ptr(context, builder, *xd, row, b))
-            acc[j] = _fma8(builder, sums, builder.fmul(d_w, _splat(builder, d_x)), acc[j])
+            acc[j] = _fma(builder, sums, builder.fmul(d_w, _splat(builder, d_x)), acc[j])
     return [_lane(builder, acc[j], k) for j in range(len(rows)) for k in range(8)]
 
 
@@ -617,16 +607,10 @@ _dot_row_block32 = _dot_row_block32_with(_block_planes, _plane_products)
 def _row_sums8(builder, vectors):
     """One 8-lane vector whose lane k is the sum of vectors[k]'s lanes (k < 8): pairwise, as phadd does. The
     lanes hold integers (or floats of exact integers), so any order gives the same sums."""
-    add = builder.add if isinstance(vectors[0].type.element, ir.IntType) else builder.fadd
-
-    def pairs(a, b, first, second):
-        return add(builder.shuffle_vector(a, b, ir.Constant(V8I, first)),
-                   builder.shuffle_vector(a, b, ir.Constant(V8I, second)))
-
     even, odd = [0, 2, 8, 10, 4, 6, 12, 14], [1, 3, 9, 11, 5, 7, 13, 15]
-    level = [pairs(vectors[k], vectors[k + 1], even, odd) for k in range(0, 8, 2)]
-    level = [pairs(level[k], level[k + 1], even, odd) for k in (0, 2)]
-    return pairs(level[0], level[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+    level = [_shuffled_sum(builder, vectors[k], vectors[k + 1], even, odd) for k in range(0, 8, 2)]
+    level = [_shuffled_sum(builder, level[k], level[k + 1], even, odd) for k in (0, 2)]
+    return _shuffled_sum(builder, level[0], level[1], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
 
 
 
@@ -661,7 +645,7 @@ def _block_bytes(builder, block_ptr, layout):
 
 def _avx2_weights(builder, block_ptr, layout):
     w, signed = _block_bytes(builder, block_ptr, layout)
-    return w, (_x86(builder, "llvm.x86.avx2.psign.b", V32B, [w, w]) if signed else w), signed
+    return w, (_llvm(builder, "llvm.x86.avx2.psign.b", V32B, [w, w]) if signed else w), signed
 
 
 def _unsigned_pairs(builder, decoded, xp):
@@ -669,15 +653,15 @@ def _unsigned_pairs(builder, decoded, xp):
     w, w_abs, signed = decoded
     x = builder.load(builder.bitcast(xp, V32B.as_pointer()), align=1)
     if signed:
-        x = _x86(builder, "llvm.x86.avx2.psign.b", V32B, [x, w])
+        x = _llvm(builder, "llvm.x86.avx2.psign.b", V32B, [x, w])
     return w_abs, x
 
 
 def _maddubs_lane_sums(builder, decoded, xp):
     """ggml's own sequence on int8 inputs in value order (its AVX2 builds): maddubs (|w| against sign-adjusted x
     for signed types), madd with ones: <8 x i32>."""
-    pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, list(_unsigned_pairs(builder, decoded, xp)))
-    return _x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, ir.Constant(V16S, [1] * 16)])
+    pairs = _llvm(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, list(_unsigned_pairs(builder, decoded, xp)))
+    return _llvm(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, ir.Constant(V16S, [1] * 16)])
 
 
 def _vnni_lane_sums(builder, decoded, xp):
@@ -685,7 +669,7 @@ def _vnni_lane_sums(builder, decoded, xp):
     saturate on these operands (|w| <= 128, |x| <= 127 since Q8 activations never reach -128: at most 2 * 128 *
     127 = 32512), so both give the exact sums."""
     w_abs, x = _unsigned_pairs(builder, decoded, xp)
-    return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", V8I,
+    return _llvm(builder, "llvm.x86.avx512.vpdpbusd.256", V8I,
                 [ir.Constant(V8I, [0] * 8), builder.bitcast(w_abs, V8I), builder.bitcast(x, V8I)])
 
 
@@ -693,7 +677,7 @@ def _shifted_vnni_lane_sums(builder, w_u, xp, start):
     """start + the lanes of unsigned w_u (w + 128) . x in one vpdpbusd: with start = -128 * x's 4-value sums, the
     lanes of w . x (exact: |start + sum| < 2^31)."""
     x = builder.load(builder.bitcast(xp, V32B.as_pointer()), align=1)
-    return _x86(builder, "llvm.x86.avx512.vpdpbusd.256", V8I,
+    return _llvm(builder, "llvm.x86.avx512.vpdpbusd.256", V8I,
                 [start, builder.bitcast(w_u, V8I), builder.bitcast(x, V8I)])
 
 
@@ -739,8 +723,8 @@ def _scaled_lanes(builder, values, x, scales):
     """<8 x i32>: lane l = scale * (unsigned values[4l..4l+3] . signed x[4l..4l+3]), <32 x i8> each, with the
     scales of _lane_scales. On AVX2 ggml's maddubs + madd."""
     if HAVE_AVX2:
-        pairs = _x86(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, [values, x])
-        return _x86(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, scales])
+        pairs = _llvm(builder, "llvm.x86.avx2.pmadd.ub.sw", V16S, [values, x])
+        return _llvm(builder, "llvm.x86.avx2.pmadd.wd", V8I, [pairs, scales])
     return builder.mul(scales, _lanes_of_4(builder, builder.mul(builder.zext(values, V32S), builder.sext(x, V32S))))
 
 
@@ -870,7 +854,7 @@ def fma_lanes8(typingctx, acc, r, d, lanes):
         at = builder.bitcast(_element_ptr(context, builder, acc_t, acc_a, r_v, ir.Constant(I64, 0)), V8F.as_pointer())
         lp = builder.bitcast(_element_ptr(context, builder, lanes_t, lanes_a, r_v, ir.Constant(I64, 0)),
                              V8I.as_pointer())
-        summed = _fma8(builder, _splat(builder, d_v), builder.sitofp(builder.load(lp, align=4), V8F),
+        summed = _fma(builder, _splat(builder, d_v), builder.sitofp(builder.load(lp, align=4), V8F),
                        builder.load(at, align=4))
         builder.store(summed, at, align=4)
         return context.get_dummy_value()
@@ -911,7 +895,7 @@ def _dot_rows(one_row_structure):
                         ws = _load8(builder, builder.gep(wp, [o]), 8 * j)
                         for k, xp in enumerate(xps):
                             a = k * (step // 8) + j
-                            acc[a] = _fma8(builder, ws, _load8(builder, builder.gep(xp, [o]), 8 * j), acc[a])
+                            acc[a] = _fma(builder, ws, _load8(builder, builder.gep(xp, [o]), 8 * j), acc[a])
                 if one_row_structure:
                     totals = [_reduce4x8(builder, [acc[4 * k + j] for j in range(4)]) for k in range(count)]
                 elif count == 4:
@@ -943,11 +927,11 @@ def _v_expf(builder, x):
     module = builder.module
     fabs = module.globals.get("llvm.fabs.v8f32") or ir.Function(module, ir.FunctionType(V8F, [V8F]), "llvm.fabs.v8f32")
     shift = _v8([2.0 ** 23 * 1.5] * 8)
-    z = _fma8(builder, x, _v8([float.fromhex("0x1.715476p+0")] * 8), shift)
+    z = _fma(builder, x, _v8([float.fromhex("0x1.715476p+0")] * 8), shift)
     n = builder.fsub(z, shift)
     neg_n = builder.fsub(_v8([-0.0] * 8), n)
-    b = _fma8(builder, neg_n, _v8([float.fromhex("0x1.7f7d1cp-20")] * 8),
-              _fma8(builder, neg_n, _v8([float.fromhex("0x1.62e4p-1")] * 8), x))
+    b = _fma(builder, neg_n, _v8([float.fromhex("0x1.7f7d1cp-20")] * 8),
+              _fma(builder, neg_n, _v8([float.fromhex("0x1.62e4p-1")] * 8), x))
     e = builder.shl(builder.bitcast(z, V8I), ir.Constant(V8I, [23] * 8))
     k = builder.bitcast(builder.add(e, ir.Constant(V8I, [0x3F800000] * 8)), V8F)
     abs_n = builder.call(fabs, [n])
@@ -955,9 +939,9 @@ def _v_expf(builder, x):
     u = builder.fmul(b, b)
     p = [_v8([float.fromhex(h)] * 8) for h in ("0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2",
                                               "0x1.ffffecp-1")]
-    j = _fma8(builder, _fma8(builder, _fma8(builder, p[0], b, p[1]), u, _fma8(builder, p[2], b, p[3])), u,
+    j = _fma(builder, _fma(builder, _fma(builder, p[0], b, p[1]), u, _fma(builder, p[2], b, p[3])), u,
               builder.fmul(p[4], b))
-    fast = _fma8(builder, k, j, k)
+    fast = _fma(builder, k, j, k)
     # as ggml, the slow path only when a lane needs it: its products of scales underflow for the other lanes, and a
     # denormal result costs a microcode assist (measured: exp of values in -10..10 at 1.9 ns a value, against 0.3)
     any_slow = builder.icmp_unsigned("!=", builder.bitcast(c, ir.IntType(8)), ir.Constant(ir.IntType(8), 0))
@@ -968,7 +952,7 @@ def _v_expf(builder, x):
         s1 = builder.bitcast(builder.add(g, ir.Constant(V8I, [0x7F000000] * 8)), V8F)
         s2 = builder.bitcast(builder.sub(e, g), V8F)
         d = builder.fcmp_ordered(">", abs_n, _v8([192.0] * 8))
-        near = builder.select(c, builder.fmul(_fma8(builder, s2, j, s2), s1), fast)
+        near = builder.select(c, builder.fmul(_fma(builder, s2, j, s2), s1), fast)
         slow, slow_block = builder.select(d, builder.fmul(s1, s1), near), builder.block
     result = builder.phi(V8F)
     result.add_incoming(slow, slow_block)
@@ -1047,7 +1031,7 @@ dot_rows8_mxfp4_1, dot_rows8_mxfp4_4 = (_DOT_ROW(BLOCK32_LAYOUTS["mxfp4"], n, we
 
 def _reduce(builder, name, v):
     """llvm.vector.reduce.<name> of an <8 x i32> (umax, add, or on i1 lanes...)."""
-    return _x86(builder, f"llvm.vector.reduce.{name}.v{v.type.count}{_suffix(v.type.element)}", v.type.element, [v])
+    return _llvm(builder, f"llvm.vector.reduce.{name}.v{v.type.count}{_suffix(v.type.element)}", v.type.element, [v])
 
 
 def _suffix(element):
@@ -1079,9 +1063,9 @@ def _cvtps2dq(builder, v):
     """cvtps2dq: round to nearest even, INT_MIN for NaN and out-of-range lanes (the same in portable IR where the
     CPU has no AVX2, which only compiles this: the callers take the AVX2 path alone)."""
     if HAVE_AVX2:
-        return _x86(builder, "llvm.x86.avx.cvt.ps2dq.256", V8I, [v])
-    r = _x86(builder, "llvm.rint.v8f32", V8F, [v])
-    fits = builder.fcmp_ordered("<", _x86(builder, "llvm.fabs.v8f32", V8F, [r]), _v8([2.0 ** 31] * 8))
+        return _llvm(builder, "llvm.x86.avx.cvt.ps2dq.256", V8I, [v])
+    r = _llvm(builder, "llvm.rint.v8f32", V8F, [v])
+    fits = builder.fcmp_ordered("<", _llvm(builder, "llvm.fabs.v8f32", V8F, [r]), _v8([2.0 ** 31] * 8))
     return builder.select(fits, builder.fptosi(builder.select(fits, r, _v8([0.0] * 8)), V8I),
                           ir.Constant(V8I, [-2 ** 31] * 8))
 
@@ -1137,7 +1121,7 @@ def q8_k_max(typingctx, x, o):
             for k in range(8):
                 mask = builder.bitcast(builder.icmp_unsigned("==", bits[8 * word + k], amax), I8)
                 w = builder.or_(w, builder.shl(builder.zext(mask, I64), ir.Constant(I64, 8 * k)))
-            first = builder.add(_x86(builder, "llvm.cttz.i64", I64, [w, ir.Constant(I1, 0)]),
+            first = builder.add(_llvm(builder, "llvm.cttz.i64", I64, [w, ir.Constant(I1, 0)]),
                                 ir.Constant(I64, 64 * word))
             index = builder.select(builder.icmp_unsigned("!=", w, ir.Constant(I64, 0)), first, index)
         vmax = builder.load(_element_ptr(context, builder, x_t, x_a, builder.add(_i64(builder, o_v), index)))
