@@ -36,7 +36,7 @@ import numpy as np
 from ggtools.jobs.run import warm_up
 from ggtools.runtime import TargetModel, Tokenizer, continue_greedy
 from scripts.bench import native_llama
-from scripts.bench.llama_process import LlamaProcess
+from scripts.bench.llama_process import LlamaProcess, best_step_cost
 
 TINY_TARGETS = [("qwen3moe-target", "f16"), ("qwen3moe-target", "Q8_0"), ("gpt-oss-target", "f16"),
                 ("gpt-oss-target", "MXFP4_MOE"), ("qwen35", "f16"), ("qwen35", "q8_0"), ("qwen35moe", "f16"),
@@ -120,7 +120,7 @@ class Ours:
         return (n - 1) / (time.perf_counter() - t), tokens
 
     def step_cost(self, ids, n_batch) -> float:
-        """Best of 3: seconds for one forward of n_batch new tokens (all logits) after the prompt."""
+        """Seconds for one forward of n_batch new tokens (all logits) after the prompt (best_step_cost)."""
         self._prompt(ids)
         n = self.model.kv.n_tokens
 
@@ -129,7 +129,7 @@ class Ours:
             t = time.perf_counter()
             self.model.forward(ids[:n_batch], logits="all")
             return time.perf_counter() - t
-        return best_of(3, once)
+        return best_step_cost(once)
 
     def close(self):
         pass
