@@ -385,6 +385,7 @@ V16S = ir.VectorType(ir.IntType(16), 16)
 _FEATURES = llvm_binding.get_host_cpu_features()
 HAVE_AVX2 = bool(_FEATURES.get("avx2"))
 HAVE_AVX512 = bool(_FEATURES.get("avx512f"))     # 16-lane float vectors in registers (else LLVM splits them)
+HAVE_BYTE_MASKS = bool(_FEATURES.get("avx512bw") and _FEATURES.get("avx512vl"))    # a mask bit per byte lane
 # vpdpbusd on 256-bit vectors (AVX512-VNNI with VL, or AVX-VNNI): u8 . s8 in 4-value lanes, exact in int32
 HAVE_VNNI = HAVE_AVX2 and bool(_FEATURES.get("avxvnni") or (_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl")))
 
@@ -617,6 +618,20 @@ def _row_sums8(builder, vectors):
 
 # ---- the same dot on AVX2's integer instructions ---------------------------------------------------
 
+def _fifth_bits(builder, qh_ptr):
+    """<32 x i1>: value k's fifth bit, bit k % 8 of byte k // 8 of the 4 bytes at qh_ptr. With AVX-512 byte masks
+    the 32 bits are a mask register as they are (one kmov); else ggml's bytes_from_bits_32 (byte k // 8 spread over
+    8 value bytes, then bit k % 8 of each)."""
+    if HAVE_BYTE_MASKS:
+        qh = builder.load(builder.bitcast(qh_ptr, I32.as_pointer()), align=1)
+        return builder.bitcast(qh, ir.VectorType(I1, 32))
+    qh = builder.load(builder.bitcast(qh_ptr, V4B.as_pointer()), align=1)
+    spread = builder.shuffle_vector(qh, ir.Constant(V4B, ir.Undefined),
+                                    ir.Constant(ir.VectorType(I32, 32), [k // 8 for k in range(32)]))
+    return builder.icmp_unsigned("!=", builder.and_(spread, ir.Constant(V32B, [1 << (k % 8) for k in range(32)])),
+                                 ir.Constant(V32B, [0] * 32))
+
+
 def _block_bytes(builder, block_ptr, layout):
     """The block's 32 values as <32 x i8> in value order, and whether they are signed."""
     qs_ptr = builder.gep(block_ptr, [ir.Constant(I64, layout.qs)])
@@ -626,13 +641,7 @@ def _block_bytes(builder, block_ptr, layout):
         return builder.load(builder.bitcast(qs_ptr, V32B.as_pointer()), align=1), True
     values = _nibble_indices(builder, qs_ptr)
     if layout.qh is not None:
-        qh_ptr = builder.gep(block_ptr, [ir.Constant(I64, layout.qh)])
-        # ggml's bytes_from_bits_32: byte k of the 4 qh bytes spread over 8 value bytes, then bit k % 8 of each
-        qh = builder.load(builder.bitcast(qh_ptr, V4B.as_pointer()), align=1)
-        spread = builder.shuffle_vector(qh, ir.Constant(V4B, ir.Undefined),
-                                        ir.Constant(ir.VectorType(I32, 32), [k // 8 for k in range(32)]))
-        bit = builder.icmp_unsigned("!=", builder.and_(spread, ir.Constant(V32B, [1 << (k % 8) for k in range(32)])),
-                                    ir.Constant(V32B, [0] * 32))
+        bit = _fifth_bits(builder, builder.gep(block_ptr, [ir.Constant(I64, layout.qh)]))
         if layout.value_offset == 16:
             # Q5_0 as ggml: (nibble | bit << 4) - 16 is the nibble where the bit is set, nibble | 0xF0 where not
             return builder.or_(values, builder.select(bit, ir.Constant(V32B, [0] * 32),
