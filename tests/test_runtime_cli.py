@@ -74,6 +74,13 @@ def test_usage_refusals_are_not_model_faults(tiny_model, args, kind, said):
     assert cli.exit_code == 2 and cli.stderr == f"error: {result.exception}\n" and said in cli.stderr, cli.output
 
 
+def test_threads_beyond_the_runtimes_most_are_refused(tiny_model, monkeypatch):
+    """On a machine with more CPUs than the workers take (1024), --threads past that is refused, not cut."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2048)
+    cli = CliRunner().invoke(main, ["run", "--target", str(tiny_model), "--prompt-ids", "1", "--threads", "1025"])
+    assert cli.exit_code == 2 and cli.stderr == "error: --threads: 1025 is more than 1024 (the runtime's most)\n", \
+        cli.output
+
 def test_text_prompt_with_a_real_vocabulary(smollm2_path):
     result = invoke("--target", smollm2_path, "--prompt", "The capital of France is", "-n", "4")
     assert result.exit_code == 0, result.output

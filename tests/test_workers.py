@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from numba import njit
 from gguf import GGMLQuantizationType as T
 
 from ggtools.runtime.kernels import matmul, workers
@@ -130,3 +131,33 @@ def test_tasks_cover_each_row_once_in_long_runs(n_threads):
         assert r <= matmul.MAX_ROWS_PER_TASK and (r <= matmul.MIN_ROWS_PER_TASK or r < target + 8)
         assert r >= min(matmul.MAX_ROWS_PER_TASK, target, hi - lo)
     assert (covered == 1).all()
+
+
+
+@njit(nogil=True)
+def count_tasks(out, counter):
+    """A general-path kernel: out[k] += 1 for every task k it claims."""
+    workers.enter(counter)
+    while True:
+        k = workers.claim(counter)
+        if k >= out.size:
+            break
+        out[k] += 1
+    workers.leave(counter)
+
+
+def test_more_threads_than_the_control_array_once_held(threads):
+    """A pool past the old cap of 40 threads (a 41st worker's flag was the job's entry slot) runs fast-path jobs with
+    the bits of one thread and general-path jobs on every thread, each task once; past MAX_THREADS it is refused,
+    not silently cut."""
+    cases = matmuls(2, count=6)
+    threads(1)
+    want = run_all(cases)
+    assert threads(48).n_threads == 48
+    got = run_all(cases)
+    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(want, got))
+    out = np.zeros(4096, np.int64)
+    workers.run(count_tasks, out.size, 1, 0, out)
+    assert (out == 1).all()
+    with pytest.raises(ValueError, match="at most"):
+        workers.Workers(workers.MAX_THREADS + 1)

@@ -8,6 +8,7 @@ import os
 from ggtools.byte_sizes import human_bytes
 from ggtools.jobs.errors import UsageError
 from ggtools.runtime.drafter.draft_kv import STORE_BYTES
+from ggtools.runtime.kernels import workers
 
 MAX_THREADS_PER_CPU = 4         # beyond this, more threads only wait on each other; far beyond, none start
 MIN_BYTES_PER_TOKEN_BOUND = 4   # an unknown character (up to 4 UTF-8 bytes) may become one token
@@ -17,10 +18,11 @@ def check_threads(threads: int | None) -> None:
     if threads is None:
         return
     cpus = os.cpu_count() or 1
-    limit = MAX_THREADS_PER_CPU * cpus
-    if threads > limit:
-        raise UsageError("--threads", f"{threads} is more than {limit} ({MAX_THREADS_PER_CPU} per CPU core; this "
-                                      f"machine has {cpus})")
+    if threads > MAX_THREADS_PER_CPU * cpus:
+        raise UsageError("--threads", f"{threads} is more than {MAX_THREADS_PER_CPU * cpus} ({MAX_THREADS_PER_CPU} "
+                                      f"per CPU core; this machine has {cpus})")
+    if threads > workers.MAX_THREADS:
+        raise UsageError("--threads", f"{threads} is more than {workers.MAX_THREADS} (the runtime's most)")
 
 
 def check_new_tokens(n: int, context: int, target) -> None:

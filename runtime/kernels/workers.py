@@ -57,11 +57,11 @@ from numba.extending import intrinsic
 I32, I64 = ir.IntType(32), ir.IntType(64)
 X86 = llvm_binding.get_process_triple().split("-")[0] in ("x86_64", "i686", "i386")
 
-# the control array: the kernel's counter (claims, threads inside), the generation, the active workers, each
-# worker's "leave the loop" flag, then the job's entry and arguments (on their own cache lines)
-CLAIM, INSIDE, GEN, ACTIVE, EXIT, ENTRY, ARGS = 0, 1, 8, 16, 24, 64, 65
-MAX_THREADS = 40
-CONTROL_SIZE = 128
+# the control array: the kernel's counter (claims, threads inside), the generation, the active workers, the job's
+# entry and arguments, then each worker's "leave the loop" flag (each group on its own cache lines)
+CLAIM, INSIDE, GEN, ACTIVE, ENTRY, ARGS, EXIT = 0, 1, 8, 16, 64, 65, 128
+MAX_THREADS = 1024          # the caller and 1023 workers: a two-socket EPYC's hardware threads, and more
+CONTROL_SIZE = EXIT + MAX_THREADS
 SPIN_SECONDS = 500e-6     # how long an idle worker polls for the next job before it sleeps
 IDLE, LEFT = 0, 1         # why serve returned
 
@@ -302,11 +302,13 @@ class Workers:
     caller and the workers (general path); post(job, *args): the fast path (module docstring)."""
 
     def __init__(self, n_threads: int | None = None):
-        self.n_threads = max(1, min(n_threads or default_threads(), MAX_THREADS))
+        self._inboxes = []
+        if n_threads and n_threads > MAX_THREADS:
+            raise ValueError(f"{n_threads} threads: the workers take at most {MAX_THREADS}")
+        self.n_threads = max(1, n_threads or min(default_threads(), MAX_THREADS))
         self.control = np.zeros(CONTROL_SIZE, np.int64)
         self.control[GEN] = 1
         self._asleep = [True] * (self.n_threads - 1)
-        self._inboxes = []
         for me in range(self.n_threads - 1):
             inbox = queue.SimpleQueue()
             threading.Thread(target=self._serve, args=(me, inbox), daemon=True).start()
