@@ -106,14 +106,14 @@ def test_a_woken_worker_joins_the_job_that_woke_it(threads):
     assert 2 in seen, seen
 
 
-@pytest.mark.parametrize("n_threads", [1, 2, 3, 16])
+@pytest.mark.parametrize("n_threads", [1, 2, 3, 16, 32, 112])
 def test_tasks_cover_each_row_once_in_long_runs(n_threads):
     """A plan's tasks: every weight row of every matrix exactly once, at its byte offset and output column; within
     a matrix all tasks but the last take the same number of rows r, a multiple of 8 (the repacked kernels take 8
-    rows at a time) from MIN_ROWS_PER_TASK to MAX_ROWS_PER_TASK, and as long as gives each thread TASKS_PER_THREAD
-    tasks (r is the rows per task that would, rounded up to 8)."""
-    shapes = [(576, 576), (192, 576), (3072, 576), (40, 576)]
-    layouts = [matmul.Layout(T.Q8_0, n, c) for n, c in shapes]
+    rows at a time) from MIN_ROWS_PER_TASK to MAX_ROWS_PER_TASK; above MIN_ROWS_PER_TASK, at least
+    TASKS_PER_THREAD rounds of claims that the tasks fill: the most rows a thread takes (ceil(tasks / threads)
+    tasks of r) are over an equal share by less than 8 per task."""
+    layouts = [matmul.Layout(T.Q8_0, n, 64) for n in (576, 192, 3072, 40, 5120, 17408, 151936)]
     offsets = np.cumsum([0] + [l.n_rows * int(l.row_bytes) for l in layouts])
     plan = matmul.MatmulPlan(layouts, np.zeros(offsets[-1], np.uint8), list(offsets[:-1]))
     tasks = plan.thread_tasks(n_threads)
@@ -126,12 +126,13 @@ def test_tasks_cover_each_row_once_in_long_runs(n_threads):
         r = {rows for _, rows, _, _ in mine[:-1]} or {mine[0][1]}
         assert len(r) == 1, r
         r = r.pop()
-        target = (hi - lo) / (matmul.TASKS_PER_THREAD * n_threads)
         assert r % 8 == 0 or len(mine) == 1
-        assert r <= matmul.MAX_ROWS_PER_TASK and (r <= matmul.MIN_ROWS_PER_TASK or r < target + 8)
-        assert r >= min(matmul.MAX_ROWS_PER_TASK, target, hi - lo)
+        assert r <= matmul.MAX_ROWS_PER_TASK and (r >= matmul.MIN_ROWS_PER_TASK or len(mine) == 1)
+        if r > matmul.MIN_ROWS_PER_TASK:
+            rounds = -(-len(mine) // n_threads)
+            assert rounds >= matmul.TASKS_PER_THREAD, (hi - lo, r)
+            assert rounds * r - (hi - lo) / n_threads < 8 * rounds, (hi - lo, r, len(mine))
     assert (covered == 1).all()
-
 
 
 @njit(nogil=True)

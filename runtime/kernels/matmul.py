@@ -63,7 +63,7 @@ MIN_ROWS_PER_TASK = 16     # a multiple of 8: repacked matrices are dotted 8 wei
 # slower on 2 threads than on 1, and a 16-row batch's matmuls took 31 ms against 27.7 (docs/runtime.md,
 # "Threads and the native anchor"; the ninth pass)
 TASKS_PER_THREAD = 2
-MAX_ROWS_PER_TASK = 256
+MAX_ROWS_PER_TASK = 256    # a multiple of 8 (a task's rows are rounded up to 8)
 
 # how a weight type's input is rounded (its vec_dot_type in ggml-cpu.c)
 ACT_F32, ACT_F16, ACT_BF16, ACT_Q8_0, ACT_Q8_1, ACT_Q8_K = range(6)
@@ -1115,8 +1115,12 @@ class MatmulPlan:
         """The tasks split for n_threads (TASKS_PER_THREAD)."""
         if n_threads not in self._thread_tasks:
             def rows_per_task(n_rows):
-                rows = -(-n_rows // (TASKS_PER_THREAD * n_threads))
-                return min(MAX_ROWS_PER_TASK, max(MIN_ROWS_PER_TASK, -(-rows // 8) * 8))
+                # a whole number of tasks per thread, as many as keep them within MAX_ROWS_PER_TASK: cutting the
+                # rows to it instead left the last round of claims part-empty (17408 rows on 16 threads: 68 tasks
+                # of 256, one thread in four idle for the fifth round)
+                per_thread = max(TASKS_PER_THREAD, -(-n_rows // (n_threads * MAX_ROWS_PER_TASK)))
+                rows = -(-n_rows // (per_thread * n_threads))
+                return max(MIN_ROWS_PER_TASK, -(-rows // 8) * 8)
             self._thread_tasks[n_threads] = self._tasks(rows_per_task)
         return self._thread_tasks[n_threads]
 
