@@ -81,6 +81,7 @@ def test_threads_beyond_the_runtimes_most_are_refused(tiny_model, monkeypatch):
     assert cli.exit_code == 2 and cli.stderr == "error: --threads: 1025 is more than 1024 (the runtime's most)\n", \
         cli.output
 
+
 def test_text_prompt_with_a_real_vocabulary(smollm2_path):
     result = invoke("--target", smollm2_path, "--prompt", "The capital of France is", "-n", "4")
     assert result.exit_code == 0, result.output

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 import pytest
-from numba import njit
 from gguf import GGMLQuantizationType as T
+from numba import njit
 
 from ggtools.runtime.kernels import matmul, workers
 from tests.test_runtime_kernels import make_weights

@@ -1117,7 +1117,7 @@ class MatmulPlan:
             def rows_per_task(n_rows):
                 # a whole number of tasks per thread, as many as keep them within MAX_ROWS_PER_TASK: cutting the
                 # rows to it instead left the last round of claims part-empty (17408 rows on 16 threads: 68 tasks
-                # of 256, one thread in four idle for the fifth round)
+                # of 256, 12 of the 16 threads idle in the fifth round)
                 per_thread = max(TASKS_PER_THREAD, -(-n_rows // (n_threads * MAX_ROWS_PER_TASK)))
                 rows = -(-n_rows // (per_thread * n_threads))
                 return max(MIN_ROWS_PER_TASK, -(-rows // 8) * 8)
