@@ -46,10 +46,10 @@ from ggtools.runtime.kernels.workers import (ARGS, CFUNC, CONTROL_SIZE, ENTRY_SI
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma, to_f16, to_f16_row
 from ggtools.runtime.kernels.kquant_dot import (Q4_K_REPACKED, QK_K, ROWS_EXPERT, quantize_q8_k_row, rows_kquant,
                                                 rows_mode)
-from ggtools.runtime.kernels.simd import (HAVE_AVX2, HAVE_AVX512, HAVE_VNNI, decode_f16_8, q8_0_block,
+from ggtools.runtime.kernels.simd import (HALF_WIDTH_512, HAVE_AVX2, HAVE_AVX512, HAVE_VNNI, decode_f16_8, q8_0_block,
                                   dot_4x8_main, dot_4x8_stored_1, stored4_lanes8_4, stored4_lanes8_8,
                                   dot_4x8_stored_2, stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3,
-                                  stored2_lanes8_4,
+                                  stored2_lanes8_4, stored4_lanes8_4_ymm,
                                   dot_row_mxfp4_1, dot_row_mxfp4_4,
                                   dot_row_q4_0_1, dot_row_q4_0_4, dot_rows8_q4_0_1, dot_rows8_q4_0_4,
                                   dot_rows8_mxfp4_1, dot_rows8_mxfp4_4,
@@ -725,7 +725,8 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, 
     f16 = qtype == F16
     tail = n % (32 if one_row_structure else 8) != 0   # vec_dot's leftover loop (its own summation)
     # with AVX-512, tinyBLAS's layout takes four weight rows at a time against groups of 8, then 4 input rows
-    # (stored4_lanes8_8 / _4), and the pair kernels the input rows left
+    # (stored4_lanes8_8 / _4; on Zen 4, groups of 4 on 8-lane vectors: simd.HALF_WIDTH_512), and the pair kernels
+    # the input rows left
     quads = HAVE_AVX512 and direct and not one_row_structure and not tail
     enter(counter)
     while True:
@@ -741,14 +742,15 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, 
             r = column + i
             if quads and i >= quad_end and i + 4 <= n_rows and n_in >= 4:
                 so, t = offset + U(i) * row_bytes, 0
-                while t + 8 <= n_in:
+                while not HALF_WIDTH_512 and t + 8 <= n_in:
                     d32 = stored4_lanes8_8(buf, so, row_bytes, f16, x, t)
                     for k in range(4):
                         for q in range(8):
                             out[t + q, r + k] = d32[8 * k + q]
                     t += 8
                 while t + 4 <= n_in:
-                    d16 = stored4_lanes8_4(buf, so, row_bytes, f16, x, t)
+                    d16 = stored4_lanes8_4_ymm(buf, decoded, False, so, row_bytes, f16, x, t) if HALF_WIDTH_512 \
+                        else stored4_lanes8_4(buf, so, row_bytes, f16, x, t)
                     for k in range(4):
                         for q in range(4):
                             out[t + q, r + k] = d16[4 * k + q]

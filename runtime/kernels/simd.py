@@ -15,7 +15,8 @@ on how LLVM schedules them.
 - dot_rows8_q4_0_1 / _4, dot_rows8_mxfp4_1 / _4: llama.cpp's repacked 8x8 gemv / gemm (the matrices its CPU_REPACK
   buffer takes): 8 weight rows at a time, one fma per block of each row's exact integer sum.
 - stored2_lanes8_1 .. _4: tinyBLAS: lane l accumulates w[k] * x[k], k = l mod 8, with fma; hsum8; two weight rows
-  read from their stored f16 / f32 bytes sharing the loads of x.
+  read from their stored f16 / f32 bytes sharing the loads of x (stored4_lanes8_4_ymm: four weight rows, 8-lane
+  vectors; stored4_lanes8_4 / _8: four weight rows, 16-lane vectors).
 - dot_4x8_main: ggml_vec_dot_f32 / f16: four 8-lane accumulators over steps of 32, reduce4x8 (dot_4x8_stored_1 / _2:
   the weight row read from its stored bytes).
 - dot_rows_4x8 / dot_rows_lanes8, exp_blocks8: attention's many dots against one vector and
@@ -163,21 +164,22 @@ def _row_base(context, builder, data_t, data_a, other_t, other_a, from_other, of
     return builder.gep(builder.select(from_other, b, a), [_i64(builder, offset)])
 
 
-def _dot_lanes8_pair(n_rows):
-    """tinyBLAS's dot of two weight rows stored at byte `offset` of data (or of `decoded`, when from_decoded)
-    and row_bytes further on (f16 when is_f16, else f32; read straight from the bytes: widening f16 is exact)
-    with input rows t..t+n_rows-1 (length a multiple of 8), every load of x serving both: lane l sums
-    w[i] * x[i] for i = l mod 8 with fma, then hsum8. Results: row 0 . x[t..], then row 1 . x[t..] (each pair
+def _dot_lanes8_rows(n_rows, n_weights=2):
+    """tinyBLAS's dot of n_weights weight rows stored from byte `offset` of data (or of `decoded`, when
+    from_decoded), row_bytes apart (f16 when is_f16, else f32; read straight from the bytes: widening f16 is exact)
+    with input rows t..t+n_rows-1 (length a multiple of 8), every load of x serving them all: lane l sums
+    w[i] * x[i] for i = l mod 8 with fma, then hsum8. Results: weight row k . x[t + j] at k * n_rows + j (each pair
     of rows keeps its own accumulator)."""
     def typer(typingctx, data, decoded, from_decoded, offset, row_bytes, is_f16, x, t):
         def codegen(context, builder, signature, args):
             data_a, dec_a, from_dec, off_v, stride_v, f16_v, x_a, t_v = args
             data_t, dec_t, _, _, _, _, x_t, _ = signature.args
             first = _row_base(context, builder, data_t, data_a, dec_t, dec_a, from_dec, off_v)
-            bases = [first, builder.gep(first, [_i64(builder, stride_v)])]
+            bases = [builder.gep(first, [builder.mul(_i64(builder, stride_v), ir.Constant(I64, k))])
+                     for k in range(n_weights)]
             n = _i64(builder, builder.extract_value(context.make_array(x_t)(context, builder, x_a).shape, 1))
             rows = _input_rows(builder, t_v, n_rows)
-            acc = _Accumulators(builder, 2 * n_rows, ir.Constant(V8F, [0.0] * 8))
+            acc = _Accumulators(builder, n_weights * n_rows, ir.Constant(V8F, [0.0] * 8))
             with cgutils.for_range(builder, builder.udiv(n, ir.Constant(I64, 8))) as loop:
                 o = builder.mul(loop.index, ir.Constant(I64, 8))
                 ws = [_load_stored8(builder, base, o, f16_v) for base in bases]
@@ -185,10 +187,11 @@ def _dot_lanes8_pair(n_rows):
                     xv = _load8(builder, _element_ptr(context, builder, x_t, x_a, row, o))
                     for k, wv in enumerate(ws):
                         acc[k * n_rows + j] = _fma(builder, wv, xv, acc[k * n_rows + j])
-            return _tuple(context, builder, [_hsum8(builder, acc[j]) for j in range(2 * n_rows)], 2 * n_rows)
+            n_out = n_weights * n_rows
+            return _tuple(context, builder, [_hsum8(builder, acc[j]) for j in range(n_out)], n_out)
 
-        return types.UniTuple(types.float32, 2 * n_rows)(data, decoded, from_decoded, offset, row_bytes, is_f16, x,
-                                                         t), codegen
+        return types.UniTuple(types.float32, n_weights * n_rows)(data, decoded, from_decoded, offset, row_bytes,
+                                                                 is_f16, x, t), codegen
     return intrinsic(typer)
 
 
@@ -267,7 +270,7 @@ def _load_stored16(builder, bases, at, is_f16):
 
 
 def _dot_lanes8_quad(n_rows):
-    """_dot_lanes8_pair for four weight rows stored from byte `offset` of data, row_bytes apart, on 16-lane vectors
+    """_dot_lanes8_rows for four weight rows stored from byte `offset` of data, row_bytes apart, on 16-lane vectors
     (AVX-512): rows 0 and 1 share one vector (lanes 0-7, 8-15), rows 2 and 3 another, each input row's 8 values
     broadcast to both halves, so every lane keeps the fma chain of tinyBLAS's 8-lane layout. Results: row k . x[t
     + j] at k * n_rows + j."""
@@ -303,8 +306,9 @@ def _dot_lanes8_quad(n_rows):
     return intrinsic(typer)
 
 
-stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3, stored2_lanes8_4 = (_dot_lanes8_pair(n) for n in (1, 2, 3, 4))
+stored2_lanes8_1, stored2_lanes8_2, stored2_lanes8_3, stored2_lanes8_4 = (_dot_lanes8_rows(n) for n in (1, 2, 3, 4))
 stored4_lanes8_4, stored4_lanes8_8 = _dot_lanes8_quad(4), _dot_lanes8_quad(8)
+stored4_lanes8_4_ymm = _dot_lanes8_rows(4, n_weights=4)     # 16 accumulators: needs AVX-512's 32 registers
 dot_4x8_main = _dot_4x8()
 dot_4x8_2 = _dot_4x8(2)
 dot_4x8_stored_1, dot_4x8_stored_2 = _dot_4x8_stored(1), _dot_4x8_stored(2)
@@ -386,6 +390,9 @@ _FEATURES = llvm_binding.get_host_cpu_features()
 HAVE_AVX2 = bool(_FEATURES.get("avx2"))
 HAVE_AVX512 = bool(_FEATURES.get("avx512f"))     # 16-lane float vectors in registers (else LLVM splits them)
 HAVE_BYTE_MASKS = bool(_FEATURES.get("avx512bw") and _FEATURES.get("avx512vl"))    # a mask bit per byte lane
+# Zen 4 runs a 512-bit operation as two 256-bit halves: there the float batches' four weight rows go on 8-lane
+# vectors (F16 16-row batch matmuls 1.4x faster than on 16-lane ones, which broadcast every input load to both halves)
+HALF_WIDTH_512 = HAVE_AVX512 and llvm_binding.get_host_cpu_name() == "znver4"
 # vpdpbusd on 256-bit vectors (AVX512-VNNI with VL, or AVX-VNNI): u8 . s8 in 4-value lanes, exact in int32
 HAVE_VNNI = HAVE_AVX2 and bool(_FEATURES.get("avxvnni") or (_FEATURES.get("avx512vnni") and _FEATURES.get("avx512vl")))
 
