@@ -168,8 +168,8 @@ def _dot_lanes8_rows(n_rows, n_weights=2):
     """tinyBLAS's dot of n_weights weight rows stored from byte `offset` of data (or of `decoded`, when
     from_decoded), row_bytes apart (f16 when is_f16, else f32; read straight from the bytes: widening f16 is exact)
     with input rows t..t+n_rows-1 (length a multiple of 8), every load of x serving them all: lane l sums
-    w[i] * x[i] for i = l mod 8 with fma, then hsum8. Results: weight row k . x[t + j] at k * n_rows + j (each pair
-    of rows keeps its own accumulator)."""
+    w[i] * x[i] for i = l mod 8 with fma, then hsum8. Results: weight row k . x[t + j] at k * n_rows + j (each such
+    pair keeps its own accumulator)."""
     def typer(typingctx, data, decoded, from_decoded, offset, row_bytes, is_f16, x, t):
         def codegen(context, builder, signature, args):
             data_a, dec_a, from_dec, off_v, stride_v, f16_v, x_a, t_v = args
