@@ -45,6 +45,10 @@ def run_all(cases, pause=0.0):
     return out
 
 
+def same_bits(want, got):
+    return all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(want, got))
+
+
 def test_fast_path_jobs_give_one_threads_bits_job_after_job(threads):
     cases = matmuls(0)
     threads(1)
@@ -52,7 +56,7 @@ def test_fast_path_jobs_give_one_threads_bits_job_after_job(threads):
     for n in (2, 3, 4):
         threads(n)
         got = run_all(cases)
-        assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(want, got)), n
+        assert same_bits(want, got), n
 
 
 def test_sleeping_workers_are_woken_and_change_no_bit(threads, monkeypatch):
@@ -64,7 +68,7 @@ def test_sleeping_workers_are_woken_and_change_no_bit(threads, monkeypatch):
     monkeypatch.setattr(workers, "SPIN_SECONDS", 20e-6)
     threads(3)
     got = run_all(cases, pause=2e-3)
-    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(want, got))
+    assert same_bits(want, got)
 
 
 def test_polling_workers_take_tasks(threads):
@@ -156,7 +160,7 @@ def test_more_threads_than_the_control_array_once_held(threads):
     want = run_all(cases)
     assert threads(48).n_threads == 48
     got = run_all(cases)
-    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(want, got))
+    assert same_bits(want, got)
     out = np.zeros(4096, np.int64)
     workers.run(count_tasks, out.size, 1, 0, out)
     assert (out == 1).all()

@@ -18,9 +18,10 @@ def check_threads(threads: int | None) -> None:
     if threads is None:
         return
     cpus = os.cpu_count() or 1
-    if threads > MAX_THREADS_PER_CPU * cpus:
-        raise UsageError("--threads", f"{threads} is more than {MAX_THREADS_PER_CPU * cpus} ({MAX_THREADS_PER_CPU} "
-                                      f"per CPU core; this machine has {cpus})")
+    limit = MAX_THREADS_PER_CPU * cpus
+    if threads > limit:
+        raise UsageError("--threads", f"{threads} is more than {limit} ({MAX_THREADS_PER_CPU} per CPU core; this "
+                                      f"machine has {cpus})")
     if threads > workers.MAX_THREADS:
         raise UsageError("--threads", f"{threads} is more than {workers.MAX_THREADS} (the runtime's most)")
 

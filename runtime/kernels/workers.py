@@ -302,7 +302,7 @@ class Workers:
     caller and the workers (general path); post(job, *args): the fast path (module docstring)."""
 
     def __init__(self, n_threads: int | None = None):
-        self._inboxes = []
+        self._inboxes = []      # first: __del__ closes a refused pool too
         if n_threads and n_threads > MAX_THREADS:
             raise ValueError(f"{n_threads} threads: the workers take at most {MAX_THREADS}")
         self.n_threads = max(1, n_threads or min(default_threads(), MAX_THREADS))
