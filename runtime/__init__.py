@@ -23,12 +23,12 @@ from ggtools.runtime.drafter import Drafter
 from ggtools.runtime.drafter.draft_kv import FullKV, RingKV
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.greedy_decoding import continue_greedy, greedy
+from ggtools.runtime.model.hparams import HParams
+from ggtools.runtime.model.kvcache import KVCache
+from ggtools.runtime.model.model import TargetModel
 from ggtools.runtime.speculative import (DraftSettings, SpecOutput, Step, check_settings, speculative_generate,
                                          tree_top_k)
 from ggtools.runtime.stats import DEFINITIONS, acceptance_stats
-from ggtools.runtime.target.hparams import HParams
-from ggtools.runtime.target.kvcache import KVCache
-from ggtools.runtime.target.model import TargetModel
 from ggtools.runtime.tokenizer import Tokenizer, TokenizerError
 
 __all__ = ["DEFINITIONS", "DraftSettings", "Drafter", "FullKV", "HParams", "KVCache", "ModelError", "RingKV",

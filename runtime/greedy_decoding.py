@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from ggtools.runtime.target.model import TargetModel
+from ggtools.runtime.model.model import TargetModel
 
 
 def greedy(model: TargetModel, prompt_ids, n: int, stop_ids=()) -> tuple[list, str]:

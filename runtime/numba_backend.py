@@ -8,16 +8,16 @@ import numpy as np
 from ggtools.runtime.drafter import attention as draft_attention
 from ggtools.runtime.drafter.draft_kv import host_zeros
 from ggtools.runtime.kernels import ops, workers
-from ggtools.runtime.target.attn_residual import AttnResidual
-from ggtools.runtime.target.ffn.dense import DenseFFN
-from ggtools.runtime.target.ffn.latent_moe import LatentMoE, SituFFN
-from ggtools.runtime.target.ffn.moe import RoutedExperts
-from ggtools.runtime.target.ffn.shared_expert import SharedExpertMoE
-from ggtools.runtime.target.kvcache import HOST_ARRAYS
-from ggtools.runtime.target.mixers.attention import Attention
-from ggtools.runtime.target.mixers.gated_delta_net import GatedDeltaNet
-from ggtools.runtime.target.mixers.kda import KDA
-from ggtools.runtime.target.mixers.mla import MLA
+from ggtools.runtime.model.attn_residual import AttnResidual
+from ggtools.runtime.model.ffn.dense import DenseFFN
+from ggtools.runtime.model.ffn.latent_moe import LatentMoE, SituFFN
+from ggtools.runtime.model.ffn.moe import RoutedExperts
+from ggtools.runtime.model.ffn.shared_expert import SharedExpertMoE
+from ggtools.runtime.model.kvcache import HOST_ARRAYS
+from ggtools.runtime.model.mixers.attention import Attention
+from ggtools.runtime.model.mixers.gated_delta_net import GatedDeltaNet
+from ggtools.runtime.model.mixers.kda import KDA
+from ggtools.runtime.model.mixers.mla import MLA
 from ggtools.runtime.weights import MatrixGroup, WeightFile
 
 

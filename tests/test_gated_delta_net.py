@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from ggtools.runtime.target.mixers.gated_delta_net import GatedDeltaNet
-from ggtools.runtime.target.hybrid_cache import HybridCache, RecurrentState
+from ggtools.runtime.model.mixers.gated_delta_net import GatedDeltaNet
+from ggtools.runtime.model.hybrid_cache import HybridCache, RecurrentState
 from ggtools.runtime.weights import Matrix
 from tests.float_reference import assert_within_reference_rounding
 

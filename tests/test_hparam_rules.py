@@ -20,8 +20,8 @@ from ggtools.jobs.doctor import doctor
 from ggtools.jobs.validate import validate
 from ggtools.runtime.drafter.hparams import read_draft_hparams
 from ggtools.runtime.errors import ModelError
-from ggtools.runtime.target.archs import arch_of
-from ggtools.runtime.target.hparams import read_hparams
+from ggtools.runtime.model.archs import arch_of
+from ggtools.runtime.model.hparams import read_hparams
 from tests.hostile_corpus import DEMO, HPARAM_VARIANTS, NAN, _kimi_k3
 from tests.test_convert_support import make_checkpoint, make_dspark_checkpoint, make_target_gguf, rewrite_gguf
 from tests.tiny_targets import DEMO_TARGET, write_gpt_oss, write_qwen35

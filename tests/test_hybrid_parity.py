@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from ggtools.runtime import TargetModel, greedy
-from ggtools.runtime.target.ffn import dense, shared_expert
-from ggtools.runtime.target.mixers import attention, gated_delta_net
+from ggtools.runtime.model.ffn import dense, shared_expert
+from ggtools.runtime.model.mixers import attention, gated_delta_net
 from tests.float_reference import assert_within_reference_rounding, hf_hidden_states
 from tests.llama_runner import (LlamaCpp, assert_greedy_identical, assert_one_call_steps_identical,
                                 assert_prompt_logits_identical, avx2_llama_cpp)

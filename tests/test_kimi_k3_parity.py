@@ -16,8 +16,8 @@ import pytest
 
 from ggtools.runtime import TargetModel
 from ggtools.runtime.errors import NonFiniteError
-from ggtools.runtime.target.ffn import latent_moe
-from ggtools.runtime.target.mixers import kda, mla
+from ggtools.runtime.model.ffn import latent_moe
+from ggtools.runtime.model.mixers import kda, mla
 from tests.llama_runner import (LlamaCpp, assert_greedy_identical, assert_one_call_steps_identical,
                                 assert_prompt_logits_identical, avx2_llama_cpp)
 from tests.target_checks import assert_crop_equals_never_going_further, assert_run_refuses_patched
@@ -215,7 +215,7 @@ def test_unrouted_experts_are_never_read(files, tmp_path):
     """The Q8_0 + MXFP4 file with every expert no token routes to overwritten with 0xFF (scales of 2^127): the
     same logits bit for bit; with a routed one overwritten too, the step stops with an error naming a poisoned expert
     tensor (its layer's output, or a later layer routed onto poisoned experts, is not finite)."""
-    from ggtools.runtime.target.ffn.latent_moe import LatentMoE
+    from ggtools.runtime.model.ffn.latent_moe import LatentMoE
 
     model = TargetModel(files["q8_0"], threads=2)
     seen = {}

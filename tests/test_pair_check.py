@@ -11,7 +11,7 @@ from ggtools.cli import main
 from ggtools.jobs.convert import convert_dflash
 from ggtools.dflash.findings import failed
 from ggtools.jobs.doctor import doctor, pair_check
-from ggtools.runtime.target.archs import ARCHS
+from ggtools.runtime.model.archs import ARCHS
 from tests.oracle_artifacts import ref_drafter_gguf, tiny_target  # noqa: F401  (fixtures)
 from tests.test_convert_support import H, make_checkpoint, make_target_gguf, rewrite_gguf
 

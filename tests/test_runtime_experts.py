@@ -15,8 +15,8 @@ from gguf import GGUFWriter
 
 from ggtools.runtime import TargetModel
 from ggtools.runtime.errors import NonFiniteError
-from ggtools.runtime.target.ffn import moe
-from ggtools.runtime.target.ffn.moe import RoutedExperts
+from ggtools.runtime.model.ffn import moe
+from ggtools.runtime.model.ffn.moe import RoutedExperts
 
 VOCAB, EMBD, HEADS, HEAD_DIM, LAYERS, TOP_K = 64, 64, 2, 32, 2, 2
 MXFP4_BLOCK = 17

@@ -19,8 +19,8 @@ import pytest
 from ggtools.jobs.convert import convert_dflash
 from ggtools.runtime import Drafter, TargetModel, greedy, speculative_generate
 from tests.float_reference import assert_within_reference_rounding, hf_hidden_states
-from ggtools.runtime.target.ffn import moe
-from ggtools.runtime.target.mixers import attention
+from ggtools.runtime.model.ffn import moe
+from ggtools.runtime.model.mixers import attention
 from tests.llama_runner import LlamaCpp, assert_one_call_steps_identical, avx2_llama_cpp
 from tests.speculative_checks import KnowingDrafter
 

@@ -11,8 +11,8 @@ import pytest
 
 from ggtools.runtime import TargetModel, Tokenizer, greedy
 from tests.float_reference import assert_within_reference_rounding, hf_hidden_states
-from ggtools.runtime.target.ffn import dense
-from ggtools.runtime.target.mixers import attention
+from ggtools.runtime.model.ffn import dense
+from ggtools.runtime.model.mixers import attention
 from tests.llama_runner import (LlamaCpp, assert_one_call_steps_identical, assert_prompt_logits_identical,
                                 avx2_llama_cpp)
 

@@ -1,6 +1,6 @@
 """Model-file rules: which hyperparameters a GGUF must hold, as llama.cpp's loader checks them, plus what it misses
 (NaN and inf, zeros it divides by, RoPE sizes ggml asserts on). One place that `validate`, `doctor` and the
-runtime's loaders (runtime/target/hparams.py, runtime/drafter/hparams.py) all apply; each caller turns a
+runtime's loaders (runtime/model/hparams.py, runtime/drafter/hparams.py) all apply; each caller turns a
 Violation into its own report or error (a Problem, a Finding, a ModelError), in the same words.
 
     violations = model_violations(gguf)      # target or drafter, by general.architecture

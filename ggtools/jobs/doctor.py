@@ -167,7 +167,7 @@ def target_findings(t: TargetInfo, runtimes) -> list[Finding]:
 
 def runtime_tap_archs() -> dict:
     """runtime -> the target archs whose layer inputs it taps; ggtools' from its own runtime."""
-    from ggtools.runtime.target.archs import ARCHS
+    from ggtools.runtime.model.archs import ARCHS
     return {LLAMACPP.runtime: LLAMACPP.tap_archs, LUCEBOX.runtime: LUCEBOX.tap_archs, "ggtools": frozenset(ARCHS)}
 
 
@@ -182,8 +182,8 @@ def _ggtools_refusal(t: TargetInfo) -> dict:
     """What ggtools' runtime says when it refuses this target (its own words, from running its reader: the
     model-file rules first)."""
     from ggtools.runtime.errors import ModelError
-    from ggtools.runtime.target.archs import arch_of
-    from ggtools.runtime.target.hparams import read_hparams
+    from ggtools.runtime.model.archs import arch_of
+    from ggtools.runtime.model.hparams import read_hparams
     try:
         read_hparams(t.file, t.vocab or 0, arch_of(t.file))
     except ModelError as e:

@@ -16,7 +16,7 @@ f16 both are torch's matmuls and softmax (tensor_math.attend).
 import numpy as np
 import torch
 
-from ggtools.runtime.target.pieces import AttentionTensors
+from ggtools.runtime.model.pieces import AttentionTensors
 from ggtools.runtime.torch_backend import ggml_math as gm, tensor_math
 from ggtools.runtime.torch_backend.matrix import DeviceGroup
 from ggtools.runtime.torch_backend.vectors import device_vector, optional_device_vector

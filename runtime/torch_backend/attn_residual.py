@@ -5,7 +5,7 @@ scores' float64 sums, ggml's softmax, the bank's fma chain in bank order, plus c
 
 import torch
 
-from ggtools.runtime.target.kimi_k3_pieces import AttnResidualTensors
+from ggtools.runtime.model.kimi_k3_pieces import AttnResidualTensors
 from ggtools.runtime.torch_backend import ggml_math as gm, tensor_math
 from ggtools.runtime.torch_backend.vectors import device_vector
 

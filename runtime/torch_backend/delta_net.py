@@ -20,7 +20,7 @@ Each token's step has the same shapes whatever the batch, so a replay after a cr
 import torch
 import torch.nn.functional as F
 
-from ggtools.runtime.target.pieces import DeltaNetTensors
+from ggtools.runtime.model.pieces import DeltaNetTensors
 from ggtools.runtime.torch_backend import ggml_math as gm, tensor_math
 from ggtools.runtime.torch_backend.matrix import DeviceGroup
 from ggtools.runtime.torch_backend.vectors import device_vector

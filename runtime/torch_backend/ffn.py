@@ -11,7 +11,7 @@ numba runtime's (target/ffn/moe.py), so they give its bits.
 
 import torch
 
-from ggtools.runtime.target.pieces import (SOFTMAX, SWIGLU_OAI, DenseFFNTensors, RoutedExpertsTensors,
+from ggtools.runtime.model.pieces import (SOFTMAX, SWIGLU_OAI, DenseFFNTensors, RoutedExpertsTensors,
                                            SharedExpertTensors)
 from ggtools.runtime.torch_backend import ggml_math as gm, tensor_math
 from ggtools.runtime.torch_backend.matrix import DeviceGroup

@@ -13,7 +13,7 @@ added in rank order; so the bits are numba's. In bf16 / f16 torch's own function
 
 import torch
 
-from ggtools.runtime.target.kimi_k3_pieces import LatentMoETensors, SituFFNTensors
+from ggtools.runtime.model.kimi_k3_pieces import LatentMoETensors, SituFFNTensors
 from ggtools.runtime.torch_backend import ggml_math as gm, tensor_math
 from ggtools.runtime.torch_backend.ffn import WEIGHTS_SUM_MIN, DenseFFN, RoutedExperts
 from ggtools.runtime.torch_backend.libm_tanhf import tanhf

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 
-from ggtools.runtime.target.kimi_k3_pieces import KDATensors, MLATensors
+from ggtools.runtime.model.kimi_k3_pieces import KDATensors, MLATensors
 from ggtools.runtime.torch_backend import ggml_math as gm, tensor_math
 from ggtools.runtime.torch_backend.attention import cache_attention
 from ggtools.runtime.torch_backend.matrix import DeviceGroup

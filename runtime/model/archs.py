@@ -11,8 +11,8 @@ from functools import partial
 from typing import Callable
 
 from ggtools.runtime.errors import ModelError
-from ggtools.runtime.target.kimi_k3_hparams import read_kimi_k3_hparams
-from ggtools.runtime.target.pieces import SOFTMAX, SOFTMAX_WEIGHT, SWIGLU, SWIGLU_OAI, Routing
+from ggtools.runtime.model.kimi_k3_hparams import read_kimi_k3_hparams
+from ggtools.runtime.model.pieces import SOFTMAX, SOFTMAX_WEIGHT, SWIGLU, SWIGLU_OAI, Routing
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggtools.runtime.target.hparams import HParams, _get, _one_value
+from ggtools.runtime.model.hparams import HParams, _get, _one_value
 
 
 @dataclass(frozen=True)

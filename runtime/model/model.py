@@ -20,11 +20,11 @@ from ggtools.runtime.errors import ModelError
 from ggtools.runtime.kernels import ops as kernel_ops
 from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.backends import make_ops
-from ggtools.runtime.target.archs import arch_of
-from ggtools.runtime.target.hparams import read_hparams
-from ggtools.runtime.target.hybrid_cache import HybridCache
-from ggtools.runtime.target.kvcache import KVCache
-from ggtools.runtime.target.tree_batch import TreeBatch
+from ggtools.runtime.model.archs import arch_of
+from ggtools.runtime.model.hparams import read_hparams
+from ggtools.runtime.model.hybrid_cache import HybridCache
+from ggtools.runtime.model.kvcache import KVCache
+from ggtools.runtime.model.tree_batch import TreeBatch
 
 
 @dataclass

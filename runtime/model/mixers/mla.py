@@ -28,10 +28,10 @@ from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.fixed_args import fixed_args
 from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16
-from ggtools.runtime.target.kimi_k3_pieces import MLATensors
-from ggtools.runtime.target.mixers.attention import (attention, attention_rows, one_token_attention_in_caller,
+from ggtools.runtime.model.kimi_k3_pieces import MLATensors
+from ggtools.runtime.model.mixers.attention import (attention, attention_rows, one_token_attention_in_caller,
                                                       tree_attention)
-from ggtools.runtime.target.pieces import NO_SINKS
+from ggtools.runtime.model.pieces import NO_SINKS
 from ggtools.runtime.weights import Matrix, MatrixGroup
 
 F32 = np.float32

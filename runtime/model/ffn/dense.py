@@ -7,8 +7,8 @@ from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.fixed_args import fixed_args
 from ggtools.runtime.kernels.ggmlmath import EXACT
-from ggtools.runtime.target.ffn.one_call import OneCallFFN
-from ggtools.runtime.target.pieces import DenseFFNTensors
+from ggtools.runtime.model.ffn.one_call import OneCallFFN
+from ggtools.runtime.model.pieces import DenseFFNTensors
 from ggtools.runtime.weights import MatrixGroup
 
 

@@ -17,7 +17,7 @@ from numba import njit
 
 from ggtools.runtime.kernels.ggmlmath import EXACT, fma
 from ggtools.runtime.kernels.ops import rms_norm_row, soft_max
-from ggtools.runtime.target.kimi_k3_pieces import AttnResidualTensors
+from ggtools.runtime.model.kimi_k3_pieces import AttnResidualTensors
 
 F32 = np.float32
 

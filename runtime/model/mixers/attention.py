@@ -34,7 +34,7 @@ from ggtools.runtime.kernels.ggmlmath import EXACT, to_f16, to_f16_row
 from ggtools.runtime.kernels.matmul import dot_one_row
 from ggtools.runtime.kernels.ops import rms_norm_row, rope_head, soft_max
 from ggtools.runtime.kernels.simd import dot_rows_4x8, dot_rows_lanes8
-from ggtools.runtime.target.pieces import NO_SINKS, AttentionTensors
+from ggtools.runtime.model.pieces import NO_SINKS, AttentionTensors
 from ggtools.runtime.weights import MatrixGroup
 
 KV_PAD = 32

@@ -29,7 +29,7 @@ from ggtools.runtime.kernels.matmul import dot_one_row
 from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, silu_rows
 from ggtools.runtime.kernels.workers import (ARGS, CFUNC, CONTROL_SIZE, ENTRY_SIGNATURE, Job, array_2d, array_3d,
                                              claim, close_job, enter, leave, publish, put_array)
-from ggtools.runtime.target.pieces import DeltaNetTensors
+from ggtools.runtime.model.pieces import DeltaNetTensors
 from ggtools.runtime.weights import MatrixGroup
 
 F32 = np.float32

@@ -23,10 +23,10 @@ from ggtools.quants.floatbits import f32_bits, f32_from_bits
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.kernels.workers import (ARGS, CFUNC, CONTROL_SIZE, ENTRY_SIGNATURE, Job, array_2d, claim,
                                              close_job, enter, leave, publish, put_array, put_rows, rows_2d)
-from ggtools.runtime.target.ffn.dense import DenseFFN
-from ggtools.runtime.target.ffn.moe import RoutedExperts, combine_rows, normalize_and_scale, top_k
-from ggtools.runtime.target.kimi_k3_pieces import LatentMoETensors, SituFFNTensors
-from ggtools.runtime.target.pieces import Piece
+from ggtools.runtime.model.ffn.dense import DenseFFN
+from ggtools.runtime.model.ffn.moe import RoutedExperts, combine_rows, normalize_and_scale, top_k
+from ggtools.runtime.model.kimi_k3_pieces import LatentMoETensors, SituFFNTensors
+from ggtools.runtime.model.pieces import Piece
 from ggtools.runtime.weights import MatrixGroup
 
 F32 = np.float32

@@ -14,9 +14,9 @@ cache's end as it was and logs the tree's rows as one batch; `keep_path` then ad
 path's rows, the same inputs one-token steps along that path would have consumed.
 """
 
-from ggtools.runtime.target.kimi_k3_pieces import KDATensors
-from ggtools.runtime.target.kvcache import HOST_ARRAYS, KVCache, check_path
-from ggtools.runtime.target.pieces import DeltaNetTensors
+from ggtools.runtime.model.kimi_k3_pieces import KDATensors
+from ggtools.runtime.model.kvcache import HOST_ARRAYS, KVCache, check_path
+from ggtools.runtime.model.pieces import DeltaNetTensors
 
 RECURRENT = (DeltaNetTensors, KDATensors)     # the mixers whose state rolls back through RecurrentState
 

@@ -8,10 +8,10 @@ from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.fixed_args import fixed_args
 from ggtools.runtime.kernels.ggmlmath import EXACT
-from ggtools.runtime.target.ffn.dense import swiglu_ffn
-from ggtools.runtime.target.ffn.moe import one_token_experts
-from ggtools.runtime.target.ffn.one_call import OneCallFFN
-from ggtools.runtime.target.pieces import SharedExpertTensors
+from ggtools.runtime.model.ffn.dense import swiglu_ffn
+from ggtools.runtime.model.ffn.moe import one_token_experts
+from ggtools.runtime.model.ffn.one_call import OneCallFFN
+from ggtools.runtime.model.pieces import SharedExpertTensors
 
 
 @njit(**EXACT)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggtools.runtime.errors import ModelError
-from ggtools.runtime.target.pieces import NO_BIAS, SIGMOID, SITU, DenseFFNTensors, Piece, Routing, RoutedExpertsTensors
+from ggtools.runtime.model.pieces import NO_BIAS, SIGMOID, SITU, DenseFFNTensors, Piece, Routing, RoutedExpertsTensors
 
 KIMI_K3_ROUTING = Routing(SIGMOID, normalize=False, activation=SITU)
 

@@ -21,8 +21,8 @@ from ggtools.runtime.kernels import matmul, ops, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.fixed_args import fixed_args, unpacked
 from ggtools.runtime.kernels.ggmlmath import EXACT
-from ggtools.runtime.target.ffn.one_call import OneCallFFN
-from ggtools.runtime.target.pieces import SOFTMAX, SWIGLU_OAI, RoutedExpertsTensors
+from ggtools.runtime.model.ffn.one_call import OneCallFFN
+from ggtools.runtime.model.pieces import SOFTMAX, SWIGLU_OAI, RoutedExpertsTensors
 from ggtools.runtime.weights import MatrixGroup
 
 WEIGHTS_SUM_MIN = np.float32(6.103515625e-5)   # build_moe_ffn clamps the weights' sum (the smallest normal f16)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ggtools.runtime.target.mixers.attention import KV_PAD
+from ggtools.runtime.model.mixers.attention import KV_PAD
 
 # How a backend makes the arrays of its caches: numba's are host arrays, float32 also for an f16 cache (the
 # values are rounded to f16 by the kernels that write them); torch's are tensors on its device.

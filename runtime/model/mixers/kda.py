@@ -28,8 +28,8 @@ from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.fixed_args import fixed_args
 from ggtools.runtime.kernels.ggmlmath import EXACT
 from ggtools.runtime.kernels.ops import rms_norm_row, sigmoid, sigmoid_rows, silu_rows
-from ggtools.runtime.target.kimi_k3_pieces import KDATensors
-from ggtools.runtime.target.mixers.gated_delta_net import (NO_OUTPUT, conv_rows, delta_rule_parts, l2_norm_heads,
+from ggtools.runtime.model.kimi_k3_pieces import KDATensors
+from ggtools.runtime.model.mixers.gated_delta_net import (NO_OUTPUT, conv_rows, delta_rule_parts, l2_norm_heads,
                                                             one_token_delta_rule_in_caller, run_delta_rule)
 from ggtools.runtime.weights import MatrixGroup
 
