@@ -5,7 +5,7 @@ of each budget decode the same held-out prompts; per row: AL (mean accepted leng
 rows per step (1 + drafts or nodes), tok/s, and whether the output equals target-only greedy decoding (it must).
 
   python -m scripts.bench.ddtree [--prompts 36] [-n 128] [--budgets 1,4,8,16,22,32,64] [--threads 1]
-                                 [--ring-cap 64] [--json]
+                                 [--ring-cap 64] [--json] [--markdown [PAGE]]
 """
 
 import argparse
@@ -17,6 +17,7 @@ from ggtools.jobs.accept import Candidate, measure
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.demo import build_drafters, demo_data, held_out_prompts
 from ggtools.runtime import DraftSettings, TargetModel, Tokenizer
+from scripts.bench import page
 
 
 def main():
@@ -27,6 +28,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ring-cap", type=int, default=64)
     ap.add_argument("--json", action="store_true")
+    page.add_option(ap)
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
     target_path = str(demo_data() / "target.gguf")
@@ -49,6 +51,10 @@ def main():
         print(json.dumps({"settings": vars(args), "target_only_tokens_per_second": m.target_tokens_per_second,
                           "rows": rows}, indent=1))
         return
+    if args.markdown:
+        page.emit(args, "ddtree", markdown(rows, len(prompts), args, m.target_tokens_per_second))
+        if page.prints_markdown(args):
+            return
     print(f"demo target, {len(prompts)} held-out prompts x {args.n} tokens, ring {args.ring_cap}, {args.threads} "
           f"thread(s); target-only {m.target_tokens_per_second:.0f} tok/s")
     print(f"{'drafter':24} {'verify':9} {'K':>2} {'AL':>6} {'tau':>6} {'rows/step':>9} {'tok/s':>6} "
@@ -57,6 +63,16 @@ def main():
         print(f"{r['drafter']:24} {r['verify']:9} {r['top_k'] or '':>2} {r['al']:6.3f} {r['tau']:6.3f} "
               f"{r['verified_per_step']:9.2f} {r['tokens_per_second']:6.0f} {r['speedup']:6.2f}x  "
               f"{'yes' if r['equals_greedy'] else 'NO'}")
+
+
+def markdown(rows, n_prompts, args, target_tps) -> str:
+    return (f"Demo target, {n_prompts} held-out prompts x {args.n} tokens, ring {args.ring_cap}, {args.threads} "
+            f"thread(s); target-only {target_tps:.0f} tok/s; AL = mean accepted length incl. the bonus, rows / step = "
+            "the verify batch (1 + drafts or nodes):\n\n" + page.table(
+                ["drafter", "verify", "top-K", "AL", "τ", "rows / step", "tok/s", "speedup", "= greedy"],
+                [[r["drafter"], r["verify"], r["top_k"] or "", f"{r['al']:.3f}", f"{r['tau']:.3f}",
+                  f"{r['verified_per_step']:.2f}", f"{r['tokens_per_second']:.0f}", f"{r['speedup']:.2f}x",
+                  "yes" if r["equals_greedy"] else "**no**"] for r in rows]))
 
 
 def _row(name, verify, run, target_tps):

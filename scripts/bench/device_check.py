@@ -21,7 +21,7 @@ Exits 1 with one line when no CUDA device is present, or when a check fails. `--
 the same checks on the CPU (how this script itself is tested where no GPU is lent).
 
   python -m scripts.bench.device_check [--device cuda:0] [--dtype bf16] [--target T.gguf --draft D.gguf]
-      [--prompts 6] [-n 64] [--json]
+      [--prompts 6] [-n 64] [--json] [--markdown [PAGE]]
 """
 
 import argparse
@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from scripts.bench import page
 
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "MXFP4"]
@@ -272,6 +274,24 @@ def demo_pair(work: Path, prompts: int):
     return target, drafters, [ids for _, ids in held_out_prompts(tokenizer, prompts)]
 
 
+def markdown(report, dtype) -> str:
+    """The section of docs/benchmarks.md: the bit-for-bit checks, then each pair's speed in the compute dtype."""
+    checks = [[what, "**not bit for bit: " + ", ".join(report[key]) + "**" if report[key] else "bit for bit"]
+              for key, what in (("dequantizers_not_bit_exact", "dequantizers, every type"),
+                                ("f32_products_not_bit_exact", "f32 products, every type and layout"),
+                                ("f32_functions_not_bit_exact", "f32 ggml functions"))]
+    checks += [[f"{name}, f32 logits against numba", f"{t['rel_logit_diff']:.2e} relative"
+                + (" (bit for bit)" if t["bit_for_bit"] else "")] for name, t in report["f32_targets_against_numba"].items()]
+    checks += [[f"demo pair {name}, f32 steps against numba", f"tau {p['tau_device']:.4f} / {p['tau_numba']:.4f}, steps "
+                + ("equal" if p["same_steps"] else "**differ**")] for name, p in report["f32_demo_pair_against_numba"].items()]
+    pairs = [[p["name"], f"{p['speculative_tok_s']:.1f}", f"{p['target_only_tok_s']:.1f}", f"{p['speedup']:.2f}x",
+              f"{p['tau_zlab']:.3f}", f"{p['al']:.3f}", f"{p['verified_per_step']:.1f}",
+              "yes" if p["outputs_match_greedy"] else "**no**"] for p in report["pairs"]]
+    return (f"Device {report['device']}, compute dtype {dtype}.\n\n" + page.table(["check", "result"], checks)
+            + "\n\n" + page.table(["pair", "speculative tok/s", "target-only tok/s", "speedup", "τ (z-lab)", "AL",
+                                     "rows / step", "= greedy"], pairs))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -282,6 +302,7 @@ def main():
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("--tree-budget", type=int, default=22)
     ap.add_argument("--json", action="store_true")
+    page.add_option(ap)
     args = ap.parse_args()
     torch = check_cuda(args.device)
     report = {"device": "cpu" if args.device == "cpu" else torch.cuda.get_device_name(torch.device(args.device)),
@@ -311,9 +332,11 @@ def main():
         any(t["rel_logit_diff"] > 1e-4 for t in report["f32_targets_against_numba"].values()) or \
         not all(p["same_steps"] for p in report["f32_demo_pair_against_numba"].values()) or \
         not all(p["outputs_match_greedy"] for p in report["pairs"])
+    if args.markdown:
+        page.emit(args, "device_check", markdown(report, args.dtype))
     if args.json:
         print(json.dumps(report, indent=2))
-    else:
+    elif not page.prints_markdown(args):
         bad = report["dequantizers_not_bit_exact"]
         print(f"device {report['device']}, compute dtype {args.dtype}")
         print(f"dequantizers bit-exact on the device: {'NOT ' + ', '.join(bad) if bad else f'all {len(TYPES)} types'}")

@@ -25,6 +25,7 @@ expert stacks over half the available memory).
 
   python -m scripts.bench.larger_than_ram [--size-gb N] [--dir DIR] [--tokens 16] [--spec-tokens 16]
                                           [--threads 2] [--paging auto] [--trunk q8_0|q4_k] [--json]
+                                          [--markdown [PAGE]]
 """
 
 import argparse
@@ -42,6 +43,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ggtools.samples import runnable_moe_layer_bytes, runnable_moe_specs, nbytes, write_runnable_moe
+from scripts.bench import page
 from scripts.bench.native_llama import simd_flags
 
 GEOMETRY = dict(hidden=2048, heads=16, kv_heads=4, head_dim=128, ffn=768, experts=384)
@@ -377,6 +379,33 @@ def report(res):
               f"per token, peak RSS {lm['peak_rss'] / GB:.2f} GB; same greedy tokens: {lm['same_greedy_tokens']}")
 
 
+def markdown(res) -> str:
+    """The section of docs/benchmarks.md: one row per paging mode."""
+    geo, routed = res["geometry"], res["routed_bytes_per_token"]
+    rows = []
+    for run in res["runs"]:
+        g, p, s = run["greedy"], run["prompt"], run.get("speculative")
+        per_token = g["read_bytes"] / g["steps"]
+        rows.append([f"{run['paging']} (paged: {run['experts_paged']})", run["threads"],
+                     f"{p['read_bytes'] / GB:.2f} GB in {p['seconds']:.1f} s", f"{g['tok_s']:.2f}",
+                     f"{per_token / 1e6:.0f} MB ({per_token / routed:.2f}x)",
+                     f"{g['major_faults'] / g['steps']:.0f}",
+                     f"{g['max_rss'] / GB:.2f} GB ({g['max_rss_anon'] / GB:.2f} GB anonymous)",
+                     f"{s['tokens'] / s['seconds']:.2f} tok/s, {s['read_bytes'] / s['tokens'] / 1e6:.0f} MB per token, "
+                     f"= greedy: {'yes' if s['same_as_greedy'] else '**no**'}" if s else "-"])
+    text = (f"A {res['file_bytes'] / GB:.1f} GB synthetic qwen3moe ({geo['layers']} layers, {geo['experts']} MXFP4 "
+            f"experts of width {geo['ffn']}, {USED} routed, {geo['trunk']} trunk) on a machine with MemTotal "
+            f"{res['mem_total'] / GB:.1f} GB (MemAvailable {res['mem_available'] / GB:.1f} GB), each mode from a cold "
+            f"page cache; a token's routed experts are {routed / 1e6:.0f} MB"
+            + (f"; note: {res['note']}" if res["note"] else "") + ":\n\n" + page.table(
+                ["expert paging", "threads", f"prompt ({res['runs'][0]['prompt_tokens']} tokens) read",
+                 "greedy tok/s", "read per token (/ routed)", "major faults per token",
+                 "RSS at most (process memory)", "speculative"], rows))
+    if res.get("llama_note"):
+        text += "\n\n" + res["llama_note"] + "."
+    return text
+
+
 def args_tokens(res) -> int:
     return res["runs"][0]["greedy"]["steps"] if res["runs"] else 1
 
@@ -395,6 +424,7 @@ def main():
     ap.add_argument("--keep", metavar="DIR", help="write into DIR and keep the files (a later run with the same size "
                     "reuses them; for experiments: nothing removes them)")
     ap.add_argument("--json", action="store_true")
+    page.add_option(ap)
     args = ap.parse_args()
 
     def stop(signum, frame):
@@ -410,7 +440,10 @@ def main():
             res = run(args, Path(work))
     if args.json:
         print(json.dumps(res, indent=1, default=str))
-    else:
+        return
+    if args.markdown:
+        page.emit(args, "larger_than_ram", markdown(res))
+    if not page.prints_markdown(args):
         report(res)
 
 

@@ -6,7 +6,7 @@ on the same data), the ratio ours/C, and ours on all cores; plus the first call'
 compile, or loading numba's on-disk cache when warm). Without llama-cpp-python only our
 figures are printed.
 
-    python -m scripts.bench.quants [--mb 8] [--repeat 3] [--types q4_k,q2_k] [--cold]
+    python -m scripts.bench.quants [--mb 8] [--repeat 3] [--types q4_k,q2_k] [--cold] [--markdown [PAGE]]
 
 --cold compiles into an empty numba cache, so "first call" is the JIT compile time; without it,
 a second run shows the time to load the cached machine code.
@@ -25,6 +25,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ggtools import quants  # noqa: E402
+from scripts.bench import page  # noqa: E402
 
 QUANT_TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
                "f16", "bf16"]
@@ -126,25 +127,34 @@ def main():
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per figure (best counts)")
     parser.add_argument("--types", default=",".join(QUANT_TYPES + DEQUANT_ONLY))
     parser.add_argument("--cold", action="store_true", help="compile into an empty numba cache")
+    page.add_option(parser)
     args = parser.parse_args()
 
     ggml = load_c_reference()
     n = 4096
     rows = max(1, int(args.mb * 1e6 / 4 / n))
     x = np.random.default_rng(0).standard_normal((rows, n)).astype(np.float32)
-    print(f"{rows}x{n} float32 ({x.nbytes / 1e6:.1f} MB), best of {args.repeat} (1T: thread CPU "
-          f"time; all cores: wall time), first call {'compiles' if args.cold else 'uses the cache'}, "
-          f"{numba.config.NUMBA_NUM_THREADS} cores; figures in MB of float32 per second")
+    intro = (f"{rows}x{n} float32 ({x.nbytes / 1e6:.1f} MB), best of {args.repeat} (1T: thread CPU "
+             f"time; all cores: wall time), first call {'compiles' if args.cold else 'uses the cache'}, "
+             f"{numba.config.NUMBA_NUM_THREADS} cores; figures in MB of float32 per second")
     header = ["type", "first call s", "quant 1T", "C 1T", "ratio", "all cores",
               "dequant 1T", "C 1T", "ratio", "all cores"]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---" for _ in header) + "|")
+    quiet = page.prints_markdown(args)
+    if not quiet:
+        print(intro)
+        print("| " + " | ".join(header) + " |")
+        print("|" + "|".join("---" for _ in header) + "|")
+    table = []
     for name in args.types.split(","):
         first, quant, dequant = measure(name.strip(), x, ggml, args.repeat)
-        row = [name.strip().upper(), f"{first:.2f}"] + cells(quant) + cells(dequant)
-        print("| " + " | ".join(row) + " |", flush=True)
-    print(f"numba threading layer: {numba.threading_layer()}")
-
+        table.append([name.strip().upper(), f"{first:.2f}"] + cells(quant) + cells(dequant))
+        if not quiet:
+            print("| " + " | ".join(table[-1]) + " |", flush=True)
+    layer = f"numba threading layer: {numba.threading_layer()}"
+    if not quiet:
+        print(layer)
+    if args.markdown:
+        page.emit(args, "quants", f"{intro}; {layer}.\n\n{page.table(header, table)}")
 
 if __name__ == "__main__":
     main()

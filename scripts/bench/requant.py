@@ -6,6 +6,7 @@
 - Q8_0 → Q4_K conversion rate: ours (one thread, all threads) vs ggml's C reference (one thread).
 
   python -m scripts.bench.requant [--gb 2] [--shards 4] [--dir /tmp/ggtools-bench] [-j N] [--repeat 3] [--keep]
+                                  [--markdown [PAGE]]
 """
 
 import argparse
@@ -22,6 +23,7 @@ from gguf import GGMLQuantizationType as T
 
 from ggtools import quants
 from ggtools.samples import write_moe_set
+from scripts.bench import page
 
 HIDDEN, FFN, EXPERTS, VOCAB = 1024, 512, 128, 32000
 
@@ -82,6 +84,7 @@ def main():
     ap.add_argument("-j", "--jobs", type=int, default=None)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="keep the generated set")
+    page.add_option(ap)
     args = ap.parse_args()
 
     src, copy, out = (os.path.join(args.dir, d) for d in ("src", "cp", "out"))
@@ -96,8 +99,9 @@ def main():
     import json
     plan = json.loads(subprocess.run(plan_cmd, check=True, capture_output=True, text=True).stdout)
     trunk = sum(t["bytes_in"] for s in plan["shards"] for t in s["tensors"] if t["action"] == "convert")
+    report = sys.stderr if page.prints_markdown(args) else sys.stdout      # the section takes stdout
     print(f"set: {len(paths)} shards, {total / 1e9:.2f} GB, {layers} layers; trunk converted: "
-          f"{trunk / 1e9:.3f} GB ({100 * trunk / total:.1f}% of the bytes)")
+          f"{trunk / 1e9:.3f} GB ({100 * trunk / total:.1f}% of the bytes)", file=report)
 
     jobs = ["-j", str(args.jobs)] if args.jobs else []
     t_cp, t_cp_sync, t_rq, peak = [], [], [], 0
@@ -114,13 +118,26 @@ def main():
     t_cp, t_sync_total, t_rq = min(t_cp), min(t_cp_sync), min(t_rq)
     print(f"best of {args.repeat}: requant-trunk (verify on, outputs fsync'ed) {t_rq:.2f} s; cp -r {t_cp:.2f} s -> "
           f"ratio {t_rq / t_cp:.2f} (goal <= 1.5); cp -r + sync {t_sync_total:.2f} s -> ratio "
-          f"{t_rq / t_sync_total:.2f} ({drop_caches_hint()})")
-    print(f"peak RSS of the largest child process: {peak / 1024:.0f} MB (goal <= 300 MB)")
+          f"{t_rq / t_sync_total:.2f} ({drop_caches_hint()})", file=report)
+    print(f"peak RSS of the largest child process: {peak / 1024:.0f} MB (goal <= 300 MB)", file=report)
     one, many, n, c = conversion_rates()
     line = f"Q8_0 -> Q4_K conversion: ours {one:.1f} MB/s on 1 thread, {many:.1f} MB/s on {n} threads"
     if c:
         line += f"; ggml C reference {c:.1f} MB/s on 1 thread -> ratio {one / c:.2f} (1 thread)"
-    print(line + " (MB of float32 values per second)")
+    print(line + " (MB of float32 values per second)", file=report)
+    if args.markdown:
+        rows = [["requant-trunk (verify on, outputs fsync'ed) / `cp -r`", f"{t_rq:.2f} s", f"{t_cp:.2f} s",
+                 f"**{t_rq / t_cp:.2f}**", "<= 1.5"],
+                ["requant-trunk / `cp -r` + `sync`", f"{t_rq:.2f} s", f"{t_sync_total:.2f} s",
+                 f"{t_rq / t_sync_total:.2f}", ""],
+                ["peak RSS of a worker process", f"{peak / 1024:.0f} MB", "", "", "<= 300 MB"],
+                ["Q8_0 -> Q4_K, 1 thread, against ggml's C", f"{one:.0f} MB/s", f"{c:.0f} MB/s" if c else "-",
+                 f"{one / c:.2f}" if c else "-", ""],
+                [f"Q8_0 -> Q4_K, {n} threads", f"{many:.0f} MB/s", "", "", ""]]
+        page.emit(args, "requant", f"{len(paths)} shards, {total / 1e9:.2f} GB, trunk {trunk / 1e9:.3f} GB "
+                  f"({100 * trunk / total:.1f} % of the bytes), best of {args.repeat} alternating runs, the source in "
+                  "the page cache; conversion rates in MB of float32 values per second:\n\n"
+                  + page.table(["measure", "ours", "reference", "ratio", "goal"], rows))
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)
 

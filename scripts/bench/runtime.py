@@ -23,6 +23,7 @@ F16 and Q8_0, qwen35moe F16 and MXFP4_MOE) and the tiny Kimi K3 of scripts/fixtu
 trunk + MXFP4 experts); built into the fixture cache on first use, left out when their oracles are not installed.
 
   python -m scripts.bench.runtime [GGUF ...] [--threads 1,2] [--native] [--tokens 64] [--rounds 3] [--json]
+                                 [--markdown [PAGE]]
 """
 
 import argparse
@@ -35,7 +36,7 @@ import numpy as np
 
 from ggtools.jobs.run import warm_up
 from ggtools.runtime import TargetModel, Tokenizer, continue_greedy
-from scripts.bench import native_llama
+from scripts.bench import native_llama, page
 from scripts.bench.llama_process import LlamaProcess, best_step_cost
 
 TINY_TARGETS = [("qwen3moe-target", "f16"), ("qwen3moe-target", "Q8_0"), ("gpt-oss-target", "f16"),
@@ -47,7 +48,7 @@ PROMPT = ("The history of the Roman Empire spans more than a thousand years, fro
           "city to the fall of Constantinople. In this essay we look at its government, its army, its "
           "roads and aqueducts, and the daily life of its citizens, beginning with")
 # seconds of idle before each runtime's turn: on the 2-vCPU VM a decode right after another process's run measured
-# 25-40 % slower than after a pause (docs/runtime.md, "One call per half-layer"), whichever runtime came second
+# 25-40 % slower than after a pause, whichever runtime came second
 SETTLE_S = 1.0
 DECODE_GOAL = {"SmolLM2": 1.0}     # by model name prefix; the tiny targets' goal is TINY_GOAL
 TINY_GOAL = 0.8
@@ -221,16 +222,50 @@ def summary(results):
             line += (f" {r[f'{a}_decode_ratio']:>11.2f} {r[f'{a}_prompt_ratio']:>11.2f} {r[f'{a}_verify16_ratio']:>11.2f}"
                      f" {str(r[f'{a}_same_greedy_tokens']):>5}")
         print(line)
-    threads = sorted({r["threads"] for r in results})
+    threads, by_model = decode_by_threads(results)
     if len(threads) > 1:
         print("\ndecode tok/s by threads (ours / " + " / ".join(labels) + ")")
         print(f"{'model':<40} " + " ".join(f"{t:>22}" for t in threads))
-        for model in dict.fromkeys(r["model"] for r in results):
-            cells = []
-            for t in threads:
-                r = next((r for r in results if r["model"] == model and r["threads"] == t), None)
-                cells.append(" / ".join(f"{r[f'{a}_decode_tok_s']:.0f}" for a in ["ours"] + labels) if r else "-")
-            print(f"{Path(model).name[:40]:<40} " + " ".join(f"{c:>22}" for c in cells))
+        for model, cells in by_model:
+            print(f"{model[:40]:<40} " + " ".join(f"{c:>22}" for c in cells))
+
+
+def decode_by_threads(results) -> tuple:
+    """(thread counts, [(model file name, ["ours / anchor... tok/s" per thread count])]): the scaling table."""
+    runtimes = ["ours"] + results[0]["anchors"]
+    threads = sorted({r["threads"] for r in results})
+    by_model = []
+    for model in dict.fromkeys(r["model"] for r in results):
+        cells = []
+        for t in threads:
+            r = next((r for r in results if r["model"] == model and r["threads"] == t), None)
+            cells.append(" / ".join(f"{r[f'{a}_decode_tok_s']:.0f}" for a in runtimes) if r else "-")
+        by_model.append((Path(model).name, cells))
+    return threads, by_model
+
+
+def markdown(results, tokens) -> str:
+    """The section of docs/benchmarks.md: ratios ours / anchor per model and thread count, then decode tok/s by
+    threads when there are several."""
+    labels = results[0]["anchors"]
+    header = ["model", "threads", "decode tok/s ours"]
+    for a in labels:
+        header += [f"decode /{a}", f"prompt /{a}", f"16-row batch /{a}"]
+    header.append("same tokens as the oracle")
+    rows = []
+    for r in results:
+        row = [Path(r["model"]).name, r["threads"], f"{r['ours_decode_tok_s']:.0f}"]
+        for a in labels:
+            row += [f"{r[f'{a}_decode_ratio']:.2f}", f"{r[f'{a}_prompt_ratio']:.2f}", f"{r[f'{a}_verify16_ratio']:.2f}"]
+        rows.append(row + ["yes" if r.get("oracle_same_greedy_tokens") else "**no**"])
+    text = (f"{results[0]['prompt_tokens']}-token prompt, {tokens} greedy tokens, best of {results[0]['rounds']} "
+            "alternating rounds; every ratio is ours / the anchor's speed (for the 16-row batch: the anchor's time / "
+            "ours), so above 1 means ours is faster:\n\n" + page.table(header, rows))
+    threads, by_model = decode_by_threads(results)
+    if len(threads) > 1:
+        text += (f"\n\nDecode tok/s by threads (ours / {' / '.join(labels)}):\n\n"
+                 + page.table(["model"] + [str(t) for t in threads], [[m] + cells for m, cells in by_model]))
+    return text
 
 
 def main():
@@ -242,6 +277,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=64, help="greedy tokens to decode")
     ap.add_argument("--rounds", type=int, default=3, help="alternating measurement rounds (best is kept)")
     ap.add_argument("--json", action="store_true")
+    page.add_option(ap)
     args = ap.parse_args()
     anchor_libs = anchors(args.native)
     paths = args.gguf or smollm2_models() + tiny_targets()
@@ -252,12 +288,14 @@ def main():
     for path in paths:
         for threads in (int(t) for t in args.threads.split(",")):
             results.append(measure(path, threads, args.tokens, args.rounds, anchor_libs))
-            if not args.json:
+            if not args.json and not page.prints_markdown(args):
                 report(results[-1], args.tokens)
     if args.json:
         print(json.dumps({"cpu_flags": native_llama.simd_flags(), "results": results}, indent=1))
-        return
-    summary(results)
+    elif args.markdown:
+        page.emit(args, "runtime", markdown(results, args.tokens))
+    if not args.json and not page.prints_markdown(args):
+        summary(results)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ tok/s (all rounds, all variants: the fastest baseline seen).
 
   python -m scripts.bench.speculative [--prompts 8] [-n 96] [--threads 1] [--ring-cap 64] [--rounds 3]
                                       [--cut margin --p-min 0.35 --n-min 1] [--n-max 7] [--json]
+                                      [--markdown [PAGE]]
 """
 
 import argparse
@@ -20,6 +21,7 @@ from ggtools.jobs.demo import build_drafters, demo_data, held_out_prompts
 from ggtools.runtime import TargetModel, Tokenizer
 from ggtools.jobs.run import run_speculative
 from ggtools.runtime.speculative import DraftSettings
+from scripts.bench import page
 
 
 def main():
@@ -34,6 +36,7 @@ def main():
     ap.add_argument("--p-min", type=float, default=0.0)
     ap.add_argument("--n-min", type=int, default=0)
     ap.add_argument("--json", action="store_true")
+    page.add_option(ap)
     args = ap.parse_args()
     settings = DraftSettings(n_max=args.n_max, cut=args.cut, p_min=args.p_min, n_min=args.n_min)
 
@@ -57,6 +60,10 @@ def main():
     if args.json:
         print(json.dumps({"settings": vars(args), "target_only_tokens_per_second": baseline, "runs": rows}, indent=1))
         return
+    if args.markdown:
+        page.emit(args, "speculative", markdown(rows, len(prompts), args, baseline))
+        if page.prints_markdown(args):
+            return
     print(f"demo pair, {len(prompts)} held-out prompts x {args.n} tokens, {args.threads} thread(s), "
           f"best of {args.rounds} rounds; target-only {baseline:.0f} tok/s")
     print(f"{'drafter':8} {'KV':5} {'acceptance':>10} {'tau':>5} {'verified/step':>13} {'tok/s':>6} {'speedup':>8} "
@@ -65,6 +72,19 @@ def main():
         print(f"{r['drafter']:8} {r['kv']:5} {r['acceptance_rate']:10.4f} {r['tau_zlab']:5.2f} "
               f"{r['verified_per_step']:13.2f} {r['tokens_per_second']:6.0f} {r['speedup']:7.2f}x "
               f"{r['draft_share']:11.2f} {r['draft_kv_bytes']:15,} {r['draft_kv_bytes_full']:14,}")
+
+
+def markdown(rows, n_prompts, args, baseline) -> str:
+    settings = f"n_max {args.n_max or 'the most a block drafts'}, cut {args.cut}" + (
+        f" (p_min {args.p_min}, n_min {args.n_min})" if args.cut != "none" else "")
+    return (f"Demo pair, {n_prompts} held-out prompts x {args.n} tokens, {args.threads} thread(s), best of {args.rounds} "
+            f"rounds, {settings}; target-only {baseline:.0f} tok/s; speedup = speculative / target-only tok/s; every "
+            "output equals target-only greedy decoding:\n\n" + page.table(
+                ["drafter", "draft KV", "acceptance", "τ (z-lab)", "verified / step", "tok/s", "speedup",
+                 "drafting share", "draft KV bytes (full KV)"],
+                [[r["drafter"], r["kv"], f"{r['acceptance_rate']:.4f}", f"{r['tau_zlab']:.2f}",
+                  f"{r['verified_per_step']:.2f}", f"{r['tokens_per_second']:.0f}", f"{r['speedup']:.2f}x",
+                  f"{r['draft_share']:.2f}", f"{r['draft_kv_bytes']:,} ({r['draft_kv_bytes_full']:,})"] for r in rows]))
 
 
 def _row(name, kind, r, baseline) -> dict:
