@@ -204,8 +204,8 @@ def test_missing_target_layer_ids_refused_unless_guessing(tmp_path, target):
 
 
 @pytest.mark.parametrize("ids,rule", [
-    ([1, -2], "never negative"), ([1, 1], "appears twice"), ([1, 8], "not a layer of a 8-layer target"),
-    ("5", "not a non-empty list"), ([], "not a non-empty list")])
+    ([1, -2], r"\[1\]': -2 is outside 0..511"), ([1, 1], "appears twice"),
+    ([1, 8], "not a layer of a 8-layer target"), ("5", "not a non-empty list"), ([], "not a non-empty list")])
 def test_bad_target_layer_ids(tmp_path, target, ids, rule):
     cfg = drafter_config(1)
     cfg["dflash_config"]["target_layer_ids"] = ids
@@ -358,7 +358,7 @@ def _bad(tmp_path, edit):
      r"config.json: architectures: \['LlamaForCausalLM'\]: not a DFlash drafter"),
     (lambda d: (d / "config.json").write_text(json.dumps({k: v for k, v in drafter_config(1).items()
                                                           if k != "hidden_size"})),
-     r"config.json: hidden_size: missing"),
+     r"config.json: key 'hidden_size': missing"),
     (lambda d: (d / "model.safetensors").unlink(), r"no model\*.safetensors"),
     (lambda d: (d / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}......"),
      r"model.safetensors: byte 8: header is not valid JSON"),

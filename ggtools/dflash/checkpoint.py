@@ -9,6 +9,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from ggtools.dflash.config_reader import ConfigReader, merge_nested
 from ggtools.dflash.dspark import DSparkSource, is_dspark, normalize_config
 from ggtools.dflash.errors import CheckpointError
 from ggtools.dflash.profiles import DSPARK_ARCHITECTURES, DSPARK_OTHER_BACKBONES
@@ -28,6 +29,7 @@ class Checkpoint:
     version: int                    # 1 (DFlashDraftModel, DSpark) or 2 (DFlash2DraftModel)
     tensors: dict[str, SourceTensor] = field(repr=False)   # canonical name -> tensor, converter order
     dspark: DSparkSource | None = None                      # a DSpark drafter: its config layout
+    places: dict[str, str] = field(default_factory=dict)    # a merged key -> where config.json keeps it
 
     @property
     def architecture(self) -> str:
@@ -40,6 +42,11 @@ class Checkpoint:
     @property
     def config_path(self) -> str:
         return os.path.join(self.path, "config.json")
+
+    @property
+    def numbers(self) -> ConfigReader:
+        """The reader every number of config.json is read through (checked, named where config.json keeps it)."""
+        return ConfigReader(self.config_path, self.places)
 
     @property
     def dflash_config(self) -> dict:
@@ -56,12 +63,13 @@ def open_checkpoint(hf_dir) -> Checkpoint:
     hf_dir = os.fspath(hf_dir)
     if not os.path.isdir(hf_dir):
         raise CheckpointError(hf_dir, "not a directory (expected a Hugging Face model directory)")
-    config = read_config(hf_dir)
+    config, places = read_config(hf_dir)
     where = os.path.join(hf_dir, "config.json")
     version = drafter_version(config, where)
     dspark = None
     if is_dspark(config["architectures"][0]):
-        config, dspark = normalize_config(config, where)
+        config, dspark, layout_places = normalize_config(config, where)
+        places |= layout_places
     tensors = {}
     for part in part_files(hf_dir):
         for t in sorted(read_header(os.path.join(hf_dir, part)), key=lambda t: t.name):
@@ -71,10 +79,11 @@ def open_checkpoint(hf_dir) -> Checkpoint:
                                               f"{os.path.basename(tensors[name].path)}", f"tensor '{t.name}'")
             tensors[name] = t
     _check_index(hf_dir, tensors)
-    return Checkpoint(hf_dir, config, version, tensors, dspark)
+    return Checkpoint(hf_dir, config, version, tensors, dspark, places)
 
 
-def read_config(hf_dir) -> dict:
+def read_config(hf_dir) -> tuple[dict, dict[str, str]]:
+    """config.json, with a text_config merged into the top level, and where each merged key is kept."""
     path = os.path.join(hf_dir, "config.json")
     if os.path.lexists(path):
         regular_file(path)
@@ -83,13 +92,11 @@ def read_config(hf_dir) -> dict:
             config = json.load(fh)
     except FileNotFoundError:
         raise CheckpointError(hf_dir, "no config.json: not a Hugging Face model directory") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (OSError, ValueError, RecursionError) as e:       # ValueError: bad JSON, or an integer of 4300+ digits
         raise CheckpointError(path, f"cannot read as JSON: {e}") from None
     if not isinstance(config, dict):
         raise CheckpointError(path, "is not a JSON object")
-    if isinstance(config.get("text_config"), dict):
-        config = {**config, **config["text_config"]}
-    return config
+    return merge_nested(config, "text_config")
 
 
 def drafter_version(config: dict, where: str) -> int:

@@ -14,6 +14,7 @@
 from dataclasses import dataclass, field
 
 from ggtools.dflash.checkpoint import Checkpoint
+from ggtools.dflash.config_reader import F32, LAYER_ID, LAYERS, U32, ConfigReader
 from ggtools.dflash.dspark import DSparkConfig, dspark_config
 from ggtools.dflash.errors import CheckpointError
 
@@ -49,34 +50,45 @@ class DraftConfig:
 
 def draft_config(ckpt: Checkpoint, *, mask_token_id: int | None = None,
                  guess_target_layers: bool = False) -> DraftConfig:
-    c, dc, where = ckpt.config, ckpt.dflash_config, ckpt.config_path
-    hidden = _int(c, where, "hidden_size")
-    n_head = _int(c, where, "num_attention_heads")
-    n_head_kv = _int(c, where, "num_key_value_heads", default=n_head)
-    head_dim = _int(c, where, "head_dim", default=hidden // n_head if n_head else 0)
-    n_layer = _int(c, where, "num_hidden_layers")
-    num_target = _int(c, where, "num_target_layers", default=None)
-    mask, mask_from = _mask(dc, c, mask_token_id, where)
-    ids, ids_from = _target_ids(dc, c, where, num_target, n_layer, guess_target_layers)
+    c, dc, where, n = ckpt.config, ckpt.dflash_config, ckpt.config_path, ckpt.numbers
+    hidden = n.require(c, "hidden_size", U32)
+    n_head = n.require(c, "num_attention_heads", U32)
+    n_head_kv = n.get(c, "num_key_value_heads", U32, n_head)
+    head_dim = n.get(c, "head_dim", U32, hidden // n_head if n_head else 0)
+    n_layer = n.require(c, "num_hidden_layers", LAYERS)
+    num_target = n.get(c, "num_target_layers", LAYERS)
+    mask, mask_from = _mask(dc, c, mask_token_id, n)
+    ids, ids_from = _target_ids(dc, c, where, num_target, n_layer, guess_target_layers, n)
     if ckpt.dspark is not None and ckpt.dspark.ids_from:     # a dflash_config built from the layout's own keys
         ids_from = ckpt.dspark.ids_from if ids_from == "dflash_config.target_layer_ids" else ids_from
         mask_from = ckpt.dspark.mask_from if mask_from == "dflash_config.mask_token_id" else mask_from
-    block, block_from = _block_size(dc, c, where)
+    block, block_from = _block_size(dc, c, n)
     v2 = {}
     if ckpt.version == 2:
         missing = [k for k in V2_KEYS if k not in dc]
         if missing:
             raise CheckpointError(where, f"a DFlash2 drafter needs {', '.join(missing)} in dflash_config",
                                   "dflash_config")
-        v2 = {k: _int(dc, where, k, prefix="dflash_config.") for k in V2_KEYS}
-    vocab = _int(c, where, "vocab_size", default=None)
+        v2 = {k: n.require(dc, k, U32, prefix="dflash_config.") for k in V2_KEYS}
+    vocab = n.get(c, "vocab_size", U32)
     return DraftConfig(
         version=ckpt.version, hidden=hidden, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
-        head_dim=head_dim, n_ff=_int(c, where, "intermediate_size"),
+        head_dim=head_dim, n_ff=n.require(c, "intermediate_size", U32),
         vocab=vocab, block_size=block, block_size_from=block_from,
         mask_token_id=mask, mask_from=mask_from, target_layer_ids=ids, ids_from=ids_from,
         num_target_layers=num_target, attention_bias=bool(c.get("attention_bias", False)), v2=v2,
         dspark=dspark_config(ckpt, ckpt.dspark, hidden, vocab) if ckpt.dspark else None)
+
+
+def rope_base(ckpt: Checkpoint) -> tuple[float | None, str]:
+    """The RoPE base config.json states (rope_theta, else rope_parameters' or rope_scaling's) and where; (None, what
+    was looked for) when it states none."""
+    c, n = ckpt.config, ckpt.numbers
+    for parent in (None, "rope_parameters", "rope_scaling"):
+        d, reader = (c, n) if parent is None else (n.table(c, parent) or {}, n.within(parent))
+        if (theta := reader.get(d, "rope_theta", F32)) is not None:
+            return float(theta), reader.place("rope_theta")
+    return None, "neither rope_theta nor rope_parameters.rope_theta"
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -87,54 +99,38 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
     return [round(start + (i * (end - start)) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
-def _int(d, where, key, *, default=..., prefix=""):
-    v = d.get(key)
-    if v is None:
-        if default is ...:
-            raise CheckpointError(where, "missing (needed to convert a DFlash drafter)", prefix + key)
-        return default
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise CheckpointError(where, f"{v!r} is not a non-negative integer", prefix + key)
-    return v
-
-
-def _mask(dc, c, override, where):
+def _mask(dc, c, override, n: ConfigReader):
     if override is not None:
         return override, "--mask-token-id"
-    for d, key in ((dc, "dflash_config.mask_token_id"), (c, "mask_token_id")):
-        v = d.get("mask_token_id")
-        if v is not None:
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2 ** 32:
-                raise CheckpointError(where, f"{v!r} is not a token id", key)
-            return v, key
+    for d, prefix in ((dc, "dflash_config."), (c, "")):
+        mask = n.get(d, "mask_token_id", U32, prefix=prefix)
+        if mask is not None:
+            return mask, prefix + "mask_token_id"
     return None, "missing"
 
 
-def _block_size(dc, c, where):
+def _block_size(dc, c, n: ConfigReader):
     for d, key, prefix in ((dc, "block_size", "dflash_config."), (c, "block_size", ""), (c, "draft_block_size", "")):
-        if d.get(key) is not None:
-            v = _int(d, where, key, prefix=prefix)
-            if v == 0:
-                raise CheckpointError(where, "block size 0: a drafter drafts at least one token", prefix + key)
-            return v, prefix + key
+        block = n.get(d, key, U32, prefix=prefix)
+        if block is not None:
+            return block, prefix + key
     return DEFAULT_BLOCK_SIZE, "default (16, as llama.cpp's converter)"
 
 
-def _target_ids(dc, c, where, num_target, n_layer, allow_guess):
+def _target_ids(dc, c, where, num_target, n_layer, allow_guess, n: ConfigReader):
     for d, key in ((dc, "dflash_config.target_layer_ids"), (c, "target_layer_ids")):
         ids = d.get("target_layer_ids")
         if ids is None:
             continue
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                           for i in ids):
-            raise CheckpointError(where, f"{ids!r} is not a non-empty list of layer ids", key)
-        if any(i < 0 for i in ids):
-            raise CheckpointError(where, f"{ids}: layer ids are never negative", key)
+        if not isinstance(ids, list) or not ids:
+            raise CheckpointError(where, f"{ids!r} is not a non-empty list of layer ids", f"key '{n.place(key)}'")
+        ids = n.numbers(ids, key, LAYER_ID)
         if len(set(ids)) != len(ids):
-            raise CheckpointError(where, f"{ids}: a layer id appears twice", key)
+            raise CheckpointError(where, f"{ids}: a layer id appears twice", f"key '{n.place(key)}'")
         if num_target is not None and max(ids) >= num_target:
             raise CheckpointError(where, f"{ids}: id {max(ids)} is not a layer of a {num_target}-layer target "
-                                         f"(num_target_layers = {num_target}; ids run 0..{num_target - 1})", key)
+                                         f"(num_target_layers = {num_target}; ids run 0..{num_target - 1})",
+                                  f"key '{n.place(key)}'")
         return list(ids), key
     if not allow_guess:
         raise CheckpointError(where, "missing: without it z-lab's build_target_layer_ids guess is used, which is "

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ggtools.dflash.config_reader import LAYER_ID, U32, ConfigReader, Range, merge_nested
 from ggtools.dflash.errors import CheckpointError
 from ggtools.dflash.profiles import (CONF_B, CONF_W, D2T, DSPARK_ARCHITECTURES, MARKOV_HEAD_TYPES, MARKOV_W1,
                                      MARKOV_W2, MARKOV_W2_SCALE, T2D)
 from ggtools.dflash.safetensors import FLOAT_DTYPES
 
 FLAT, SPECULATORS = "DeepSpec", "speculators"
+AUX_LAYER_ID = Range(True, LAYER_ID.low + 1, LAYER_ID.high + 1, f"{LAYER_ID.why}, + 1")
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,9 @@ def is_dspark(architecture) -> bool:
     return architecture in DSPARK_ARCHITECTURES
 
 
-def normalize_config(config: dict, where) -> tuple[dict, DSparkSource]:
-    """(the config as llama.cpp's DSparkModel sees it, what the original layout said)."""
+def normalize_config(config: dict, where) -> tuple[dict, DSparkSource, dict[str, str]]:
+    """(the config as llama.cpp's DSparkModel sees it, what the original layout said, where config.json keeps each
+    key the layout moved: the backbone's keys, and the dflash_config built from the layout's own keys)."""
     tlc = config.get("transformer_layer_config")
     speculators = "transformer_layer_config" in config or "aux_hidden_state_layer_ids" in config
     anchor = config.get("sample_from_anchor")
@@ -86,31 +89,36 @@ def normalize_config(config: dict, where) -> tuple[dict, DSparkSource]:
         anchor_from = "sample_from_anchor"
     else:
         raise CheckpointError(where, f"{anchor!r} is not true or false", "sample_from_anchor")
-    if tlc is not None:
-        if not isinstance(tlc, dict):
-            raise CheckpointError(where, "is not a JSON object of the backbone's hyperparameters",
-                                  "transformer_layer_config")
-        config = {**config, **tlc}
+    if tlc is not None and not isinstance(tlc, dict):
+        raise CheckpointError(where, "is not a JSON object of the backbone's hyperparameters",
+                              "transformer_layer_config")
+    config, places = merge_nested(config, "transformer_layer_config")
     ids_from = mask_from = None
     if "dflash_config" not in config:
         if "aux_hidden_state_layer_ids" in config:
             config = {**config, "dflash_config": {"mask_token_id": config.get("mask_token_id"),
-                                                  "target_layer_ids": _aux_ids(config, where)}}
-            ids_from, mask_from = "aux_hidden_state_layer_ids - 1", "mask_token_id"
+                                                  "target_layer_ids": _aux_ids(config, where, places)}}
+            ids_key, mask_from = "aux_hidden_state_layer_ids", "mask_token_id"
+            ids_from = f"{ids_key} - 1"
         else:
             config = {**config, "dflash_config": {k: config[k] for k in ("target_layer_ids", "mask_token_id")
                                                   if k in config}}
-            ids_from, mask_from = "target_layer_ids", "mask_token_id"
-    return config, DSparkSource(SPECULATORS if speculators else FLAT, anchor, anchor_from, ids_from, mask_from)
+            ids_key = ids_from = "target_layer_ids"
+            mask_from = "mask_token_id"
+        places |= {"dflash_config.target_layer_ids": places.get(ids_key, ids_key),
+                   "dflash_config.mask_token_id": places.get("mask_token_id", "mask_token_id")}
+    return config, DSparkSource(SPECULATORS if speculators else FLAT, anchor, anchor_from, ids_from, mask_from), places
 
 
-def _aux_ids(config, where) -> list[int]:
+def _aux_ids(config, where, places) -> list[int]:
+    """The target layer ids: aux_hidden_state_layer_ids - 1 (each aux id names a layer's output, 1..LLAMA_MAX_LAYERS)."""
     aux = config["aux_hidden_state_layer_ids"]
-    if not isinstance(aux, list) or not aux or not all(isinstance(i, int) and not isinstance(i, bool) for i in aux):
+    if not isinstance(aux, list) or not aux:
         raise CheckpointError(where, f"{aux!r} is not a non-empty list of layer ids", "aux_hidden_state_layer_ids")
-    if min(aux) < 1:
+    if any(isinstance(i, int) and not isinstance(i, bool) and i < 1 for i in aux):
         raise CheckpointError(where, f"{aux}: these are target layer ids + 1, so each is at least 1",
                               "aux_hidden_state_layer_ids")
+    aux = ConfigReader(where, places).numbers(aux, "aux_hidden_state_layer_ids", AUX_LAYER_ID)
     return [i - 1 for i in aux]
 
 
@@ -124,9 +132,8 @@ def dspark_config(ckpt, source: DSparkSource, hidden: int, vocab: int | None) ->
     if vocab is None:
         raise CheckpointError(where, "missing (a DSpark drafter's Markov head has one row per target token)",
                               "vocab_size")
-    draft_vocab = c.get("draft_vocab_size") or vocab
-    if isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int) or draft_vocab < 0:
-        raise CheckpointError(where, f"{draft_vocab!r} is not a positive integer", "draft_vocab_size")
+    numbers = ckpt.numbers
+    draft_vocab = numbers.get(c, "draft_vocab_size", U32) or vocab
     if draft_vocab > vocab:
         raise CheckpointError(where, f"draft_vocab_size {draft_vocab} exceeds vocab_size {vocab}", "draft_vocab_size")
     t = ckpt.tensors
@@ -138,9 +145,9 @@ def dspark_config(ckpt, source: DSparkSource, hidden: int, vocab: int | None) ->
     if len(w1.shape) != 2:
         raise CheckpointError(w1.path, f"shape {list(w1.shape)}: the Markov embedding is [vocab_size, rank]",
                               f"tensor '{w1.name}'")
-    cfg_rank = c.get("markov_rank")
+    cfg_rank = numbers.get(c, "markov_rank", U32)
     rank = int(w1.shape[1])
-    if isinstance(cfg_rank, int) and not isinstance(cfg_rank, bool) and cfg_rank != rank:
+    if cfg_rank is not None and cfg_rank != rank:
         raise CheckpointError(w1.path, f"shape {list(w1.shape)}: rank {rank}, but config.json says markov_rank "
                                        f"{cfg_rank}", f"tensor '{w1.name}'")
     return DSparkConfig(source.layout, source.sample_from_anchor, source.anchor_from, rank, vocab, draft_vocab,

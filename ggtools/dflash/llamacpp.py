@@ -20,6 +20,7 @@ from gguf import LlamaFileType
 
 from ggtools.dflash.checkpoint import Checkpoint
 from ggtools.dflash.config import DraftConfig
+from ggtools.dflash.config_reader import F32, FRACTION, I32, LAYERS, U32, ConfigReader
 from ggtools.dflash.dspark import absolute_ids
 from ggtools.dflash.errors import CheckpointError
 from ggtools.dflash.metadata import KVList, general_kvs
@@ -99,10 +100,10 @@ def _type(name, shape, want) -> tuple[T, str]:
 def metadata(p, kvs: KVList, ckpt: Checkpoint, cfg: DraftConfig, ftype: LlamaFileType, target) -> KVList:
     """Everything after the general.* keys, in the converter's order: TextModel hparams, file type, the
     DFlash keys, the quantization version, then the target's tokenizer and the mask id."""
-    h, dc = ckpt.config, ckpt.dflash_config
-    rope = rope_parameters(h)
-    _text_model_hparams(kvs, p.key, h, rope, ftype)
-    _dflash_hparams(kvs, p, h, dc, rope, cfg, target)
+    h, dc, n = ckpt.config, ckpt.dflash_config, ckpt.numbers
+    rope, rope_n = rope_parameters(h, n)
+    _text_model_hparams(kvs, p.key, h, n, rope, rope_n, ftype)
+    _dflash_hparams(kvs, p, h, dc, n, rope, rope_n, cfg, target)
     if cfg.dspark is not None:
         kvs.put(p.key("sample_from_anchor"), VT.BOOL, cfg.dspark.sample_from_anchor)
         kvs.put(p.key("has_confidence_head"), VT.BOOL, cfg.dspark.confidence)
@@ -115,44 +116,47 @@ def metadata(p, kvs: KVList, ckpt: Checkpoint, cfg: DraftConfig, ftype: LlamaFil
     return kvs
 
 
-def rope_parameters(h: dict) -> dict:
-    """TextModel.__init__: rope_parameters (or rope_scaling) with the top-level rope keys mirrored in."""
-    rp = dict(h.get("rope_parameters", h.get("rope_scaling")) or {})
+def rope_parameters(h: dict, n: ConfigReader) -> tuple[dict, ConfigReader]:
+    """TextModel.__init__: rope_parameters (or rope_scaling) with the top-level rope keys mirrored in; and the reader
+    of its numbers, which names each where config.json keeps it."""
+    source = "rope_parameters" if "rope_parameters" in h else "rope_scaling"
+    rp = dict(n.table(h, source) or {})
+    places = {}
     theta = _find(h, ("global_rope_theta", "rope_global_theta", "rope_theta_global", "rope_theta", "rotary_emb_base"))
     local = _find(h, ("local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta",
                       "rope_local_base_freq"))
     partial = _find(h, ("partial_rotary_factor", "rope_pct", "rope_percent"))
     orig = _find(h, ("original_max_position_embeddings",))
     if "full_attention" not in rp and "sliding_attention" not in rp:
-        if local is not None:
-            rp["sliding_attention"] = {"rope_theta": local}
-        if "rope_theta" not in rp and theta is not None:
-            rp["rope_theta"] = theta
+        if local[1] is not None:
+            rp["sliding_attention"] = {"rope_theta": local[1]}
+            places["sliding_attention.rope_theta"] = n.place(local[0])
+        for key, (name, value) in (("rope_theta", theta), ("partial_rotary_factor", partial),
+                                   ("original_max_position_embeddings", orig)):
+            if key not in rp and value is not None:
+                rp[key], places[key] = value, n.place(name)
         if "rope_type" not in rp and rp.get("type") is not None:
             rp["rope_type"] = rp["type"]
-        if "partial_rotary_factor" not in rp and partial is not None:
-            rp["partial_rotary_factor"] = partial
-        if "original_max_position_embeddings" not in rp and orig is not None:
-            rp["original_max_position_embeddings"] = orig
-    return rp
+    return rp, n.within(source, places)
 
 
-def _find(h, keys):
-    """find_hparam(optional=True): the value of the first key present (even when it is null)."""
-    return next((h[k] for k in keys if k in h), None)
+def _find(h, keys) -> tuple[str | None, object]:
+    """find_hparam(optional=True): (the first key present, its value, even when it is null), or (None, None)."""
+    return next(((k, h[k]) for k in keys if k in h), (None, None))
 
 
-def _u32(kvs, key, value):
-    kvs.put(key, VT.UINT32, int(value))
+def _u32(kvs, k, key, n: ConfigReader, place, value, want=U32):
+    """The config value at place, checked, as key's u32 (k: the profile's key namer)."""
+    kvs.put(k(key), VT.UINT32, n.number(value, place, want))
 
 
-def _f32(kvs, key, value):
-    kvs.put(key, VT.FLOAT32, float(value))
+def _f32(kvs, k, key, n: ConfigReader, place, value):
+    kvs.put(k(key), VT.FLOAT32, float(n.number(value, place, F32)))
 
 
-def _text_model_hparams(kvs, k, h, rope, ftype):
-    """k: the profile's key namer."""
-    _u32(kvs, k("block_count"), _find(h, ("n_layers", "num_hidden_layers", "n_layer", "num_layers")))
+def _text_model_hparams(kvs, k, h, n, rope, rope_n, ftype):
+    """k: the profile's key namer; n: config.json's numbers, rope_n: those of the RoPE parameters."""
+    _u32(kvs, k, "block_count", n, *_find(h, ("n_layers", "num_hidden_layers", "n_layer", "num_layers")), LAYERS)
     for key, names in (
             ("context_length", ("max_position_embeddings", "n_ctx", "n_positions", "max_length",
                                 "max_sequence_length", "model_max_length")),
@@ -161,73 +165,81 @@ def _text_model_hparams(kvs, k, h, rope, ftype):
                                      "intermediate_size", "n_inner", "hidden_dim")),
             ("attention.head_count", ("num_attention_heads", "n_head", "n_heads")),
             ("attention.head_count_kv", ("num_key_value_heads", "n_kv_heads"))):
-        if (v := _find(h, names)) is not None:
-            _u32(kvs, k(key), v)
+        name, value = _find(h, names)
+        if value is not None:
+            _u32(kvs, k, key, n, name, value)
     if h.get("is_causal") is False:
         kvs.put(k("attention.causal"), VT.BOOL, False)
-    rp = rope.get("full_attention", rope)
-    _rope_scaling(kvs, k, rp)
+    full = "full_attention" if "full_attention" in rope else None
+    rp = (rope_n.table(rope, full) or {}) if full else rope
+    prefix = f"{full}." if full else ""
+    _rope_scaling(kvs, k, rp, rope_n, prefix)
     if "mrope_section" in rope:
-        sections = (list(rope["mrope_section"]) + [0, 0, 0, 0])[:4]
+        sections = (rope_n.numbers(rope["mrope_section"], "mrope_section", I32) + [0, 0, 0, 0])[:4]
         kvs.put(k("rope.dimension_sections"), VT.ARRAY, sections, VT.INT32)
     if (theta := rp.get("rope_theta")) is not None:
-        _f32(kvs, k("rope.freq_base"), theta)
-    if (local := rope.get("sliding_attention", {}).get("rope_theta")) is not None:
-        _f32(kvs, k("rope.freq_base_swa"), local)
-    if (eps := _find(h, ("rms_norm_eps", "norm_eps"))) is not None:
-        _f32(kvs, k("attention.layer_norm_rms_epsilon"), eps)
-    if (eps := _find(h, ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"))) is not None:
-        _f32(kvs, k("attention.layer_norm_epsilon"), eps)
-    if _find(h, ("num_local_experts", "num_experts", "n_routed_experts")) is not None:
-        raise CheckpointError("config.json", "a mixture-of-experts drafter is not a DFlash v1/v2 drafter",
-                              "num_experts")
+        _f32(kvs, k, "rope.freq_base", rope_n, prefix + "rope_theta", theta)
+    sliding = rope_n.table(rope, "sliding_attention") or {}
+    if (local := sliding.get("rope_theta")) is not None:
+        _f32(kvs, k, "rope.freq_base_swa", rope_n, "sliding_attention.rope_theta", local)
+    name, eps = _find(h, ("rms_norm_eps", "norm_eps"))
+    if eps is not None:
+        _f32(kvs, k, "attention.layer_norm_rms_epsilon", n, name, eps)
+    name, eps = _find(h, ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"))
+    if eps is not None:
+        _f32(kvs, k, "attention.layer_norm_epsilon", n, name, eps)
+    if _find(h, ("num_local_experts", "num_experts", "n_routed_experts"))[1] is not None:
+        raise CheckpointError(n.path, "a mixture-of-experts drafter is not a DFlash v1/v2 drafter", "num_experts")
     if (head_dim := h.get("head_dim")) is not None:
-        _u32(kvs, k("attention.key_length"), head_dim)
-        _u32(kvs, k("attention.value_length"), head_dim)
+        _u32(kvs, k, "attention.key_length", n, "head_dim", head_dim)
+        _u32(kvs, k, "attention.value_length", n, "head_dim", head_dim)
     kvs.put("general.file_type", VT.UINT32, int(ftype))
 
 
-def _rope_scaling(kvs, k, rp):
+def _rope_scaling(kvs, k, rp, n: ConfigReader, prefix):
     rope_type, factor = rp.get("rope_type"), rp.get("factor")
     if rope_type == "linear" and factor is not None:
         kvs.put(k("rope.scaling.type"), VT.STRING, "linear")
-        _f32(kvs, k("rope.scaling.factor"), factor)
+        _f32(kvs, k, "rope.scaling.factor", n, prefix + "factor", factor)
     elif rope_type == "yarn" and factor is not None:
         kvs.put(k("rope.scaling.type"), VT.STRING, "yarn")
-        _f32(kvs, k("rope.scaling.factor"), factor)
+        _f32(kvs, k, "rope.scaling.factor", n, prefix + "factor", factor)
         if "original_max_position_embeddings" not in rp:
-            raise CheckpointError("config.json", "YaRN rope scaling needs original_max_position_embeddings",
-                                  "rope_scaling")
-        _u32(kvs, k("rope.scaling.original_context_length"), rp["original_max_position_embeddings"])
-        for key, value in (("yarn_ext_factor", rp.get("extrapolation_factor")),
-                           ("yarn_attn_factor", rp.get("attention_factor", rp.get("attn_factor"))),
-                           ("yarn_beta_fast", rp.get("beta_fast")), ("yarn_beta_slow", rp.get("beta_slow"))):
-            if value is not None:
-                _f32(kvs, k(f"rope.scaling.{key}"), value)
+            raise CheckpointError(n.path, "YaRN rope scaling needs original_max_position_embeddings", "rope_scaling")
+        _u32(kvs, k, "rope.scaling.original_context_length", n, prefix + "original_max_position_embeddings",
+             rp["original_max_position_embeddings"])
+        for key, name in (("yarn_ext_factor", "extrapolation_factor"),
+                          ("yarn_attn_factor", "attention_factor" if "attention_factor" in rp else "attn_factor"),
+                          ("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            if rp.get(name) is not None:
+                _f32(kvs, k, f"rope.scaling.{key}", n, prefix + name, rp[name])
     elif rope_type in ("su", "longrope"):
         kvs.put(k("rope.scaling.type"), VT.STRING, "longrope")
 
 
-def _dflash_hparams(kvs, p, h, dc, rope, cfg: DraftConfig, target):
+def _dflash_hparams(kvs, p, h, dc, n, rope, rope_n, cfg: DraftConfig, target):
     k = p.key
     head_dim = h.get("head_dim") or h["hidden_size"] // h["num_attention_heads"]
     if (partial := rope.get("partial_rotary_factor")) is not None:
-        _u32(kvs, k("rope.dimension_count"), int(head_dim * partial))
+        share = rope_n.number(partial, "partial_rotary_factor", FRACTION)
+        kvs.put(k("rope.dimension_count"), VT.UINT32, int(head_dim * share))
+    dcn = n.within("dflash_config")
     if (value_scale := dc.get("attention_value_scale")) is not None:
-        _f32(kvs, k("attention.value_scale"), value_scale)
-    _u32(kvs, k("block_size"), cfg.block_size)
+        _f32(kvs, k, "attention.value_scale", dcn, "attention_value_scale", value_scale)
+    kvs.put(k("block_size"), VT.UINT32, cfg.block_size)
     if cfg.v2:
         for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
-            _u32(kvs, k(key), cfg.v2[key])
-    if (mult := dc.get("output_multiplier", h.get("output_multiplier"))) is not None:
-        _f32(kvs, k("logit_scale"), mult)
-    softcap = dc.get("final_logit_softcapping", h.get("final_logit_softcapping"))
-    if softcap is not None and float(softcap) > 0:
-        _f32(kvs, k("final_logit_softcapping"), softcap)
-    if (scale := dc.get("input_embedding_scale", h.get("input_embedding_scale"))) is not None:
-        _f32(kvs, k("embedding_scale"), scale)
+            kvs.put(k(key), VT.UINT32, cfg.v2[key])
+    for key, name in (("logit_scale", "output_multiplier"), ("final_logit_softcapping", "final_logit_softcapping"),
+                      ("embedding_scale", "input_embedding_scale")):
+        reader, d = (dcn, dc) if name in dc else (n, h)
+        if (value := d.get(name)) is None:
+            continue
+        if key == "final_logit_softcapping" and reader.number(value, name, F32) <= 0:
+            continue                                  # the converter writes a softcap only when it is above 0
+        _f32(kvs, k, key, reader, name, value)
     kvs.put(k("target_ids"), VT.ARRAY, p.stored_ids(cfg.target_layer_ids), VT.INT32)
-    _sliding_window(kvs, k, h, dc, cfg)
+    _sliding_window(kvs, k, h, dc, n, cfg)
     causal = h.get("is_causal")
     if causal is None:
         causal = dc.get("causal")
@@ -237,15 +249,17 @@ def _dflash_hparams(kvs, p, h, dc, rope, cfg: DraftConfig, target):
         kvs.put(k("rope.dimension_sections"), VT.ARRAY, [head_dim // 2, 0, 0, 0], VT.INT32)
 
 
-def _sliding_window(kvs, k, h, dc, cfg):
+def _sliding_window(kvs, k, h, dc, n, cfg):
+    dcn = n.within("dflash_config")
     use = h.get("use_sliding_window", False) or dc.get("use_swa", False)
-    window = dc.get("swa_window_size") or h.get("sliding_window")
+    reader, d, name = (dcn, dc, "swa_window_size") if dc.get("swa_window_size") else (n, h, "sliding_window")
+    window = d.get(name)
     if not (use and window):
         return
     if dc.get("use_swa", False):
         pattern = [True] * cfg.n_layer
     else:
-        pattern = [lt == "sliding_attention" for lt in h.get("layer_types") or []]
-    _u32(kvs, k("attention.sliding_window"), window)
+        pattern = [lt == "sliding_attention" for lt in n.items(h, "layer_types")]
+    _u32(kvs, k, "attention.sliding_window", reader, name, window)
     if pattern:
         kvs.put(k("attention.sliding_window_pattern"), VT.ARRAY, pattern, VT.BOOL)

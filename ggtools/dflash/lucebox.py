@@ -25,7 +25,8 @@ from gguf import GGUFValueType as VT
 import numpy as np
 
 from ggtools.dflash.checkpoint import Checkpoint
-from ggtools.dflash.config import DraftConfig
+from ggtools.dflash.config import DraftConfig, rope_base
+from ggtools.dflash.config_reader import F32, U32, ConfigReader
 from ggtools.dflash.errors import CheckpointError
 from ggtools.dflash.metadata import KVList
 from ggtools.dflash.profiles import CONF_B, CONF_W, DSPARK_HEADS, MARKOV_W1, MARKOV_W2, T2D
@@ -106,25 +107,29 @@ def tensor_order(p, name: str) -> tuple:
 
 
 def metadata(p, kvs: KVList, ckpt: Checkpoint, cfg: DraftConfig) -> KVList:
-    c, k = ckpt.config, p.key
+    c, k, n = ckpt.config, p.key, ckpt.numbers
     kvs.put("general.architecture", VT.STRING, p.arch)
     kvs.put("general.name", VT.STRING, f"DFlash-Draft-{cfg.hidden}h-{cfg.n_layer}L")
-    for key, value in (("context_length", c.get("max_position_embeddings") or DEFAULT_CONTEXT),
+    for key, value in (("context_length", n.get(c, "max_position_embeddings", U32) or DEFAULT_CONTEXT),
                        ("embedding_length", cfg.hidden), ("block_count", cfg.n_layer),
                        ("feed_forward_length", cfg.n_ff), ("attention.head_count", cfg.n_head),
                        ("attention.head_count_kv", cfg.n_head_kv), ("attention.key_length", cfg.head_dim),
                        ("attention.value_length", cfg.head_dim)):
-        kvs.put(k(key), VT.UINT32, int(value))
+        kvs.put(k(key), VT.UINT32, value)
     if cfg.vocab is None:
         raise CheckpointError(ckpt.config_path, "missing (the lucebox profile writes vocab_size)", "vocab_size")
     kvs.put(k("vocab_size"), VT.UINT32, cfg.vocab)
-    kvs.put(k("attention.layer_norm_rms_epsilon"), VT.FLOAT32, float(c.get("rms_norm_eps") or 1e-6))
-    kvs.put(k("rope.freq_base"), VT.FLOAT32, float(rope_theta(c, ckpt.config_path)))
+    kvs.put(k("attention.layer_norm_rms_epsilon"), VT.FLOAT32, float(n.get(c, "rms_norm_eps", F32) or 1e-6))
+    theta, where = rope_base(ckpt)
+    if theta is None:
+        raise CheckpointError(ckpt.config_path, f"missing ({where}); lucebox's own converter would write its 27B "
+                                                "default 1e6", "rope_theta")
+    kvs.put(k("rope.freq_base"), VT.FLOAT32, theta)
     kvs.put(k("n_target_ids"), VT.UINT32, len(cfg.target_layer_ids))
     kvs.put(k("block_size"), VT.UINT32, cfg.block_size)
     kvs.put(k("mask"), VT.UINT32, cfg.mask_token_id)
     kvs.put(k("target_ids"), VT.ARRAY, p.stored_ids(cfg.target_layer_ids), VT.INT32)
-    _sliding_window(kvs, k, c)
+    _sliding_window(kvs, k, c, n)
     if cfg.dspark is not None:
         ds = cfg.dspark
         for role, value in (("dspark_enabled", 1), ("markov_rank", ds.rank), ("dspark_vocab_size", ds.vocab)):
@@ -135,18 +140,9 @@ def metadata(p, kvs: KVList, ckpt: Checkpoint, cfg: DraftConfig) -> KVList:
     return kvs
 
 
-def rope_theta(c: dict, where) -> float:
-    for v in (c.get("rope_theta"), (c.get("rope_parameters") or {}).get("rope_theta"),
-              (c.get("rope_scaling") or {}).get("rope_theta")):
-        if v is not None:
-            return v
-    raise CheckpointError(where, "missing (neither rope_theta nor rope_parameters.rope_theta); lucebox's own "
-                                 "converter would write its 27B default 1e6", "rope_theta")
-
-
-def _sliding_window(kvs, k, c):
-    pattern = [lt == "sliding_attention" for lt in c.get("layer_types") or []]
-    window = c.get("sliding_window")
+def _sliding_window(kvs, k, c, n: ConfigReader):
+    pattern = [lt == "sliding_attention" for lt in n.items(c, "layer_types")]
+    window = n.get(c, "sliding_window", U32)
     if any(pattern) and window:
-        kvs.put(k("attention.sliding_window"), VT.UINT32, int(window))
+        kvs.put(k("attention.sliding_window"), VT.UINT32, window)
         kvs.put(k("attention.sliding_window_pattern"), VT.ARRAY, pattern, VT.BOOL)

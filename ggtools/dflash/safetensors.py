@@ -22,6 +22,7 @@ DTYPES = {"BF16": ("<u2", T.BF16), "F16": ("<f2", T.F16), "F32": ("<f4", T.F32),
           "U8": ("u1", T.I8), "BOOL": ("u1", T.I8)}
 FLOAT_DTYPES = ("BF16", "F16", "F32", "F64")     # the weights' dtypes; the others: ids and masks (DSpark's d2t, t2d)
 MAX_HEADER = 100 << 20
+COVERAGE = "the tensors' byte ranges follow each other, without gap or overlap, to the end of the file"
 
 
 class TensorRows:
@@ -117,16 +118,13 @@ def read_header(path) -> list[SourceTensor]:
         raise CheckpointError(path, f"cannot read: {e.strerror or e}") from None
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:        # ValueError: bad JSON or UTF-8, an integer of 4300+ digits
         raise CheckpointError(path, f"header is not valid JSON: {e}", "byte 8") from None
     if not isinstance(header, dict):
         raise CheckpointError(path, "header is not a JSON object", "byte 8")
     data_start = 8 + n
-    out = []
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        out.append(_tensor(path, name, meta, data_start, size))
+    out = [_tensor(path, name, meta, data_start, size) for name, meta in header.items() if name != "__metadata__"]
+    _check_coverage(path, out, data_start, size)
     return out
 
 
@@ -147,6 +145,28 @@ def _tensor(path, name, meta, data_start, size) -> SourceTensor:
     if data_start + end > size:
         raise CheckpointError(path, f"data [{begin}, {end}) lies beyond the end of the file", where)
     return SourceTensor(name, path, dtype, shape, data_start + begin, want)
+
+
+def _check_coverage(path, tensors: list[SourceTensor], data_start: int, size: int):
+    """The format's rule (the reference reader, safetensors' Metadata::validate, refuses a file that breaks it): the
+    tensors' byte ranges, in offset order, follow each other without gap or overlap and end where the file ends."""
+    end, last = data_start, None
+    for t in sorted(tensors, key=lambda t: (t.offset, t.nbytes)):
+        begin = t.offset - data_start
+        if t.offset < end:
+            raise CheckpointError(path, f"data_offsets [{begin}, {begin + t.nbytes}] overlap tensor '{last.name}' "
+                                        f"[{last.offset - data_start}, {end - data_start}]: {COVERAGE}; the "
+                                        "safetensors reader refuses it (invalid offset)", f"tensor '{t.name}'")
+        if t.offset > end:
+            raise CheckpointError(path, f"data_offsets [{begin}, {begin + t.nbytes}] leave bytes "
+                                        f"[{end - data_start}, {begin}) of the data section to no tensor: {COVERAGE}; "
+                                        "the safetensors reader refuses it (invalid offset)", f"tensor '{t.name}'")
+        end, last = t.offset + t.nbytes, t
+    if end != size:
+        where = f"tensor '{last.name}'" if last else "byte 8"
+        raise CheckpointError(path, f"the tensors' data ends at byte {end - data_start} of a data section of "
+                                    f"{size - data_start} bytes: {COVERAGE}; the safetensors reader refuses it "
+                                    "(incomplete metadata, file not fully covered)", where)
 
 
 def _count(v) -> bool:

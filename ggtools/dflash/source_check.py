@@ -10,7 +10,8 @@ import hashlib
 from gguf import GGMLQuantizationType as T
 
 from ggtools.dflash.checkpoint import Checkpoint
-from ggtools.dflash.config import DraftConfig, draft_config
+from ggtools.dflash.config import DraftConfig, draft_config, rope_base
+from ggtools.dflash.config_reader import F32
 from ggtools.dflash.draftfile import DraftFile
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, ok, unchecked
 from ggtools.dflash.loaders import speculative_log_line
@@ -42,11 +43,11 @@ def source_findings(d: DraftFile, ckpt: Checkpoint, runtimes) -> tuple[list[Find
 
 def expected_values(d: DraftFile, ckpt: Checkpoint, cfg: DraftConfig) -> dict:
     """role -> (the checkpoint's value or None, where config.json states it)."""
-    c = ckpt.config
-    theta, theta_from = rope_theta(c)
+    theta, theta_from = rope_base(ckpt)
+    eps = ckpt.numbers.get(ckpt.config, "rms_norm_eps", F32)
     want = {"rope.freq_base": (theta, theta_from), "mask": (cfg.mask_token_id, cfg.mask_from),
             "target_ids": (cfg.target_layer_ids, cfg.ids_from), "block_size": (cfg.block_size, cfg.block_size_from),
-            "attention.layer_norm_rms_epsilon": (c.get("rms_norm_eps"), "rms_norm_eps")}
+            "attention.layer_norm_rms_epsilon": (eps, "rms_norm_eps")}
     for role, v in zip(HPARAMS, (cfg.hidden, cfg.n_layer, cfg.n_ff, cfg.n_head, cfg.n_head_kv, cfg.head_dim,
                                  cfg.head_dim)):
         want[role] = (v, "config.json")
@@ -69,15 +70,6 @@ def _dspark_values(cfg: DraftConfig) -> dict:
         out |= {"confidence_dim": (cfg.hidden + ds.rank, "hidden_size + markov rank"),
                 "confidence_enabled": (1, "confidence_head.proj tensors")}
     return out
-
-
-def rope_theta(c: dict) -> tuple[float | None, str]:
-    for v, where in ((c.get("rope_theta"), "rope_theta"), ((c.get("rope_parameters") or {}).get("rope_theta"),
-                     "rope_parameters.rope_theta"), ((c.get("rope_scaling") or {}).get("rope_theta"),
-                                                     "rope_scaling.rope_theta")):
-        if v is not None:
-            return float(v), where
-    return None, "neither rope_theta nor rope_parameters.rope_theta"
 
 
 def stored_values(d: DraftFile) -> dict:

@@ -15,10 +15,11 @@ from ggtools.dflash.config import DraftConfig, draft_config
 from ggtools.dflash.errors import CheckpointError
 from ggtools.dflash.layout import check_layout
 from ggtools.dflash.metadata import KVList
+from ggtools.dflash.planned_file import refuse_invalid_drafter
 from ggtools.dflash.profiles import PROFILES, Profile
 from ggtools.dflash.target import OpenTarget, TargetInfo
 from ggtools.dflash.tensors import TensorJob, encode_chunks
-from ggtools.gguf import GGUFWriter, ggml_type_name
+from ggtools.gguf import GGUFFile, GGUFWriter, ggml_type_name
 from ggtools.gguf.outputs import check_output
 from ggtools.jobs.errors import JobError
 from ggtools.plan import Plan, ShardPlan, TensorAction
@@ -127,7 +128,29 @@ def plan_convert(hf_dir, out, *, profile="llama.cpp", target: TargetInfo | None 
                            f"profile embeds it, and {p.runtime} refuses a drafter without one; pass the target's "
                            "GGUF that carries its vocabulary (shard 1 of a split set)")
     resolved, jobs, kvs, notes = p.plan_conversion(ckpt, cfg, outtype, target, name)
-    return ConvertPlan(ckpt.path, str(out), p.name, resolved, cfg, kvs, jobs, warnings + notes, inputs)
+    plan = ConvertPlan(ckpt.path, str(out), p.name, resolved, cfg, kvs, jobs, warnings + notes, inputs)
+    refuse_invalid_drafter(planned_header(plan), lambda name: _encoded(plan, name), ckpt.path,
+                           "the drafter it converts to")
+    return plan
+
+
+def planned_header(plan: ConvertPlan) -> GGUFFile:
+    """The output's header as a reader will see it, before anything is written."""
+    w = GGUFWriter(None)
+    _declare(w, plan)
+    return GGUFFile.from_header(plan.out, w.header_bytes(), w.data_size)
+
+
+def _declare(w: GGUFWriter, plan: ConvertPlan):
+    plan.kvs.write_to(w)
+    for j in plan.jobs:
+        w.add_tensor_info(j.name, j.ne, j.dst_type, j.nbytes)
+
+
+def _encoded(plan: ConvertPlan, name: str) -> bytes:
+    """The bytes the plan writes for one tensor (the rules read small tables only: d2t)."""
+    job = next(j for j in plan.jobs if j.name == name)
+    return b"".join(chunk.data.tobytes() for chunk in encode_chunks(job))
 
 
 def _check_dspark_profile(ckpt, cfg, p: Profile):
@@ -198,9 +221,7 @@ def write(plan: ConvertPlan, *, force=False, allow_overflow=False, on_bytes=None
     on_bytes = on_bytes or (lambda n: None)
     overflow, nonfinite = {}, {}
     with GGUFWriter(plan.out, force=force, inputs=plan.inputs) as w:
-        plan.kvs.write_to(w)
-        for j in plan.jobs:
-            w.add_tensor_info(j.name, j.ne, j.dst_type, j.nbytes)
+        _declare(w, plan)
         for j in plan.jobs:
             for chunk in encode_chunks(j):
                 w.write(chunk.data)
