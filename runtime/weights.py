@@ -14,6 +14,7 @@ asked for with MADV_WILLNEED as soon as the router has picked it (one large asyn
 matrix, all in flight together, before the matmul faults on them).
 """
 
+import contextlib
 import ctypes
 import os
 
@@ -21,9 +22,11 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ggtools import quants
+from ggtools.environment import setting
 from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
 from ggtools.gguf.scan import scan_tensor
+from ggtools.quants.rowcheck import E8M0, FIELDS, FLOAT
 from ggtools.runtime.kernels import matmul, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.fixed_args import fixed_args
@@ -62,13 +65,20 @@ def available_memory() -> int:
 def experts_paged(expert_bytes: int) -> bool:
     """Whether expert stacks of expert_bytes in all are paged (module docstring): GGTOOLS_EXPERT_PAGING on / off, or
     auto (the default): when they exceed half of the available memory."""
-    mode = os.environ.get("GGTOOLS_EXPERT_PAGING", "auto").lower()
-    if mode in ("on", "1", "yes"):
-        return True
-    if mode in ("off", "0", "no"):
-        return False
+    mode = setting("GGTOOLS_EXPERT_PAGING")
+    if mode != "auto":
+        return mode
     available = available_memory()
     return bool(available) and expert_bytes > available // 2
+
+
+def bad_scale(type_id) -> str:
+    """What ggml_validate_row_data finds wrong in a block of this type (quants.rowcheck.FIELDS): the scale that is
+    NaN/inf, or MXFP4's exponent byte 0xFF (E8M0's NaN)."""
+    kinds = {kind for kind, _ in FIELDS.get(type_id, [])}
+    if E8M0 in kinds:
+        return "MXFP4 exponent 0xFF"
+    return "a NaN/inf float32 scale" if FLOAT in kinds else "a NaN/inf fp16 scale"
 
 
 class Matrix:
@@ -127,6 +137,8 @@ class WeightFile:
         self.meta = files[0]
         self._buffers = {}
         self._where = {}
+        self._read = {}             # every tensor a loader looked up, in that order (a dict as an ordered set)
+        self._recorders = []        # the lists of recording() blocks that are open
         for f in files:
             for t in f.tensors:
                 self._where.setdefault(t.name, (f, t))
@@ -144,6 +156,23 @@ class WeightFile:
         """Every tensor name, in file (and shard) order."""
         return list(self._where)
 
+    @property
+    def read_names(self) -> list[str]:
+        """Every tensor the loaders have read (looked up by name: matrix, vector, shape ...), in the order read:
+        what a forward computes with, and so what a non-finite check scans."""
+        return list(self._read)
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Yields a list that, when the block ends, names every tensor read inside it (in the order first read):
+        the tensors of the piece the block loads."""
+        names = []
+        self._recorders.append(names)
+        try:
+            yield names
+        finally:
+            self._recorders.remove(names)
+
     def shape(self, name: str) -> list[int]:
         """The tensor's ne (ne[0] the row length)."""
         return [int(n) for n in self._lookup(name)[1].ne]
@@ -154,9 +183,14 @@ class WeightFile:
 
     def _lookup(self, name):
         try:
-            return self._where[name]
+            found = self._where[name]
         except KeyError:
             raise ModelError(f"{self.meta.path}: tensor '{name}' is missing") from None
+        self._read[name] = None
+        for names in self._recorders:
+            if name not in names:
+                names.append(name)
+        return found
 
     def matrix(self, name: str, n_cols: int | None = None, n_rows: int | None = None,
                n_expert: int | None = None) -> Matrix:
@@ -215,7 +249,8 @@ class WeightFile:
 
     def nonfinite(self, names) -> tuple[str, str] | None:
         """The first of `names` (in that order; absent ones skipped) whose data holds NaN/inf values or scales
-        (ggml_validate_row_data's rules), as (name, where: 'value N' or 'block N'); None when all are finite."""
+        (ggml_validate_row_data's rules), as (name, where and what: 'value N', or 'block N: <its bad scale>');
+        None when all are finite."""
         for name in names:
             if name not in self._where:
                 continue
@@ -225,7 +260,7 @@ class WeightFile:
             except GGToolsError:
                 continue                # a type ggml has no row rule for
             if n_bad:
-                return name, f"{'value' if t.block[0] == 1 else 'block'} {first}"
+                return name, f"value {first}" if t.block[0] == 1 else f"block {first}: {bad_scale(t.type_id)}"
         return None
 
     def close(self):

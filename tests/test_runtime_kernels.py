@@ -442,8 +442,8 @@ def test_direct_call_runs_the_dispatchers_overload_and_checks_types_under_test()
     def scaled_sum(x, scale):
         return (x * scale).sum()
 
-    assert direct_call.CHECK_TYPES
     call = direct_call.DirectCall(scaled_sum)
+    assert call.check_types
     x = np.linspace(-3, 3, 32, dtype=np.float32)
     assert call(x, np.float32(0.5)) == scaled_sum(x, np.float32(0.5))
     assert call.entry is not scaled_sum          # the overload's entry point, not the dispatcher

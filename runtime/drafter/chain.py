@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ggtools.runtime import nonfinite
 from ggtools.runtime.ddtree import top_k_log_probs
 
 P_TOP_K = 10          # llama.cpp's DFlash draft sampler: top-k 10, then softmax
@@ -70,9 +71,11 @@ class Selector:
     def __init__(self, w, hp, host=np.asarray):
         R = hp.v2.selector_rank
         self.top_k = hp.v2.selector_top_k
-        self.hidden_projection = w.matrix("selector_hidden.weight", hp.n_embd, R)
-        self.predecessor = w.matrix("selector_predecessor.weight", R)
-        self.successor = w.matrix("selector_successor.weight", R)
+        self.weights = w
+        with w.recording() as self.tensors:
+            self.hidden_projection = w.matrix("selector_hidden.weight", hp.n_embd, R)
+            self.predecessor = w.matrix("selector_predecessor.weight", R)
+            self.successor = w.matrix("selector_successor.weight", R)
         self.host = host
 
     def walk(self, logits: np.ndarray, hidden, anchor: int) -> DraftChain:
@@ -94,6 +97,9 @@ class Selector:
             cand = top_candidates(row, self.top_k)
             scores = row[cand] + (self.host(self.predecessor.rows([prev]))[0] * gate) @ self.host(
                 self.successor.rows(cand)).T
+            if not np.isfinite(scores).all():
+                raise nonfinite.tensors_error(self.weights.meta.path, self.weights, "the candidate selector",
+                                              self.tensors, "the draft scores are not finite")
             yield cand, scores
             prev = int(cand[int(np.argmax(scores))])
 

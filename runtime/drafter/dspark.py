@@ -23,9 +23,6 @@ from ggtools.runtime.errors import ModelError
 from ggtools.runtime.kernels.ops import sigmoid_rows
 
 
-MARKOV_TENSORS = ["markov_w1.weight", "markov_w2.weight", "markov_w2.scale"]
-
-
 class MarkovHead:
     """W1, W2 (and its scale), the confidence projection; runs the chain on the host (`ops.host` brings the
     backend's rows there)."""
@@ -35,17 +32,21 @@ class MarkovHead:
         draft-vocabulary row (None: the draft vocabulary is the target's)."""
         self.ops, self.d2t = ops, d2t
         self.path, self.weights = w.meta.path, w
-        shape = w.shape("markov_w1.weight")
-        if len(shape) != 2 or shape[0] < 1:
-            raise ModelError(f"{w.meta.path}: markov_w1.weight has ne {shape}, expected [rank, {n_vocab}]")
-        self.rank = rank = shape[0]
-        self.w1 = w.matrix("markov_w1.weight", rank, n_vocab)
-        self.w2 = w.matrix("markov_w2.weight", rank, n_vocab if d2t is None else len(d2t))
-        scale = w.optional_vector("markov_w2.scale", 1)
+        with w.recording() as markov_tensors:
+            shape = w.shape("markov_w1.weight")
+            if len(shape) != 2 or shape[0] < 1:
+                raise ModelError(f"{w.meta.path}: markov_w1.weight has ne {shape}, expected [rank, {n_vocab}]")
+            self.rank = rank = shape[0]
+            self.w1 = w.matrix("markov_w1.weight", rank, n_vocab)
+            self.w2 = w.matrix("markov_w2.weight", rank, n_vocab if d2t is None else len(d2t))
+            scale = w.optional_vector("markov_w2.scale", 1)
         self.w2_scale = None if scale is None else np.float32(scale[0])
-        self.conf = w.matrix("conf_proj.weight", hp.n_embd + rank, 1) if w.has("conf_proj.weight") else None
-        bias = w.optional_vector("conf_proj.bias", 1)
+        self.markov_tensors = markov_tensors
+        with w.recording() as conf_tensors:
+            self.conf = w.matrix("conf_proj.weight", hp.n_embd + rank, 1) if w.has("conf_proj.weight") else None
+            bias = w.optional_vector("conf_proj.bias", 1)
         self.conf_bias = np.float32(0.0) if bias is None else np.float32(bias[0])
+        self.conf_tensors = conf_tensors + markov_tensors        # it reads W1's rows too
 
     def walk(self, logits: np.ndarray, hidden, anchor: int) -> DraftChain:
         """logits: the drafting rows' base logits (rows, n_vocab) on the host; hidden: their normed hidden states
@@ -65,7 +66,7 @@ class MarkovHead:
             if self.w2_scale is not None:
                 bias = bias * self.w2_scale
             if not np.isfinite(bias).all():
-                raise nonfinite.tensors_error(self.path, self.weights, "the Markov head", MARKOV_TENSORS,
+                raise nonfinite.tensors_error(self.path, self.weights, "the Markov head", self.markov_tensors,
                                               "the draft logits are not finite")
             row = base.copy()
             if self.d2t is None:
@@ -78,8 +79,12 @@ class MarkovHead:
         return (np.stack(rows) if rows else logits), w1_rows
 
     def confidence(self, hidden, w1_prev) -> np.ndarray:
-        """sigmoid(conf_proj . [hidden ; W1[prev]] + b) per row (float32, ggml's sigmoid)."""
+        """sigmoid(conf_proj . [hidden ; W1[prev]] + b) per row (float32, ggml's sigmoid); NonFiniteError when
+        the sum is not finite (NaN would never be below p_min, and the sigmoid of inf is a finite 1)."""
         z = self.ops.host(self.conf(self.ops.arrays.cat([hidden, w1_prev], 1)))[:, :1] + self.conf_bias
         z = np.ascontiguousarray(z, np.float32)
+        if not np.isfinite(z).all():
+            raise nonfinite.tensors_error(self.path, self.weights, "the confidence head", self.conf_tensors,
+                                          "the draft confidences are not finite")
         sigmoid_rows(z, z)
         return z[:, 0]

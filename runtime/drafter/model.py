@@ -241,14 +241,17 @@ class Drafter:
         out = layer.down(self.ops.swiglu(gate, up))
         return layer.ffn_conv.apply(out, dyn, 1) if layer.ffn_conv else out
 
-    def logits(self, hidden) -> np.ndarray:
-        """Draft rows' hidden states -> logits in the target vocabulary on the host."""
-        return self.to_target_vocab(self.draft_logits(hidden))
+    def logits(self, hidden, block=()) -> np.ndarray:
+        """Draft rows' hidden states -> logits in the target vocabulary on the host (draft_logits)."""
+        return self.to_target_vocab(self.draft_logits(hidden, block))
 
-    def draft_logits(self, hidden) -> np.ndarray:
+    def draft_logits(self, hidden, block=()) -> np.ndarray:
         """Draft rows' hidden states -> logits in the draft vocabulary on the host (DFlash2: scaled, then
-        softcapped)."""
+        softcapped); NonFiniteError when the head's are not finite (checked before the softcap, whose tanh makes
+        inf finite; block: the block's ids, to name an embedding row that made them)."""
         logits = self.ops.host(self.head(hidden))
+        if not np.isfinite(logits).all():
+            raise nonfinite.drafter_error(self, block)
         v2 = self.hp.v2
         if v2:
             if v2.logit_scale != 1.0:
@@ -281,18 +284,12 @@ class Drafter:
     def propose(self, hidden, anchor: int, block=None) -> DraftChain:
         """The drafting rows' hidden states -> the draft chain; NonFiniteError when their logits are not finite
         (block: the block's ids, to name an embedding row that made them)."""
-        logits = self._checked_logits(hidden, block if block is not None else [anchor])
+        logits = self.logits(hidden, block if block is not None else [anchor])
         if self.selector:
             return self.selector.walk(logits, hidden, anchor)
         if self.markov:
             return self.markov.walk(logits, hidden, anchor)
         return chain_v1(logits)
-
-    def _checked_logits(self, hidden, block) -> np.ndarray:
-        logits = self.draft_logits(hidden)
-        if not np.isfinite(logits).all():
-            raise nonfinite.drafter_error(self, block)
-        return self.to_target_vocab(logits)
 
     @property
     def tree_top_k_limit(self) -> int:
@@ -312,7 +309,7 @@ class Drafter:
         if not 1 <= k <= self.tree_top_k_limit:
             raise ValueError(f"k must lie in 1..{self.tree_top_k_limit}")
         hidden, block = self._drafting_rows(kv, anchor, n_drafts)
-        logits = self._checked_logits(hidden, block)
+        logits = self.logits(hidden, block)
         if self.selector:
             return lattice_top_k(self.selector.lattice(logits, hidden, anchor), k)
         if self.markov:

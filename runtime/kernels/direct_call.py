@@ -10,9 +10,7 @@ can differ between calls (another dtype, layout or tuple shape) must not use it.
 (the tests set it) every call checks that its types are the first call's.
 """
 
-import os
-
-CHECK_TYPES = os.environ.get("GGTOOLS_CHECK_DIRECT_CALLS") == "1"
+from ggtools.environment import setting
 
 
 class DirectCall:
@@ -20,11 +18,12 @@ class DirectCall:
         self.kernel = kernel
         self.entry = None
         self.types = None
+        self.check_types = setting("GGTOOLS_CHECK_DIRECT_CALLS")
 
     def __call__(self, *args):
         if self.entry is None:
             return self._first_call(args)
-        if CHECK_TYPES and self._types_of(args) != self.types:
+        if self.check_types and self._types_of(args) != self.types:
             raise TypeError(f"{self.kernel.__name__}: argument types {self._types_of(args)} differ from the first "
                             f"call's {self.types}")
         return self.entry(*args)

@@ -27,6 +27,17 @@ from ggtools.runtime.model.kvcache import KVCache
 from ggtools.runtime.model.tree_batch import TreeBatch
 
 
+EMBEDDING, FINAL_MIX, HEAD = "the token embedding", "the residual mix before the output norm", "the output norm and head"
+
+
+def mixer_piece(i: int) -> str:
+    return f"layer {i}'s token mixer"
+
+
+def ffn_piece(i: int) -> str:
+    return f"layer {i}'s feed-forward network"
+
+
 @dataclass
 class Layer:
     attn_norm: object
@@ -51,9 +62,13 @@ class TargetModel:
         self.arch = arch_of(w.meta)
         self.token_embd = w.matrix("token_embd.weight")
         self.hp = hp = read_hparams(w.meta, n_vocab=self.token_embd.n_rows, arch_entry=self.arch)
+        # the tensors each piece of the forward reads (as its loader read them), in forward order: what the
+        # non-finite check scans when that piece gives NaN/inf (nonfinite.py)
+        self.piece_tensors = {EMBEDDING: ["token_embd.weight"]}
         self.output_norm = ops.vector(w.vector("output_norm.weight", hp.n_embd))
         # tied embeddings: llama.cpp uses token_embd as the head when output.weight is absent
         self.output = w.matrix("output.weight", hp.n_embd) if w.has("output.weight") else self.token_embd
+        head = ["output_norm.weight", "output.weight" if w.has("output.weight") else "token_embd.weight"]
         freq_factors = w.optional_vector("rope_freqs.weight", hp.rope_dims // 2)
         self.rope_freq_factors = np.zeros(0, np.float32) if freq_factors is None else freq_factors
         # M-RoPE on text: pairs of the fourth section keep position 0's angles (none with Qwen3.5's sections)
@@ -68,7 +83,12 @@ class TargetModel:
                             np.float32(hp.rope_ext_factor), np.float32(hp.rope_attn_factor),
                             np.array(hp.rope_corr_dims, np.float32))
         self.layers = [self._load_layer(i) for i in range(hp.n_layer)]
-        self.residual = self.arch.residual(ops.pieces, w, hp) if self.arch.residual else None
+        self.residual = None
+        if self.arch.residual:
+            with w.recording() as residual:
+                self.residual = self.arch.residual(ops.pieces, w, hp)
+            self._bank_pieces(residual)
+        self.piece_tensors[HEAD] = head
         kinds = [type(layer.mixer) for layer in self.layers]
         for i, layer in enumerate(self.layers):
             layer.slot = kinds[:i].count(kinds[i])
@@ -79,8 +99,24 @@ class TargetModel:
 
     def _load_layer(self, i: int) -> Layer:
         w, hp, arch, ops = self.weights, self.hp, self.arch, self.ops
-        return Layer(ops.vector(w.vector(f"blk.{i}.attn_norm.weight", hp.n_embd)), arch.mixer(ops.pieces, w, hp, i),
-                     ops.vector(w.vector(f"blk.{i}.{arch.ffn_norm}.weight", hp.n_embd)), arch.ffn(ops.pieces, w, hp, i))
+        with w.recording() as mixer_tensors:
+            attn_norm = ops.vector(w.vector(f"blk.{i}.attn_norm.weight", hp.n_embd))
+            mixer = arch.mixer(ops.pieces, w, hp, i)
+        with w.recording() as ffn_tensors:
+            ffn_norm = ops.vector(w.vector(f"blk.{i}.{arch.ffn_norm}.weight", hp.n_embd))
+            ffn = arch.ffn(ops.pieces, w, hp, i)
+        self.piece_tensors[mixer_piece(i)], self.piece_tensors[ffn_piece(i)] = mixer_tensors, ffn_tensors
+        return Layer(attn_norm, mixer, ffn_norm, ffn)
+
+    def _bank_pieces(self, residual: list[str]) -> None:
+        """With kimi-k3's residual bank a layer is one piece (its mixer's and FFN's inputs are mixes of the bank),
+        with its own score vectors (blk.i.*); the rest of the residual's tensors mix the stream before the output
+        norm."""
+        tensors = self.piece_tensors
+        for i in range(self.hp.n_layer):
+            tensors[f"layer {i}"] = tensors.pop(mixer_piece(i)) + tensors.pop(ffn_piece(i)) + [
+                n for n in residual if n.startswith(f"blk.{i}.")]
+        tensors[FINAL_MIX] = [n for n in residual if not n.startswith("blk.")]
 
     @property
     def n_vocab(self) -> int:
@@ -122,35 +158,62 @@ class TargetModel:
         if logits not in ("all", "last", "none"):
             raise ValueError("logits must be 'all', 'last' or 'none'")
 
-        self.kv.reserve(start + len(tokens))
-        rope = self.rope_tables(positions)
         backend = self.ops
         features = backend.empty((len(tokens), len(taps), hp.n_embd))
+        out = self._normed_states(tokens, positions, stepwise, batch, taps, features)
+        self.kv.n_tokens = start + len(tokens)
+        self.kv.verified_tree = batch
+        self._tap(features, taps, hp.n_layer, out)
+        if logits == "none":             # no logits to check: the final states (and so every tap before them)
+            if not nonfinite.finite(backend, out):
+                raise nonfinite.target_error(self, tokens, positions, start, stepwise, batch,
+                                             "the final hidden states are not finite")
+            return None, features
+        rows = backend.host(self.head(out if logits == "all" else out[-1:], stepwise))
+        if not kernel_ops.all_finite(rows):       # on the host already: the one check the normal path pays
+            raise nonfinite.target_error(self, tokens, positions, start, stepwise, batch)
+        return rows, features
+
+    def _normed_states(self, tokens, positions, stepwise, batch, taps=(), features=None, check=None):
+        """The rows' final normed states: the embedding, every layer (their cache rows written: room made here), the
+        output norm; features tapped on the way. check(x, piece): called with what each piece of
+        `piece_tensors` gives (nonfinite.py's trace of a failed step runs this same loop)."""
+        hp = self.hp
+        self.kv.reserve(self.kv.n_tokens + len(tokens))
+        rope = self.rope_tables(positions)
         x = self.token_embd.rows(tokens)
+        if check:
+            check(x, EMBEDDING)
         bank = self.residual.begin() if self.residual else None     # kimi-k3's banked layer inputs
         self.kv.tree = batch
         try:
             for i in range(hp.n_layer):
                 self._tap(features, taps, i, x)
-                x = bank.run_layer(self, i, x, positions, rope, stepwise) if bank else \
-                    self.run_layer(i, x, positions, rope, stepwise)
+                if bank:
+                    x = bank.run_layer(self, i, x, positions, rope, stepwise)
+                    if check:
+                        check(x, f"layer {i}")
+                    continue
+                x = self.mix(i, x, positions, rope, stepwise)
+                if check:
+                    check(x, mixer_piece(i))
+                x = self.feed_forward(i, x, stepwise)
+                if check:
+                    check(x, ffn_piece(i))
         finally:
             self.kv.tree = None
         if bank:
             x = bank.final(x)
-        self.kv.n_tokens = start + len(tokens)
-        self.kv.verified_tree = batch
-        out = backend.rms_norm(x, self.output_norm, hp.rms_eps)
-        self._tap(features, taps, hp.n_layer, out)
-        if logits == "none":             # no logits to check: the final states (and so every tap before them)
-            if not nonfinite.finite(backend, out):
-                raise nonfinite.target_error(self, tokens, positions, start, stepwise,
-                                             "the final hidden states are not finite")
-            return None, features
-        rows = backend.host(self.head(out if logits == "all" else out[-1:], stepwise))
-        if not kernel_ops.all_finite(rows):       # on the host already: the one check the normal path pays
-            raise nonfinite.target_error(self, tokens, positions, start, stepwise)
-        return rows, features
+            if check:
+                check(x, FINAL_MIX)
+        return self.ops.rms_norm(x, self.output_norm, hp.rms_eps)
+
+    def trace(self, tokens, positions, stepwise: bool, batch, check) -> None:
+        """Run a step again (the cache cropped back to where it began) with check(x, piece) after each piece of
+        `piece_tensors`, the head's logits included; the cache keeps its rows (crop it back after)."""
+        out = self._normed_states(tokens, positions, stepwise, batch, check=check)
+        check(out, HEAD)
+        check(self.ops.host(self.head(out, stepwise)), HEAD)
 
     def _token_ids_in_range(self, tokens) -> bool:
         if len(tokens) == 1:        # a decode step: no numpy reductions (each a few us in a tiny target's step)
