@@ -10,12 +10,13 @@ real rewrite (ggtools/engine), so what is shown is what runs.
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from gguf import GGUFValueType as VT
 
 from ggtools.gguf import TensorInfo, ggml_type_name
 from ggtools.gguf.values import encode_kv
+from ggtools.gguf.writer import ggml_dims
 from ggtools.quants import row_bytes
 
 COPY, CONVERT = "copy", "convert"
@@ -108,6 +109,14 @@ class ShardPlan:
     tensors: list[TensorAction]
     kv_edits: KVEdits = field(default_factory=KVEdits)
     verbatim: bool = False          # the output is the source file byte for byte (a shard a patch leaves alone)
+    ggml_dims: bool = False         # tensor infos as ggml writes them, not as the source has them (see below)
+
+    def __post_init__(self):
+        # An output that stands for llama-quantize's (quantize, requant-trunk) has its tensor infos as llama-quantize
+        # writes every tensor's, through ggml: [224, 1] becomes [224]. One that stands for the converter's (convert,
+        # patch, doctor --fix, gguf-layout) keeps each tensor's dimensions, as gguf-py writes them.
+        if self.ggml_dims:
+            self.tensors = [replace(a, ne=ggml_dims(a.ne)) for a in self.tensors]
 
     @property
     def bytes_in(self):

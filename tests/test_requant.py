@@ -233,14 +233,16 @@ def test_copied_tensor_mismatch_fails_verification(moe_set, tmp_path, monkeypatc
 # ---- against llama-quantize's surgical recipe on a real qwen35moe (tests/oracle_artifacts.py) ----------
 
 def _tensor_bytes(path):
+    """(name, the tensor info's bytes as written but the offset, the data) per tensor."""
     with GGUFFile(path) as f:
-        return [(t.name, t.type_id, bytes(f.tensor_data(t))) for t in f.tensors]
+        return [(t.name, bytes(f.buf[t.info_start:t.info_end - 8]), bytes(f.tensor_data(t))) for t in f.tensors]
 
 
 @pytest.mark.oracle
 def test_matches_llama_quantize_surgical_reference(qwen35moe_set, tmp_path):
     """llama-quantize --allow-requantize --pure --tensor-type _exps=mxfp4 Q4_K_M on the MXFP4_MOE model:
-    our requant-trunk output has byte-identical tensor data for every tensor, and loads in llama.cpp."""
+    our requant-trunk output has byte-identical tensor infos (but the offsets) and data for every tensor, and loads in
+    llama.cpp."""
     from tests.oracle_artifacts import llama_greedy, llama_loads
     import shutil as sh
     src_dir = tmp_path / "src"

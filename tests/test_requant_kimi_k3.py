@@ -22,6 +22,12 @@ def tensors(path) -> dict:
         return {t.name: (t.type_id, bytes(f.tensor_data(t))) for t in f.tensors}
 
 
+def tensor_infos(path) -> dict:
+    """{name: the tensor info's bytes as written (name, n_dims, ne, type; not the offset, which follows the order)}."""
+    with GGUFFile(path) as f:
+        return {t.name: bytes(f.buf[t.info_start:t.info_end - 8]) for t in f.tensors}
+
+
 @pytest.fixture(scope="module")
 def source(kimi_k3_target):
     return kimi_k3_target.gguf["q8_0"]
@@ -63,8 +69,14 @@ def test_plan_converts_the_trunk_and_keeps_the_rest(source, tmp_path):
         assert actions[name].action == "copy", name
 
 
-def test_default_keeps_the_short_rows_q8_0(source, tmp_path):
-    src, out = tensors(source), tensors(requant(source, tmp_path))
+def test_default_keeps_the_short_rows_q8_0(source, llama_reference, tmp_path):
+    """The default keeps them Q8_0 and still writes every tensor info as llama-quantize does (its recipe's output is
+    what requant-trunk stands for): llama-quantize's infos, with the types of the kept tensors."""
+    out_path = requant(source, tmp_path)
+    src, out = tensors(source), tensors(out_path)
+    ref_infos = tensor_infos(llama_reference)
+    for name, info in tensor_infos(out_path).items():
+        assert info[:-4] == ref_infos[name][:-4], name      # all but the type
     with GGUFFile(source) as f:
         short = [t.name for t in f.tensors if t.type_id == T.Q8_0 and t.ne[0] % 256]
     assert short and all(out[n] == src[n] for n in short)
@@ -75,8 +87,14 @@ def test_default_keeps_the_short_rows_q8_0(source, tmp_path):
 def test_fallback_llama_is_byte_identical_to_llama_quantize(source, llama_reference, tmp_path):
     """Every tensor has llama_model_quantize's type and bytes: the trunk (the Q8_0 ones, converted to Q4_K or to the
     fallback Q5_0), the F32 tensors, and the routed experts (llama-quantize, told to keep them MXFP4, dequantizes
-    and re-encodes them to the same bytes here; requant-trunk copies them)."""
-    ours = tensors(requant(source, tmp_path, "--fallback", "llama"))
+    and re-encodes them to the same bytes here; requant-trunk copies them). Every tensor info too: the KDA conv taps,
+    [4, 1, C, 1] in the converter's file, are written [4, 1, C] by llama-quantize (ggml_n_dims), and by requant-trunk
+    although it copies them."""
+    out = requant(source, tmp_path, "--fallback", "llama")
+    with GGUFFile(source) as f:
+        assert f.tensor["blk.0.ssm_conv1d_q.weight"].ne[3:] == (1,)
+    assert tensor_infos(out) == tensor_infos(llama_reference)
+    ours = tensors(out)
     ref, src = tensors(llama_reference), tensors(source)
     assert sorted(ours) == sorted(ref)       # llama-quantize writes them in its loader's order
     fell_back = [n for n, (t, _) in ours.items() if t == T.Q5_0]

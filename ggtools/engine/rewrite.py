@@ -142,9 +142,9 @@ def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str], path, allo
             raise RewriteError(f"{plan.dst}: output failed validation: {bad[0].where}: {bad[0].rule}")
         for a in plan.tensors:
             t = out.tensor.get(a.name)
-            if t is None or t.type_id != a.dst_type or t.nbytes != a.bytes_out:
+            if t is None or t.type_id != a.dst_type or t.nbytes != a.bytes_out or t.ne != tuple(a.ne):
                 raise RewriteError(f"{plan.dst}: tensor '{a.name}' is not the planned "
-                                   f"{ggml_type_name(a.dst_type)} of {a.bytes_out} bytes")
+                                   f"{ggml_type_name(a.dst_type)} {list(a.ne)} of {a.bytes_out} bytes")
         digest, tensors = content_digest(out, compare_copy)
         for name, sha in produced.items():
             if tensors[name] != sha:

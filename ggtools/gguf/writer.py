@@ -35,6 +35,13 @@ SYNC_FILE_RANGE = _sync_file_range()
 SYNC_FILE_RANGE_WRITE = 2
 
 
+def ggml_dims(ne) -> tuple:
+    """ne as ggml's own writer stores a tensor info: ggml_n_dims dimensions, i.e. those after the last one above 1
+    dropped (at least one), so [224, 1] is written [224]. gguf-py stores len(shape): [224, 1] stays."""
+    n_dims = max((i + 1 for i, d in enumerate(ne) if i and d > 1), default=1)
+    return tuple(ne[:n_dims])
+
+
 class GGUFWriter:
     def __init__(self, path, *, force: bool = False, version: int = 3, inputs=(), hint=""):
         """inputs: every file the command reads; the output may be none of them (hint: what to say then).

@@ -80,7 +80,7 @@ def plan_quantize(path, out, scheme: str, overrides=(), *, allow_requantize=True
         plans = []
         for f, dst in zip(shards.files, dsts):
             actions = [_decide(t, head_type, block_type, rules, desc) for t in f.tensors]
-            plans.append(ShardPlan(f.path, dst, actions))
+            plans.append(ShardPlan(f.path, dst, actions, ggml_dims=True))
     _mark_file_type(plans[0], head_type if head_type == block_type else block_type)
     return Plan("quantize", plans, list(shards.paths))
 

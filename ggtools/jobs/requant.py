@@ -39,7 +39,7 @@ def plan_requant_trunk(path, out_dir, *, src_type="q8_0", dst_type="q4_k", copy_
         for i in indices:
             f = shards.file(i)
             actions = [_decide(t, src_t, dst_t, patterns, fallback) for t in f.tensors]
-            plans.append(ShardPlan(f.path, os.path.join(out_dir, os.path.basename(f.path)), actions))
+            plans.append(ShardPlan(f.path, os.path.join(out_dir, os.path.basename(f.path)), actions, ggml_dims=True))
     return Plan("requant-trunk", plans, list(shards.paths))
 
 
