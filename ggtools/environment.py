@@ -38,7 +38,7 @@ def setting(name: str):
     return accepted[value.lower()]
 
 
-def check_settings() -> None:
+def check_environment() -> None:
     """Refuse any setting of SETTINGS that holds a value it does not accept."""
     for name in SETTINGS:
         setting(name)

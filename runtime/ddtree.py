@@ -55,6 +55,22 @@ def default_top_k(budget: int, depth: int) -> int:
     return LUCEBOX_TOP_K if budget > depth else 1
 
 
+def most_tree_nodes(k: int, depth: int, cap: int) -> int:
+    """The most nodes build_tree can add from `depth` positions of k ranks, or cap + 1 when that is more than cap:
+    each node of depth d < depth gets the k ranks of position d + 1 as children, so there are k^d nodes at depth
+    d, k + k^2 + ... + k^depth in all (depth for k = 1: the top-1 chain). Counted up to cap only, so a huge depth
+    or k costs nothing."""
+    if k == 1:
+        return min(depth, cap + 1)
+    total, level = 0, 1
+    for _ in range(depth):
+        level *= k
+        total += level
+        if total > cap:
+            return cap + 1
+    return total
+
+
 def top_k_log_probs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Each row's k largest log-softmax values (float32) and their ids (int32), by value descending, ties to the
     lower id. logits: (L, V) with V >= k finite entries per row."""

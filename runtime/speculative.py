@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ggtools.runtime.ddtree import DraftTree, build_tree, default_top_k, follow_verified_tree
+from ggtools.runtime.ddtree import DraftTree, build_tree, default_top_k, follow_verified_tree, most_tree_nodes
 from ggtools.runtime.drafter.chain import cut_length
 from ggtools.runtime.drafter.draft_kv import DraftKV
 from ggtools.runtime.errors import SettingsError
@@ -91,10 +91,26 @@ def _check_tree(drafter, settings: DraftSettings) -> None:
                "selector's top_k), the other tokens have no probability" if drafter.selector else
                f"{drafter.path} drafts from a vocabulary of {limit} tokens")
         raise SettingsError(f"--tree-top-k {k}: must lie in 1..{limit}: {why}")
+    n_max = drafter.max_drafts if settings.n_max is None else settings.n_max
+    k = tree_top_k(drafter, settings, n_max)
+    most = most_tree_nodes(k, n_max, budget)
+    if budget > most:
+        raise SettingsError(f"--tree-budget {budget}: more than the {most} nodes (besides the root) a draft tree can "
+                            f"have: {_tree_shape(k, n_max)}")
     blocked = drafter.target.no_tree_verify
     if blocked:
         raise SettingsError(f"--tree-budget: {drafter.target.path}: the {', '.join(blocked)} mixer cannot verify a "
                             "draft tree yet")
+
+
+def _tree_shape(k: int, n_max: int) -> str:
+    """Why a tree of k ranks over n_max positions has at most most_tree_nodes(k, n_max) nodes, in words."""
+    if k == 1:
+        return f"with top-K 1 (--tree-top-k) it is the chain of the step's {n_max} drafts (--n-max)"
+    powers = [str(k)] + [f"{k}^{d}" for d in range(2, n_max + 1)]
+    powers = " + ".join(powers if n_max <= 3 else powers[:2] + ["...", powers[-1]])
+    return (f"top-K {k} (--tree-top-k) at each of the step's {n_max} positions (--n-max) gives at most "
+            f"{powers} (k^d nodes at depth d)")
 
 
 @dataclass

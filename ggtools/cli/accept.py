@@ -4,7 +4,7 @@ import click
 
 from ggtools.cli.backend_options import backend_options
 from ggtools.cli.draft_options import draft_options, draft_setup, tree_options
-from ggtools.cli.params import FiniteFloatRange
+from ggtools.cli.params import Count, FiniteFloatRange
 from ggtools.cli.render import emit_json, table
 from ggtools.gguf.outputs import same_file
 from ggtools.jobs.accept import DEFAULT_MAX_DROP, accept, input_files
@@ -22,7 +22,7 @@ from ggtools.jobs.accept_report import (ALIGN, HEADERS, TREE_ALIGN, TREE_HEADERS
                    "into a temporary file). Repeat for each variant.")
 @click.option("--prompts", type=click.Path(), metavar="FILE", help="Prompts: JSONL ({\"prompt\": ...} or {\"prompt_ids\": [...]}, optional \"id\") or "
               "plain text, one prompt per blank-line-separated paragraph (default: the built-in set of 12).")
-@click.option("-n", "--n-predict", "n", default=64, show_default=True, type=click.IntRange(min=2),
+@click.option("-n", "--n-predict", "n", default=64, show_default=True, type=Count(min=2),
               help="New tokens per prompt (each prompt plus -n must fit the target's context length).")
 @click.option("--baseline", type=click.Path(), metavar="DRAFT", help="The drafter the others are compared with (default: the first --draft).")
 @click.option("--max-drop", default=DEFAULT_MAX_DROP, show_default=True, type=FiniteFloatRange(0, 1, max_open=True),
@@ -30,7 +30,7 @@ from ggtools.jobs.accept_report import (ALIGN, HEADERS, TREE_ALIGN, TREE_HEADERS
 @click.option("--min-tau", type=FiniteFloatRange(min=0), help="Fail a drafter whose tau is below this.")
 @draft_options
 @tree_options(many=True)
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores; at most 4 per core).")
+@click.option("--threads", type=Count(min=1), help="CPU threads (default: all cores; at most 4 per core).")
 @backend_options
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at an end-of-generation token.")
 @click.option("--json", "as_json", is_flag=True, help="Every field as JSON on stdout (docs/accept.md).")

@@ -5,6 +5,7 @@ import sys
 import click
 
 from ggtools.cli.backend_options import backend_options
+from ggtools.cli.params import Count
 from ggtools.cli.plan_view import show_plan
 from ggtools.cli.render import emit_json, human_bytes, table
 from ggtools.gguf.outputs import temporary_directory
@@ -16,15 +17,15 @@ from ggtools.jobs.demo import check_request, check_work_dir, requant_demo, run_d
               help="Keep the demo files here, in drafter/, moe/ and moe-q4k/ (default: a temporary directory, "
                    "removed at the end).")
 @click.option("--force", is_flag=True, help="Replace the files of an earlier demo in --work-dir.")
-@click.option("--prompts", default=6, show_default=True, type=click.IntRange(1, 36), help="Held-out prompts to decode.")
-@click.option("-n", "--n-predict", "n", default=64, show_default=True, type=click.IntRange(1),
+@click.option("--prompts", default=6, show_default=True, type=Count(1, 36), help="Held-out prompts to decode.")
+@click.option("-n", "--n-predict", "n", default=64, show_default=True, type=Count(1),
               help="Tokens per prompt (the 128-token prompts plus -n must fit the demo target's context of 512).")
-@click.option("--ring-cap", default=64, show_default=True, type=click.IntRange(1), help="Draft KV ring slots.")
-@click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
+@click.option("--ring-cap", default=64, show_default=True, type=Count(1), help="Draft KV ring slots.")
+@click.option("--threads", default=1, show_default=True, type=Count(1),
               help="CPU threads (the demo models are tiny: one thread is the fastest target-only baseline; at most 4 "
                    "per core).")
 @backend_options
-@click.option("--rounds", default=2, show_default=True, type=click.IntRange(1), help="Runs per variant (best kept).")
+@click.option("--rounds", default=2, show_default=True, type=Count(1), help="Runs per variant (best kept).")
 @click.option("--skip-requant", is_flag=True, help="Leave out the second part (requant-trunk on a sample MoE set).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report of both parts (\"requant\": null "
                                                      "with --skip-requant).")

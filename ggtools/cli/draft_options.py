@@ -3,16 +3,16 @@ cut, draft tree (`--tree-budget`: one for run, a list for accept; `--tree-top-k`
 
 import click
 
-from ggtools.cli.params import FiniteFloatRange
+from ggtools.cli.params import INT32_MAX, Count, FiniteFloatRange, shortened
 
 from ggtools.jobs.accept import DEFAULT_RING_CAP
 from ggtools.jobs.run import DraftSettings
 
 DRAFT_OPTIONS = [
-    click.option("--ring-cap", type=click.IntRange(min=1),
+    click.option("--ring-cap", type=Count(min=1),
                  help=f"Draft KV: a ring of N context slots (default {DEFAULT_RING_CAP}, lucebox's draft context)."),
     click.option("--full-kv", is_flag=True, help="Draft KV: keep every committed position."),
-    click.option("--n-max", type=click.IntRange(min=0),
+    click.option("--n-max", type=Count(min=0),
                  help="Drafts per step (default: the most a block gives, as llama.cpp clamps it: block size - 1; "
                       "block size for an anchor-first DSpark drafter)."),
     click.option("--cut", type=click.Choice(["none", "prob", "margin", "confidence"]), default="none",
@@ -22,34 +22,36 @@ DRAFT_OPTIONS = [
                       "--spec-draft-p-min with a DSpark drafter)."),
     click.option("--p-min", type=FiniteFloatRange(min=0), default=0.0, show_default=True,
                  help="Threshold P of the cut."),
-    click.option("--n-min", type=click.IntRange(min=0), default=0, show_default=True,
+    click.option("--n-min", type=Count(min=0), default=0, show_default=True,
                  help="Fewer surviving drafts than this: offer none (llama.cpp)."),
 ]
 
 
 TREE_BUDGET_HELP = ("Verify a draft tree (DDTree, as lucebox builds it: best-first from each position's top-K, "
                     "top-1 chain first) of N nodes instead of a chain; lucebox's default is 22.")
-TREE_TOP_K = click.option("--tree-top-k", type=click.IntRange(min=1),
+TREE_TOP_K = click.option("--tree-top-k", type=Count(min=1),
                           help="Ranks per position the draft tree reads (default lucebox's: 8 when the budget exceeds "
                                "--n-max, else 1, which makes the tree the chain; DFlash2: at most its selector's "
                                "top_k).")
 
 
 class BudgetList(click.ParamType):
-    """N[,M...]: distinct positive tree budgets."""
+    """N[,M...]: distinct tree budgets, each 1..INT32_MAX (Count)."""
 
     name = "N[,M...]"
 
     def convert(self, value, param, ctx):
         if isinstance(value, list):
             return value
-        try:
-            budgets = [int(v) for v in value.replace(" ", "").split(",")]
-        except ValueError:
+        texts = value.replace(" ", "").split(",")
+        if not all(t.lstrip("+-").isascii() and t.lstrip("+-").isdigit() for t in texts):
             self.fail(f"{value!r}: expected node counts separated by commas, e.g. 4,22,64", param, ctx)
-        bad = next((b for b in budgets if b < 1), None)
-        if bad is not None:
-            self.fail(f"{bad}: a draft tree needs at least one node", param, ctx)
+        for t in texts:
+            if t.startswith("-") or not t.lstrip("+0"):
+                self.fail(f"{t}: a draft tree needs at least one node", param, ctx)
+            if len(t.lstrip("+0")) > len(str(INT32_MAX)) or int(t) > INT32_MAX:
+                self.fail(f"{shortened(t)} is more than {INT32_MAX}", param, ctx)
+        budgets = [int(t) for t in texts]
         if len(set(budgets)) != len(budgets):
             self.fail(f"{value!r}: a budget given twice", param, ctx)
         return budgets
@@ -63,7 +65,7 @@ def tree_options(many: bool):
                                    "report each beside the drafter's chain: AL, tau, nodes verified per step "
                                    "(a tree is never cut; the cut applies to the chain).")
     else:
-        budget = click.option("--tree-budget", type=click.IntRange(min=1), help=TREE_BUDGET_HELP)
+        budget = click.option("--tree-budget", type=Count(min=1), help=TREE_BUDGET_HELP)
 
     def decorate(f):
         return budget(TREE_TOP_K(f))

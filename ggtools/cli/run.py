@@ -5,7 +5,7 @@ from tqdm import tqdm
 
 from ggtools.cli.backend_options import backend_options, runs_on
 from ggtools.cli.draft_options import draft_options, draft_options_given, draft_setup, tree_options
-from ggtools.cli.params import FiniteFloatRange
+from ggtools.cli.params import Count, FiniteFloatRange
 from ggtools.cli.render import emit_json, human_bytes
 from ggtools.jobs.run import DEFINITIONS, pair_warnings, run, run_speculative
 
@@ -35,13 +35,13 @@ def _progress_bar(total, as_json):
 @click.option("--draft", type=click.Path(exists=True, dir_okay=False), help="DFlash drafter GGUF (llama.cpp or lucebox profile): decode speculatively.")
 @click.option("--prompt", help="Prompt text, tokenized with the GGUF's own vocabulary (special tokens parsed).")
 @click.option("--prompt-ids", help="Prompt as token ids, e.g. '1,415,2936' (any vocabulary).")
-@click.option("-n", "--n-predict", "n", default=64, show_default=True, type=click.IntRange(min=0), help="Tokens to generate.")
+@click.option("-n", "--n-predict", "n", default=64, show_default=True, type=Count(min=0), help="Tokens to generate.")
 @draft_options
 @tree_options(many=False)
 @click.option("--min-acceptance", type=FiniteFloatRange(0, 1), help="Exit 1 when acceptance (accepted/drafted) is below this.")
 @click.option("--no-baseline", is_flag=True, help="Skip target-only decoding (no speedup, no output check).")
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores; at most 4 per core).")
-@click.option("--context-length", "n_ctx", type=click.IntRange(min=1),
+@click.option("--threads", type=Count(min=1), help="CPU threads (default: all cores; at most 4 per core).")
+@click.option("--context-length", "n_ctx", type=Count(min=1),
               help="Allow prompt + -n up to this many tokens (default: the target's context_length).")
 @backend_options
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at an end-of-generation token.")

@@ -21,13 +21,14 @@ from dataclasses import asdict, dataclass, field, replace
 from tqdm import tqdm
 
 from ggtools.dflash.checkpoint import files_of
+from ggtools.environment import check_environment
 from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
 from ggtools.gguf.inputs import regular_file
 from ggtools.gguf.outputs import temporary_directory
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.errors import JobError
-from ggtools.jobs.limits import check_draft_kv, check_new_tokens, check_threads
+from ggtools.jobs.limits import check_draft_kv, check_new_tokens, check_threads, check_tree_verify
 from ggtools.jobs.prompt_set import Prompt, load_prompts
 from ggtools.jobs.run import SpecRun, TargetOnly, load_tokenizer, measure_drafter, warm_up
 from ggtools.runtime import DEFINITIONS, DraftSettings, Drafter, TargetModel, check_settings
@@ -135,6 +136,7 @@ def accept(target, drafts, *, prompts=None, n: int = 64, baseline=None, max_drop
     t0 = time.perf_counter()
     settings = settings or DraftSettings()
     base = _check_inputs(target, drafts, baseline)
+    check_environment()
     check_threads(threads)
     model = TargetModel(target, threads=threads, backend=backend, device=device, dtype=dtype)
     try:
@@ -176,6 +178,8 @@ def measure(model: TargetModel, candidates: list[Candidate], prompts: list[list[
         for c in candidates:
             drafters.append(_load(c, model, each))
             check_draft_kv(drafters[-1], c.ring_cap, kv_type, longest, model.ops.device)
+        for budget in tree_budgets:
+            check_tree_verify(model, budget, longest)
         warm_up(model)
         best, target_tps = [[None] * len(each) for _ in candidates], 0.0
         with tqdm(total=rounds * len(candidates) * len(each) * len(prompts), desc="accept", unit="prompt",

@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 from ggtools.byte_sizes import human_bytes
 from ggtools.engine.errors import Interrupted
+from ggtools.environment import check_environment
 from ggtools.gguf import GGUFFile
 from ggtools.gguf.outputs import copy_file, make_dir
 from ggtools.jobs.accept import Candidate, measure
@@ -96,7 +97,9 @@ def check_work_dir(work_dir, force: bool) -> None:
 
 def check_request(n: int, threads: int | None = None, ring_cap: int = 64, device: str | None = None) -> None:
     """Refuse, before anything is written, threads beyond the machine's bound, a prompt plus -n beyond the demo
-    target's context length, and a draft KV ring beyond the memory available."""
+    target's context length, a draft KV ring beyond the memory available, and environment settings it does not
+    know."""
+    check_environment()
     check_threads(threads)
     with GGUFFile(demo_data() / "target.gguf") as f:
         context = int(f.get(f"{f.get('general.architecture')}.context_length"))

@@ -1,6 +1,6 @@
 """Bounds on what a decoding job may be asked for, checked before anything is decoded, each refusal naming its
 limit: threads against the CPU count, a prompt plus its new tokens against the target's context length (a long
-text is refused before it is tokenized), the draft KV against the memory available.
+text is refused before it is tokenized), the draft KV and a draft tree's verify against the memory available.
 """
 
 import os
@@ -82,6 +82,27 @@ def check_draft_kv(drafter, ring_cap: int | None, kv_type: str, longest: int, de
             f"--full-kv for {longest} positions"
         raise UsageError(drafter.path, f"the draft KV ({kind} + the drafter's block size {drafter.hp.block_size}) "
                                        f"would take {human_bytes(need)}, more than the {human_bytes(free)} {where}")
+
+
+def tree_verify_bytes(n_vocab: int, nodes: int, longest: int) -> int:
+    """What verifying a draft tree of `nodes` nodes allocates at least, on the host: rows = nodes + the root, the
+    tree's visibility (rows^2 bools, ddtree.DraftTree), the batch's attention mask (rows x (cache + rows) bools,
+    tree_batch.TreeBatch.visible; the cache at most the longest sequence) and every row's logits (float32)."""
+    rows = nodes + 1
+    return rows * rows + rows * (longest + rows) + rows * n_vocab * 4
+
+
+def check_tree_verify(target, budget: int | None, longest: int) -> None:
+    """Refuse a --tree-budget whose verify would not fit the memory available (its masks grow with the square of
+    the nodes). target: anything with .n_vocab and .path."""
+    if budget is None:
+        return
+    need = tree_verify_bytes(target.n_vocab, budget, longest)
+    free, where = available_memory()
+    if need > free:
+        raise UsageError(f"--tree-budget {budget}", f"verifying a draft tree of {budget} nodes in {target.path} takes "
+                                          f"at least {human_bytes(need)} (its visibility masks, (nodes + 1)^2 bytes "
+                                          f"each, and every node's logits), more than the {human_bytes(free)} {where}")
 
 
 def _align(n: int, to: int) -> int:

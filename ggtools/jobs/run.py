@@ -22,8 +22,10 @@ from dataclasses import asdict, dataclass, field
 
 from ggtools.dflash.profiles import LLAMACPP
 from ggtools.dflash.target import OpenTarget
+from ggtools.environment import check_environment
 from ggtools.jobs.errors import JobError, UsageError
-from ggtools.jobs.limits import check_draft_kv, check_threads, longest_token_bytes, too_long_to_fit
+from ggtools.jobs.limits import (check_draft_kv, check_threads, check_tree_verify, longest_token_bytes,
+                                 too_long_to_fit)
 from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, TargetModel, Tokenizer,
                              acceptance_stats, check_settings, continue_greedy, numerics_note, speculative_generate,
                              tree_top_k)
@@ -87,6 +89,7 @@ def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads
     and dtype choose what runs it (TargetModel)."""
     if (prompt is None) == (prompt_ids is None):
         raise ValueError("give exactly one of prompt and prompt_ids")
+    check_environment()
     check_threads(threads)
     model = TargetModel(target, threads=threads, backend=backend, device=device, dtype=dtype)
     try:
@@ -219,6 +222,7 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
     (TargetModel; the drafter runs on the target's backend)."""
     if not prompts:
         raise RunError("no prompts")
+    check_environment()
     check_threads(threads)
     model = target if isinstance(target, TargetModel) else TargetModel(target, threads=threads, backend=backend,
                                                                         device=device, dtype=dtype)
@@ -228,7 +232,9 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
         settings = settings or DraftSettings()
         check_settings(drafter, settings)
         tokenizer, ids, stop_ids = prepare_prompts(model, prompts, n, n_ctx, stop_at_eog)
-        check_draft_kv(drafter, ring_cap, kv_type, max(map(len, ids)) + n, model.ops.device)
+        longest = max(map(len, ids)) + n
+        check_draft_kv(drafter, ring_cap, kv_type, longest, model.ops.device)
+        check_tree_verify(model, settings.tree_budget, longest)
         warm_up(model)
         reference = TargetOnly(model, ids, n, stop_ids, progress) if compare else None
         measured = measure_drafter(model, drafter, ids, n, ring_cap=ring_cap, settings=settings, kv_type=kv_type,
