@@ -127,8 +127,11 @@ def _cases():
                             "clamping to 7"),
         "n_max/ggtools": (lambda w: doctor(w["v1"], n_max=12, runtimes=["ggtools"]), "n_max", "ggtools",
                           "--n-max 12: the drafter's block of 8 drafts at most 7 tokens per step"),
-        "loader/ggtools": (lambda w: doctor(broken(w, "v1", "kv-gg", set_keys=[
-            (f"{A}.attention.value_length", VT.UINT32, 64, None)]), runtimes=["ggtools"]), "loader", "ggtools", None),
+        # a valid file ggtools' runtime does not run (a value_length that differs from key_length is no longer one:
+        # attn_v's shape says the heads' size, and the model-file rules refuse it)
+        "loader/ggtools": (lambda w: doctor(broken(w, "v1", "yarn-gg", set_keys=[
+            (f"{A}.rope.scaling.type", VT.STRING, "yarn", None), (f"{A}.rope.scaling.factor", VT.FLOAT32, 2.0, None)]),
+            runtimes=["ggtools"]), "loader", "ggtools", None),
         # the model-file rules (ggtools.hparam_rules), quoting llama.cpp's loader where it refuses the file
         "hparams/type": (lambda w: doctor(broken(w, "v1", "bs-f32", set_keys=[
             (f"{A}.block_size", VT.FLOAT32, 8.0, None)])), "block_size", "llama.cpp",

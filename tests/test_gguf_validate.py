@@ -31,8 +31,18 @@ def expect(tmp_path, data, code, fragment):
     assert "Traceback" not in result.output
 
 
+# B.sample_file's llama keys with the two its tensors' shapes need (llama.cpp's llama loader: attn_q
+# {n_embd, key_length x head_count} = {64, 1 x 8}, ffn_up {n_embd, feed_forward_length} = {64, 4}); without them the
+# sample's tensors have the wrong shapes (test_tensor_shapes_are_checked_against_the_keys)
+VALID_KVS = B.sample_kvs() + [B.kv_u32("llama.attention.key_length", 1), B.kv_u32("llama.feed_forward_length", 4)]
+
+
+def valid_sample(**kw) -> bytes:
+    return B.build(VALID_KVS, B.sample_tensors(), **kw)
+
+
 def test_sample_is_valid(tmp_path):
-    path = write(tmp_path, B.sample_file())
+    path = write(tmp_path, valid_sample())
     assert validate([path]).exit_code == 0
     # gguf-py, an independent reader, reads it too
     import gguf
@@ -147,7 +157,7 @@ def test_missing_final_padding(tmp_path):
 
 
 def test_trailing_bytes_are_a_warning(tmp_path):
-    path = write(tmp_path, B.sample_file() + b"junk")
+    path = write(tmp_path, valid_sample() + b"junk")
     report = validate([path])
     assert report.exit_code == 0 and "trailing bytes" in str(report.problems[0])
 
@@ -165,7 +175,7 @@ def test_non_default_alignment_is_valid(tmp_path):
     for name, ne, ty, _, nb in B.sample_tensors():
         t.append((name, ne, ty, off, nb))
         off = B.pad(off + nb, 64)
-    path = write(tmp_path, B.build(B.sample_kvs() + [B.kv_u32("general.alignment", 64)], t, alignment=64))
+    path = write(tmp_path, B.build(VALID_KVS + [B.kv_u32("general.alignment", 64)], t, alignment=64))
     assert validate([path]).exit_code == 0
 
 
@@ -288,7 +298,7 @@ def test_deep_scan_finds_bad_values(tmp_path):
     t = B.sample_tensors() + [("blk.0.ffn_exps.weight", [64, 2], 39, 0, 2 * 2 * 17)]
     name, ne, ty, _, nb = t[-1]
     t[-1] = (name, ne, ty, B.pad(t[-2][3] + t[-2][4], 32), nb)
-    data = bytearray(B.build(B.sample_kvs(), t))
+    data = bytearray(B.build(VALID_KVS, t))
     data_offset = len(data) - B.pad(t[-1][3] + nb, 32)
     assert validate([write(tmp_path, bytes(data))], deep=True).exit_code == 0
     data[data_offset + 4 * 5:data_offset + 4 * 6] = struct.pack("<f", float("nan"))          # F32 value 5

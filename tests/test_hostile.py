@@ -40,7 +40,8 @@ def _hparam_rows():
         else:
             run = ["run", "--target", key, *FEW]
             doctor = ["doctor", "{drafter}", "--target", key] if base == "target" else None
-        rows += [(f"hparams/run-{name}", run, 2, [], where), (f"hparams/validate-{name}", ["validate", key], 1, [], where)]
+        rows += [(f"hparams/run-{name}", run, 2, [], where), (f"hparams/validate-{name}", ["validate", key], 1, [], where),
+                 (f"hparams/quantize-{name}", ["quantize", key, "-o", "{root}/q.gguf", *Q8], 2, [], where)]  # issue 39
         if doctor:
             rows.append((f"hparams/doctor-{name}", doctor, 1, [], where))
     return rows
@@ -165,6 +166,24 @@ ROWS = [
     ("check/validate-manifest-lists-none", ["validate", "--manifest", "{manifest_other}", "{good}"], 1, [], None),
     ("check/requant-split-count-disagrees", ["requant-trunk", "{badsplit}", "-o", "{root}/rq", "-q"], 2, [],
      "split.count"),
+    # issue 39 B: quantize and requant-trunk refuse a model validate fails on its model-file rules (DSpark drafters,
+    # DFlash, every target arch; requant-trunk's shard sets), naming the file, the place and the rule, writing nothing
+    *[(f"check/{cmd}-{case}", [cmd, "{%s}" % case, "-o", out, *more], 2, [], fragment)
+      for case, fragment in (
+        ("dspark_d2t_outside", "tensor 'd2t': row 63 maps to 2048, outside the target ids 0..2047"),
+        ("dspark_d2t_repeated", "tensor 'd2t': maps two draft rows to one target id (rows 0 and 63 to 0)"),
+        ("dspark_d2t_i32", "tensor 'd2t': is I32, expected I64"),
+        ("d_block0", "key 'dflash.block_size': refusing an invalid input: is 0"),
+        ("ds_nobs_gguf", "key 'dflash.block_size': missing: llama.cpp's DSpark Markov head asserts it"),
+        ("dspark_conf_flag_no_tensor", "dflash.has_confidence_head is true but the file has no conf_proj tensors"),
+        ("dspark_flag_string", "key 'dflash.sample_from_anchor': is 'true', expected a boolean"),
+        ("k3_kv_heads", "key 'kimi-k3.attention.head_count_kv': refusing an invalid input: holds [2]"))
+      for cmd, out, more in (("quantize", "{root}/q.gguf", Q8), ("requant-trunk", "{root}/rq", ["-q"]))],
+    *[(f"check/requant-set-{case}", ["requant-trunk", "{%s_set}" % case, "-o", "{root}/rq", "-q"], 2, [],
+       f"-00001-of-00002.gguf: key '{key}': refusing an invalid input: ") for case, key in (
+        ("t_rot999", "qwen3.rope.dimension_count"), ("q35_rot999", "qwen35.rope.dimension_count"),
+        ("oss_rot999", "gpt-oss.rope.dimension_count"), ("k3_kv_heads", "kimi-k3.attention.head_count_kv"))],
+    ("check/requant-set-valid", ["requant-trunk", "{target_set}", "-o", "{root}/rq", "-q"], 0, ["{root}/rq"], None),
     ("check/patch-rm-architecture", ["patch", "rm", "{good}", "general.architecture", "-o", "{root}/p.gguf"], 2, [],
      "general.architecture"),
     ("check/patch-split-count-on-single-file", ["patch", "set", "{good}", "split.count=u16:5", "-o",
@@ -218,8 +237,8 @@ ROWS = [
     ("check/run-dspark-confidence-flag-without-tensor", [*RUN_DRAFT, "{dspark_conf_flag_no_tensor}", "--cut",
                                                          "confidence", "--p-min", "0.5"], 2, [],
      "says dflash.has_confidence_head but holds no conf_proj.weight"),
-    ("check/run-drafter-head-rows-without-d2t", [*RUN_DRAFT, "{drafter_short_head}"], 2, [],
-     "the output head has 64 rows for a 2048-token target vocabulary and there is no d2t table"),
+    ("check/run-drafter-head-rows-without-d2t", [*RUN_DRAFT, "{drafter_short_head}"], 2, [],      # llama.cpp's shape rule
+     "tensor 'output.weight': has wrong shape; expected [128, 2048], got [128, 64]"),
     ("check/run-dspark-d2t-without-head", [*RUN_DRAFT, "{dspark_d2t_without_head}"], 2, [],
      "tensor 'd2t': holds 64 ids, so the drafter needs its own output.weight with 64 rows"),
     ("check/run-dspark-d2t-not-i64", [*RUN_DRAFT, "{dspark_d2t_i32}"], 2, [], "tensor 'd2t': is I32, expected I64"),

@@ -63,19 +63,19 @@ def _fix(d: DraftFile, check: str) -> str:
 
 
 def _confidence_flag(d: DraftFile) -> list[Finding]:
-    """dflash.has_confidence_head against the conf_proj tensors (llama.cpp reads a missing key as true; a flag that
-    is no BOOL is a model-file rule's)."""
+    """dflash.has_confidence_head against the conf_proj tensors, as llama.cpp reads the key (common/speculative.cpp:
+    its text compared with "true", a missing key read as true); a flag that is no BOOL is a model-file rule's."""
     key = d.key("has_confidence_head")
     stored, has = d.file.get(key), d.tensor(CONF_W) is not None
-    fix = _fix(d, "confidence_head")
-    if stored is None and not has:
-        return [_llama("confidence_head", f"{key} is missing and there is no conf_proj: llama.cpp takes a missing key "
-                       "as true", None, fix, "--spec-draft-p-min > 0 is accepted but no confidence scores the drafts",
-                       severity=WARNING)]
-    if not isinstance(stored, bool) or stored is has:
+    if stored is not None and not isinstance(stored, bool):
         return []
-    if stored:
-        return [_llama("confidence_head", f"{key} is true but the file has no conf_proj tensors", None, fix,
+    says_true = stored is not False
+    if says_true is has:
+        return []
+    fix = _fix(d, "confidence_head")
+    if says_true:
+        what = "is missing, which llama.cpp reads as true," if stored is None else "is true"
+        return [_llama("confidence_head", f"{key} {what} but the file has no conf_proj tensors", None, fix,
                        "--spec-draft-p-min > 0 is accepted but no confidence scores the drafts")]
     return [_llama("confidence_head", f"{key} is false but conf_proj is in the file", NO_CONFIDENCE_HEAD, fix,
                    "--spec-draft-p-min > 0 is refused though the drafter has its confidence head")]

@@ -65,6 +65,8 @@ def drafter_fix(path: str, profile):
 
 def target_fix(path: str):
     def fix(v) -> str:
-        key = v.key or "KEY"
-        return f"ggtools patch set {path} {key}=TYPE:VALUE -o OUT (the value the model was trained with)"
+        if v.tensor:        # the keys and the tensors disagree: one of them is not the model's
+            return (f"ggtools patch set {path} KEY=TYPE:VALUE -o OUT (the key its shape comes from, set to the value "
+                    "the model was trained with), or convert the model again")
+        return f"ggtools patch set {path} {v.key or 'KEY'}=TYPE:VALUE -o OUT (the value the model was trained with)"
     return fix

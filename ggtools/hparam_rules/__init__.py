@@ -6,6 +6,10 @@ Violation into its own report or error (a Problem, a Finding, a ModelError), in 
     violations = model_violations(gguf)      # target or drafter, by general.architecture
     for v in violations: print(f"{gguf.path}: {v}")    # "m.gguf: key 'qwen3.rope.dimension_count': is 999, ..."
 
+Once the keys pass, the tensors' shapes are checked against them (tensor_shapes.py: what llama.cpp's loader asks
+of each tensor, "tensor 'blk.0.attn_q.weight': has wrong shape; expected [...], got [...]"); for a split model,
+pass `locate` so that the tensors of every shard are seen.
+
 A DSpark drafter's heads and a reduced draft vocabulary's d2t table have rules of their own (dspark.py:
 `dspark_violations`), which doctor and validate report as DSpark findings and the drafter loader applies too.
 
@@ -17,14 +21,19 @@ from ggtools.dflash.profiles import profile_of
 from ggtools.hparam_rules.drafter import drafter_violations
 from ggtools.hparam_rules.dspark import dspark_violations
 from ggtools.hparam_rules.target import ARCHS, target_violations
+from ggtools.hparam_rules.tensor_shapes import tensor_shape_violations
 from ggtools.hparam_rules.violation import MISSING, TYPE, VALUE, Violation
 
 __all__ = ["ARCHS", "MISSING", "TYPE", "VALUE", "Violation", "drafter_violations", "dspark_violations",
-           "model_violations", "target_violations"]
+           "model_violations", "target_violations", "tensor_shape_violations"]
 
 
-def model_violations(gguf) -> list[Violation]:
-    """The rules of the file's arch: a DFlash drafter's, else a target's (`gguf`: a GGUFFile, shard 1 of a set)."""
+def model_violations(gguf, locate=None, mask_id: int | None = None) -> list[Violation]:
+    """The rules of the file's arch: a DFlash drafter's, else a target's (`gguf`: a GGUFFile, shard 1 of a set),
+    then, once its keys pass, its tensors' shapes. locate(name) -> (GGUFFile, TensorInfo) or None: where a tensor
+    lies in the model's files (default: in gguf); mask_id: a drafter's mask id given instead of the stored one."""
     if profile_of(gguf.architecture) is not None:
-        return drafter_violations(gguf)
-    return target_violations(gguf)
+        keys = drafter_violations(gguf, mask_id)
+    else:
+        keys = target_violations(gguf)
+    return keys or tensor_shape_violations(gguf, locate)

@@ -13,35 +13,50 @@ What it checks follows from what it is given:
 `doctor_fix` writes a repaired copy (dflash/rewrite.py through the engine: atomic, tensors byte-copied and
 verified), fixing only what the evidence supports: the mask id from the file's older key or the checkpoint,
 the tokenizer from the target, RoPE base, target layer ids, block size, eps, head dims and DFlash2 keys from the
-checkpoint alone. With `to` it also moves the file to that layout; `move_layout` is the move alone.
+checkpoint alone, DSpark's BOOL flags from the tensors (the confidence head) or the checkpoint (the block layout).
+It never writes a file that still fails a check: with nothing to fix it refuses at once; otherwise the repaired
+file is written to a temporary directory and checked again, and only a file that passes is placed at the output
+(FixRefused, exit 1, names what is left). With `to` it also moves the file to that layout; `move_layout` is the
+move alone.
 """
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 
+from gguf import GGUFValueType as VT
+
 from ggtools.dflash.checkpoint import files_of, open_checkpoint
+from ggtools.dflash.config import draft_config
 from ggtools.dflash.draftfile import DraftFile
 from ggtools.dflash.file_rules import container_findings, drafter_fix, hparam_findings, target_fix
 from ggtools.dflash.findings import ERROR, WARNING, Effect, Finding, failed, ok
 from ggtools.dflash.loaders import draft_size_findings, loader_findings
 from ggtools.dflash.pair_rules import number, pair_findings, rope_against_target, rope_effects
-from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, PROFILES
+from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, PROFILES, ROLE_TYPES
 from ggtools.dflash.rewrite import DrafterRewrite, move, repair
-from ggtools.dflash.source_check import source_findings
+from ggtools.dflash.source_check import expected_values, source_findings
 from ggtools.dflash.target import OpenTarget, TargetInfo
 from ggtools.engine import rewrite_shard
 from ggtools.gguf import ShardSet
 from ggtools.gguf.check import check_file, check_set
-from ggtools.gguf.outputs import check_output
-from ggtools.hparam_rules import drafter_violations, target_violations
+from ggtools.gguf.outputs import check_output, copy_file, temporary_directory
+from ggtools.hparam_rules import model_violations
+from ggtools.hparam_rules.tensor_shapes import locator
 from ggtools.jobs.errors import JobError
 from ggtools.plan import Plan, ShardPlan
 
 RUNTIMES = (LLAMACPP.runtime, LUCEBOX.runtime, "ggtools")
+FLAGS = tuple(role for role, (vtype, _) in ROLE_TYPES.items() if vtype == VT.BOOL)   # DSpark's BOOL switches
 
 
 class DoctorError(JobError):
     pass
+
+
+class FixRefused(DoctorError):
+    """--fix would write a file that still fails a check: nothing is written (a check failed: exit 1)."""
+    exit_code = 1
 
 
 @dataclass
@@ -114,7 +129,7 @@ def examine(d: DraftFile, t: TargetInfo | None, hf, runtimes=None, n_max=None) -
     readable = [r for r in runtimes if r == "ggtools" or (d.profile and d.profile.runtime == r)] or \
         ([d.profile.runtime] if d.profile else [])
     problems = check_file(d.file)
-    violations = drafter_violations(d.file)
+    violations = model_violations(d.file)
     loaders = {r: loader_findings(d, r, violations) for r in runtimes if r != "ggtools"}
     findings, fixes = container_findings(d.path, _unclaimed(problems, violations), runtimes), {}
     findings += hparam_findings(d.path, violations, readable, drafter_fix(d.path, d.profile), loaders)
@@ -128,11 +143,16 @@ def examine(d: DraftFile, t: TargetInfo | None, hf, runtimes=None, n_max=None) -
         if t is not None:
             findings += target_findings(t, readable)
             findings += pair_findings(d, t, readable, runtime_tap_archs(), _ggtools_refusal(t))
+        evidence = {"has_confidence_head": d.has_confidence} if d.is_dspark else {}
         if hf:
-            more, fixes = source_findings(d, open_checkpoint(hf), readable)
+            ckpt = open_checkpoint(hf)
+            more, fixes = source_findings(d, ckpt, readable)
             findings += more
+            evidence |= {role: v for role, (v, _) in expected_values(d, ckpt, draft_config(ckpt)).items()
+                         if role in FLAGS and v is not None}
         else:
             findings += _rope_in_doubt(d, t, readable)
+        fixes |= _flag_fixes(d, evidence)
     fixes |= _file_fixes(d, fixes)
     return DoctorReport(d.path, d.profile.name if d.profile else None, runtimes, findings,
                         t.path if t else None, str(hf) if hf else None, fixes)
@@ -154,8 +174,9 @@ def target_findings(t: TargetInfo, runtimes) -> list[Finding]:
     """The target's model-file rules (every file of its set; the hyperparameters of its first), and what ggtools'
     runtime refuses in a valid target."""
     with ShardSet(t.path) as shards:
-        problems = [p for i in shards.present_indices for p in check_file(shards.file(i))] + check_set(shards)
-    violations = target_violations(t.file)
+        files = [shards.file(i) for i in shards.present_indices]
+        problems = [p for f in files for p in check_file(f)] + check_set(shards)
+        violations = model_violations(t.file, locator(files))
     out = container_findings(t.path, _unclaimed(problems, violations), runtimes, what="the target")
     out += hparam_findings(t.path, violations, runtimes, target_fix(t.path))
     says = _ggtools_refusal(t).get("ggtools")
@@ -218,15 +239,18 @@ def _rope_in_doubt(d: DraftFile, t: TargetInfo | None, runtimes) -> list[Finding
                     "rewritten)", rope_effects(theta, runtimes), f"ggtools doctor {d.path} --hf HF_DIR --fix -o OUT")]
 
 
+def _flag_fixes(d: DraftFile, evidence: dict) -> dict:
+    """DSpark's switches (FLAGS: BOOL keys) stored as another type, or another value, than the evidence gives
+    (role -> value: the confidence head from the file's tensors, the block layout from the checkpoint)."""
+    return {role: value for role, value in evidence.items()
+            if d.profile.has_key(role) and d.file.get(d.key(role)) is not value}
+
+
 def _file_fixes(d: DraftFile, fixes: dict) -> dict:
-    """What the file itself proves: a mask id kept under an older key, an id count that disagrees with the ids,
-    a DSpark confidence flag that disagrees with the tensors."""
+    """What the file itself proves: a mask id kept under an older key, an id count that disagrees with the ids."""
     out = {}
     if d.profile is None:
         return out
-    if d.is_dspark and d.profile.has_key("has_confidence_head") and "has_confidence_head" not in fixes and \
-            d.file.get(d.key("has_confidence_head")) is not d.has_confidence:
-        out["has_confidence_head"] = d.has_confidence
     mask, where = d.mask
     if mask is not None and where != d.key("mask") and "mask" not in fixes:
         out["mask"] = mask
@@ -240,17 +264,44 @@ def _file_fixes(d: DraftFile, fixes: dict) -> dict:
 
 def doctor_fix(draft, out, *, target=None, hf=None, to=None, runtimes=None, n_max=None, force=False,
                dry_run=False) -> FixResult:
-    """Write the repaired (and, with `to`, moved) drafter to out; check the result again."""
+    """Write the repaired (and, with `to`, moved) drafter to out, if it then passes every check; FixRefused (exit
+    1, nothing written) when the evidence fixes nothing that fails, or the fixed file still fails a check."""
     with _open(draft) as d, (OpenTarget(target) if target else contextlib.nullcontext()) as t:
         before = examine(d, t, hf, runtimes, n_max)
         dest = PROFILES[to] if to else d.profile
         tokenizer = _tokenizer_fix(d, t, dest)
         rw = _rewrite(d, dest, before.fixes, tokenizer)
-        plan = _write(d, rw, out, force, dry_run, _inputs(t, hf))
-    fixed = dict(before.fixes) | ({"tokenizer": f"{len(tokenizer)} keys from {t.path}"} if tokenizer else {})
-    after = None if dry_run else doctor(out, target=target, hf=hf, runtimes=runtimes if not to else None,
-                                        n_max=n_max)
-    return FixResult(before, after, plan, fixed, rw.notes)
+        fixed = dict(before.fixes) | ({"tokenizer": f"{len(tokenizer)} keys from {t.path}"} if tokenizer else {})
+        if before.errors and not fixed and dest is d.profile:
+            raise FixRefused(f"{d.path}: nothing written: the evidence given fixes none of the {len(before.errors)} "
+                             f"failed check(s): {_listed(before.errors)}")
+        inputs = _inputs(t, hf)
+        plan = _plan(d, rw, out, inputs)
+        check_output(out, plan.inputs, force=force or dry_run)
+        if dry_run:
+            return FixResult(before, None, plan, fixed, rw.notes)
+        again = dict(target=target, hf=hf, runtimes=runtimes if not to else None, n_max=n_max)
+        _write_checked(plan.shards[0], out, force, inputs, again, fixed)
+    return FixResult(before, doctor(out, **again), plan, fixed, rw.notes)
+
+
+def _write_checked(shard: ShardPlan, out, force, inputs, again: dict, fixed: dict):
+    """Write the shard to a temporary directory, check it again (doctor with the same evidence), and copy it to out
+    only if it passes: doctor never writes a file its own checks (validate's among them) fail."""
+    with temporary_directory("ggtools-doctor-") as tmp:
+        trial = os.path.join(tmp, os.path.basename(os.fspath(out)))
+        rewrite_shard(ShardPlan(shard.src, trial, shard.tensors, shard.kv_edits), inputs=inputs)
+        after = doctor(trial, **again)
+        if after.errors:
+            done = ", ".join(fixed) or "nothing"
+            raise FixRefused(f"{shard.src}: nothing written: fixed {done}, but {len(after.errors)} check(s) still "
+                             f"fail: {_listed(after.errors)}")
+        copy_file(trial, out, inputs=[shard.src, *inputs], force=force)
+
+
+def _listed(errors) -> str:
+    """The failed checks on one line: each one's class and message, and the command that fixes it."""
+    return "; ".join(f"{f.check}: {f.message}" + (f" (fix: {f.fix})" if f.fix else "") for f in errors)
 
 
 def move_layout(draft, out, to, *, target=None, force=False, dry_run=False) -> tuple[Plan, list[str]]:
@@ -286,12 +337,16 @@ def _inputs(t: TargetInfo | None, hf) -> list[str]:
     return (t.paths if t else []) + (files_of(hf) if hf else [])
 
 
-def _write(d: DraftFile, rw: DrafterRewrite, out, force, dry_run, inputs) -> Plan:
+def _plan(d: DraftFile, rw: DrafterRewrite, out, inputs) -> Plan:
     shard = ShardPlan(d.path, str(out), rw.tensors, rw.edits)
-    plan = Plan(f"drafter to the {rw.dest.name} layout", [shard], [d.path, *inputs])
+    return Plan(f"drafter to the {rw.dest.name} layout", [shard], [d.path, *inputs])
+
+
+def _write(d: DraftFile, rw: DrafterRewrite, out, force, dry_run, inputs) -> Plan:
+    plan = _plan(d, rw, out, inputs)
     check_output(out, plan.inputs, force=True)
     if not dry_run:
-        rewrite_shard(shard, force=force, inputs=inputs)
+        rewrite_shard(plan.shards[0], force=force, inputs=inputs)
     return plan
 
 

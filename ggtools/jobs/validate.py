@@ -1,6 +1,7 @@
-"""validate: container rules for files and shard sets, the model-file rules on the hyperparameters (the ones the
-runtime's loaders apply, ggtools.hparam_rules), optional deep row-data scan, sha256 manifests; for a DSpark
-drafter, its runtime's rules on the heads, d2t and block size."""
+"""validate: container rules for files and shard sets, the model-file rules on the hyperparameters and the tensors'
+shapes (the ones the runtime's loaders apply, ggtools.hparam_rules; a split set's tensors checked against the keys
+of its first shard), optional deep row-data scan, sha256 manifests; for a DSpark drafter, its runtime's rules on the
+heads, d2t and block size."""
 
 import json
 import os
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from ggtools.dflash.draftfile import DraftFile
 from ggtools.dflash.findings import FAILING, OK
 from ggtools.dflash.loaders import dspark_findings
+from ggtools.dflash.profiles import LLAMACPP
 from ggtools.errors import located
 from ggtools.gguf import GGUFError, GGUFFile, ShardSet
 from ggtools.gguf.check import Problem, check_file, check_set
@@ -18,6 +20,7 @@ from ggtools.gguf.inputs import parse_json, read_text
 from ggtools.gguf.outputs import check_output, write_bytes
 from ggtools.gguf.scan import scan_tensor
 from ggtools.hparam_rules import model_violations
+from ggtools.hparam_rules.tensor_shapes import locator, shape_refused
 from ggtools.jobs.errors import JobError
 
 
@@ -81,8 +84,9 @@ def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None
     inputs = [p for s in sets for p in s.paths] + ([manifest] if manifest else [])
     if write_manifest:
         check_output(write_manifest, inputs, force=force)
+    first_shards = {s.paths[0]: s for s in sets if s.is_split}
     with ThreadPoolExecutor(max_workers=jobs or min(len(files), os.cpu_count() or 1) or 1) as pool:
-        reports = list(pool.map(lambda p: _check_one(p, deep, want_hashes), files))
+        reports = list(pool.map(lambda p: _check_one(p, deep, want_hashes, first_shards.get(p)), files))
     set_problems = []
     for s in sets:
         if all(r.readable for r in reports if r.path in s.paths):
@@ -107,7 +111,8 @@ def _distinct_sets(paths) -> list[ShardSet]:
     return sets
 
 
-def _check_one(path, deep, want_hashes) -> FileReport:
+def _check_one(path, deep, want_hashes, shards=None) -> FileReport:
+    """shards: the set whose first shard path is (its tensors are checked against this file's keys)."""
     report = FileReport(path)
     try:
         f = GGUFFile(path)
@@ -119,10 +124,10 @@ def _check_one(path, deep, want_hashes) -> FileReport:
     with f:
         report.size, report.n_tensors = f.file_size, len(f.tensors)
         report.problems = check_file(f)
-        report.problems += hparam_problems(f, {p.where for p in report.problems})
+        report.problems += hparam_problems(f, {p.where for p in report.problems}, _set_tensors(shards))
         intact = not any(p.severity == "error" for p in report.problems)
         if intact:
-            report.problems += dspark_problems(f)
+            report.problems += dspark_problems(f, {p.where for p in report.problems})
         if deep and intact:
             report.problems += deep_scan(f)
             report.deep_bytes = sum(t.nbytes for t in f.tensors)
@@ -131,12 +136,24 @@ def _check_one(path, deep, want_hashes) -> FileReport:
     return report
 
 
-def dspark_problems(f: GGUFFile) -> list[Problem]:
+def _set_tensors(shards):
+    """locate(name) over every shard of a complete set (None: one file, or a set the set rules fail: each file's
+    own tensors are checked then)."""
+    if shards is None or shards.missing_indices:
+        return None
+    try:
+        return locator(shards.files)
+    except GGUFError:
+        return None             # a shard that does not parse: its own report says so
+
+
+def dspark_problems(f: GGUFFile, reported=()) -> list[Problem]:
     """A DSpark drafter (llama.cpp or lucebox layout): what its runtime's loader and graph do with its heads, d2t and
-    block size (dflash/loaders.py), each with the runtime's own words."""
+    block size (dflash/loaders.py), each with the runtime's own words; reported: places the model-file rules already
+    name (a tensor's shape)."""
     out = []
     for x in dspark_findings(DraftFile.read(f)):
-        if x.severity == OK:
+        if x.severity == OK or _reported_shape(x, reported):
             continue
         said = "; ".join(str(e) for e in x.effects)
         out.append(Problem(f.path, f"DSpark {x.check}", f"{x.message} ({said})" if said else x.message,
@@ -144,10 +161,18 @@ def dspark_problems(f: GGUFFile) -> list[Problem]:
     return out
 
 
-def hparam_problems(f: GGUFFile, reported=()) -> list[Problem]:
-    """The model-file rules the file's hyperparameters break (its metadata: shard 1 of a set), as the runtime
-    words them; reported: places the container rules already name (a key of the wrong type, say)."""
-    return [Problem(f.path, v.where, v.rule) for v in model_violations(f) if v.where not in reported]
+def _reported_shape(finding, reported) -> bool:
+    """llama.cpp's refusal of a tensor's shape that the model-file rules report already."""
+    name = shape_refused(finding.says(LLAMACPP.runtime))
+    return name is not None and f"tensor '{name}'" in reported
+
+
+def hparam_problems(f: GGUFFile, reported=(), locate=None) -> list[Problem]:
+    """The model-file rules the file's hyperparameters and tensors break (its metadata: shard 1 of a set; locate:
+    where the set's tensors lie), as the runtime words them, with llama.cpp's words where its loader refuses the
+    file; reported: places the container rules already name (a key of the wrong type, say)."""
+    return [Problem(f.path, v.where, v.rule + (f' (llama.cpp: "{v.says}")' if v.says else ""))
+            for v in model_violations(f, locate) if v.where not in reported]
 
 
 def deep_scan(f: GGUFFile) -> list[Problem]:

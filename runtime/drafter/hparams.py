@@ -8,14 +8,14 @@ rule: the Markov head makes a `dflash` file a draft-dspark one).
 `taps` are in the runtime's convention (TargetModel.forward: the residual stream entering layer j), which is
 HF id + 1.
 
-Every key (and DSpark's d2t table) is checked by the model-file rules (ggtools.hparam_rules: the drafter's and
-DSpark's, the ones validate and doctor apply) before it is read here.
+Every key, every tensor's shape (and DSpark's d2t table) is checked by the model-file rules (ggtools.hparam_rules:
+the drafter's and DSpark's, the ones validate and doctor apply) before it is read here.
 """
 
 from dataclasses import dataclass, field
 
 from ggtools.dflash.profiles import DSPARK_HEADS, LUCEBOX, PROFILES, profile_of
-from ggtools.hparam_rules import drafter_violations, dspark_violations
+from ggtools.hparam_rules import dspark_violations, model_violations
 from ggtools.runtime.errors import ModelError, refuse_violations
 
 
@@ -76,7 +76,7 @@ def read_draft_hparams(gguf, tensor_names, mask_id: int | None = None, n_vocab: 
     if p is None:
         raise ModelError(f"architecture '{arch}' is not a DFlash drafter (expected one of "
                          f"{', '.join(a for p in PROFILES.values() for a in p.archs)})")
-    refuse_violations(gguf.path, drafter_violations(gguf, mask_id) + dspark_violations(gguf, n_vocab, locate))
+    refuse_violations(gguf.path, model_violations(gguf, locate, mask_id) + dspark_violations(gguf, n_vocab, locate))
 
     def key(name, default=None, required=False):
         value = gguf.get(f"{arch}.{name}")

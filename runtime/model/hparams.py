@@ -1,13 +1,14 @@
 """Model hyperparameters from a target GGUF's `<arch>.*` keys, with llama.cpp's defaults.
 
-Every key is checked by the model-file rules (ggtools.hparam_rules, which validate and doctor apply too) before
-anything here reads it; what remains here is what this runtime cannot run although the file is valid."""
+Every key, and every tensor's shape, is checked by the model-file rules (ggtools.hparam_rules, which validate and
+doctor apply too) before anything here reads it; what remains here is what this runtime cannot run although the
+file is valid."""
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from ggtools.hparam_rules import target_violations
+from ggtools.hparam_rules import model_violations
 from ggtools.runtime.errors import ModelError, refuse_violations
 from ggtools.runtime.kernels.ops import yarn_attn_factor, yarn_corr_dims
 
@@ -101,9 +102,10 @@ def _swa_layers(gguf, key, n_layer: int, default_pattern: int) -> tuple:
     return tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
 
 
-def read_hparams(gguf, n_vocab: int, arch_entry) -> HParams:
-    """gguf: the GGUFFile holding the metadata (shard 1 of a split model); arch_entry: its archs.Arch."""
-    refuse_violations(gguf.path, target_violations(gguf))
+def read_hparams(gguf, n_vocab: int, arch_entry, locate=None) -> HParams:
+    """gguf: the GGUFFile holding the metadata (shard 1 of a split model); arch_entry: its archs.Arch; locate(name)
+    -> (GGUFFile, TensorInfo): where a tensor lies (default: in gguf), so that every shard's shapes are checked."""
+    refuse_violations(gguf.path, model_violations(gguf, locate))
     if arch_entry.read_hparams is not None:     # an architecture with keys of its own (kimi-k3)
         return arch_entry.read_hparams(gguf, n_vocab, arch_entry)
     arch = gguf.architecture
