@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # a step's cost is the best of at least MIN_TRIES, and of as many more as fill STEP_SAMPLE_S (at most MAX_TRIES): on
 # the 2-vCPU VM a 2 ms tiny batch on 2 threads measured 2.38 ms as the best of 5 rounds x 3 tries and 1.82 ms as the
-# best of 30 in one process (docs/runtime.md, "The same goals on an AMD EPYC Zen 4 VM")
+# best of 30 in one process
 MIN_TRIES, MAX_TRIES, STEP_SAMPLE_S = 3, 30, 0.05
 
 

@@ -10,7 +10,7 @@ llama-cpp-python process started with LLAMA_CPP_LIB_PATH pointing there (scripts
 installed over the oracle.
 
 On a CPU with AMX the build leaves AMX out (-mno-amx-*): llama.cpp's AMX matmul (ggml_backend_amx_mul_mat) dies with
-a general protection fault at its first ldtilecfg on the 2-vCPU Xeon VM of docs/runtime.md, for Q4_K_M and Q8_0
+a general protection fault at its first ldtilecfg on a 2-vCPU Xeon VM the benches ran on, for Q4_K_M and Q8_0
 alike (ggml-org/llama.cpp#20824 reports the same crash, closed unfixed), while AMX itself works there (a C program's
 ldtilecfg / tilezero ran). The anchor is then llama.cpp's AVX-512 / VNNI kernels, what such a machine runs when
 AMX is unusable; the build's manifest and the benchmark say so.
