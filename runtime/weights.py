@@ -30,7 +30,7 @@ from ggtools.quants.rowcheck import E8M0, FIELDS, FLOAT
 from ggtools.runtime.kernels import matmul, workers
 from ggtools.runtime.kernels.direct_call import DirectCall
 from ggtools.runtime.kernels.fixed_args import fixed_args
-from ggtools.runtime.errors import ModelError
+from ggtools.runtime.errors import ModelError, NonFiniteError
 
 
 MADV_RANDOM, MADV_WILLNEED = 1, 3      # Linux <sys/mman.h>
@@ -231,10 +231,18 @@ class WeightFile:
         return self._buffers[f.path]
 
     def vector(self, name: str, n: int | None = None) -> np.ndarray:
+        """A small tensor (a norm, a bias, a scale, a score vector) read whole as float32; NonFiniteError when it
+        holds NaN/inf: in memory anyway, it is checked as it is read, so that NaN/inf in one never decides what the
+        forward computes (a routing bias picks experts without reaching the logits; a sigmoid makes inf finite)."""
         f, t = self._lookup(name)
         if n is not None and t.n_elements != n:
             raise ModelError(f"{f.path}: tensor '{name}' has {t.n_elements} values, expected {n}")
-        return quants.dequantize(t.type_id, f.tensor_data(t), t.row_length).reshape(-1)
+        values = quants.dequantize(t.type_id, f.tensor_data(t), t.row_length).reshape(-1)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise NonFiniteError(f"{f.path}: tensor '{name}' holds NaN/inf (first at value {bad[0]}): the runtime "
+                                 "refuses it as it loads it (a norm, bias or scale must be finite)")
+        return values
 
     def id_vector(self, name: str, n_dims: int = 1) -> np.ndarray:
         """An I64 tensor of n_dims dimensions (token ids: DSpark's d2t) as int64."""

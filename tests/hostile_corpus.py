@@ -127,7 +127,7 @@ def split_set(prefix, count_on_first):
     rng = np.random.default_rng(1)
     paths = []
     for i in range(3):
-        kvs = ([B.kv_str("general.architecture", "llama")] if i == 0 else []) + [
+        kvs = (B.sample_kvs() if i == 0 else []) + [      # a valid llama model but for split.count
             B.kv_u16("split.no", i), B.kv_u16("split.count", count_on_first if i == 0 else 3),
             B.kv_i32("split.tensors.count", 3)]
         payload = rng.standard_normal(64).astype("<f4").tobytes()
@@ -165,20 +165,28 @@ def build_corpus(root) -> dict[str, str]:
     c["big"] = shutil.copy(c["good"], j("big", "x-00001-of-99999.gguf"))
     nan_rows = rng.standard_normal((4, 64)).astype("<f4")
     nan_rows[2, 5] = np.nan
-    c["nan_f32"] = write(j("nan_f32.gguf"), dense([("blk.0.ffn_up.weight", [64, 4], F32, nan_rows.tobytes())]))
+    # valid llama models (the FFN's width says the shapes they have, checked since issue 39) but for the NaN
+    c["nan_f32"] = write(j("nan_f32.gguf"), dense([("blk.0.ffn_up.weight", [64, 4], F32, nan_rows.tobytes())],
+                                                  B.sample_kvs() + [B.kv_u32("llama.feed_forward_length", 4)]))
     c["nan_q8"] = write(j("nan_q8.gguf"), dense([                 # converted by requant-trunk: scale NaN in row 1
-        ("blk.0.ffn_up.weight", [256, 4], Q8_0, q8_blocks(32, rng, bad_block=9))]))
+        ("blk.0.ffn_down.weight", [256, 64], Q8_0, q8_blocks(512, rng, bad_block=9))],
+        B.sample_kvs() + [B.kv_u32("llama.feed_forward_length", 256)]))
     c["nan_q8_copy"] = write(j("nan_q8_copy.gguf"), dense([       # 128-wide: copied by requant-trunk
         ("blk.0.attn_k_b.weight", [128, 4], Q8_0, q8_blocks(16, rng, bad_block=5))]))
     c["notok"] = write(j("notok.gguf"), _without_tokenizer(c["target"]))
     for case, edits in KIMI_K3_CASES.items():
         c[f"k3_{case}"] = _kimi_k3(j(f"k3_{case}.gguf"), edits)
+    os.makedirs(j("k3_kv_heads_set"))                                   # issue 39 B: a set for requant-trunk
+    c["k3_kv_heads_set"] = split_in_two(c["k3_kv_heads"], j("k3_kv_heads_set", "k3"))
     c["drafter"] = _drafter(c, j("drafter.gguf"))
     c["drafter_huge_block"] = _patched(c["drafter"], j("drafter_huge_block.gguf"), "dflash.block_size=u32:4294967295")
     _model_variants(c, j)
     _dspark_variants(c, j)
     _hf_variants(c, j)
     _dspark(c, j)
+    _trust3(c, j)
+    _shape_variants(c, j)
+    _doctor_fix_variants(c, j)
     _prompt_files(c, j)
     _manifests(c, j)
     os.makedirs(j("outdir"))
@@ -217,18 +225,22 @@ KIMI_K3_CASES = {
 }
 
 
-def _kimi_k3(path, edits) -> str:
+K3_KEYS = {"block_count": 2, "context_length": 64, "embedding_length": 32, "attention.head_count": 2,
+           "attention.head_count_kv": [0, 1], "attention.layer_norm_rms_epsilon": 1e-6, "kda.head_dim": 16,
+           "ssm.conv_kernel": 4, "attention.kv_lora_rank": 32, "attention.key_length": 48,
+           "rope.dimension_count": 16, "attention.key_length_mla": 32, "attention.value_length_mla": 16,
+           "attention.q_lora_rank": 16, "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 16,
+           "expert_shared_count": 1, "expert_latent_length": 16, "expert_gating_func": 2, "activation.situ_beta": 1.0,
+           "activation.situ_linear_beta": 0.0, "attn_res.block_size": 0}
+
+
+def _kimi_k3(path, edits, layers=False) -> str:
     """A 2-layer kimi-k3 file (KDA, MLA) with the keys its loader reads, the token embedding and output norm only
-    (keys are checked before any layer tensor is looked up), with `edits` applied to the keys."""
+    (keys are checked before any layer tensor is looked up), with `edits` applied to the keys; with layers, every
+    tensor too, shaped by K3_KEYS (before the edits: issue 39's keys that disagree with the tensors)."""
     import gguf
 
-    keys = {"block_count": 2, "context_length": 64, "embedding_length": 32, "attention.head_count": 2,
-            "attention.head_count_kv": [0, 1], "attention.layer_norm_rms_epsilon": 1e-6, "kda.head_dim": 16,
-            "ssm.conv_kernel": 4, "attention.kv_lora_rank": 32, "attention.key_length": 48,
-            "rope.dimension_count": 16, "attention.key_length_mla": 32, "attention.value_length_mla": 16,
-            "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 16, "expert_shared_count": 1,
-            "expert_gating_func": 2, "activation.situ_beta": 1.0, "activation.situ_linear_beta": 0.0,
-            "attn_res.block_size": 0}
+    keys = dict(K3_KEYS)
     keys.update(edits)
     w = gguf.GGUFWriter(path, "kimi-k3")
     for key, value in keys.items():
@@ -243,11 +255,37 @@ def _kimi_k3(path, edits) -> str:
     rng = np.random.default_rng(3)
     w.add_tensor("token_embd.weight", rng.standard_normal((64, 32)).astype(np.float32))
     w.add_tensor("output_norm.weight", np.ones(32, np.float32))
+    for name, ne in (_kimi_k3_layers() if layers else {}).items():
+        data = rng.standard_normal(ne[::-1]).astype(np.float32) * 0.1 + (1.0 if "norm" in name else 0.0)
+        w.add_tensor(name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+def _kimi_k3_layers() -> dict:
+    """name -> ne of K3_KEYS' layer tensors and output head, by llama.cpp's create_tensor calls (src/models/kimi-k3.cpp,
+    load_arch_tensors): n_embd 32, 2 heads; layer 0 KDA (head_dim 16: d_inner 32, conv 4), layer 1 MLA (q LoRA 16,
+    kv LoRA 32, key 32 = nope 16 + rope 16, value 16); both MoE (4 experts of 16 at the latent width 16, one shared
+    expert of 16)."""
+    out = {"output.weight": (32, 64)}
+    kda = {"ssm_conv1d_q.weight": (4, 1, 32), "ssm_conv1d_k.weight": (4, 1, 32), "ssm_conv1d_v.weight": (4, 1, 32),
+           "attn_q.weight": (32, 32), "attn_k.weight": (32, 32), "attn_v.weight": (32, 32), "ssm_f_a.weight": (32, 16),
+           "ssm_f_b.weight": (16, 32), "ssm_beta.weight": (32, 2), "ssm_a": (2,), "ssm_dt.bias": (32,),
+           "ssm_g.weight": (32, 32), "ssm_norm.weight": (16,), "attn_output.weight": (32, 32)}
+    mla = {"attn_q_a_norm.weight": (16,), "attn_kv_a_norm.weight": (32,), "attn_q_a.weight": (32, 16),
+           "attn_q_b.weight": (16, 64), "attn_kv_a_mqa.weight": (32, 48), "attn_k_b.weight": (16, 32, 2),
+           "attn_v_b.weight": (32, 16, 2), "attn_gate.weight": (32, 32), "attn_output.weight": (32, 32)}
+    moe = {"ffn_gate_inp.weight": (32, 4), "exp_probs_b.bias": (4,), "ffn_gate_exps.weight": (16, 16, 4),
+           "ffn_down_exps.weight": (16, 16, 4), "ffn_up_exps.weight": (16, 16, 4), "ffn_routed_down.weight": (32, 16),
+           "ffn_routed_up.weight": (16, 32), "ffn_routed_norm.weight": (16,), "ffn_gate_shexp.weight": (32, 16),
+           "ffn_down_shexp.weight": (16, 32), "ffn_up_shexp.weight": (32, 16)}
+    for i, mixer in enumerate((kda, mla)):
+        norms = {"attn_norm.weight": (32,), "ffn_norm.weight": (32,)}
+        out |= {f"blk.{i}.{name}": ne for name, ne in (norms | mixer | moe).items()}
+    return out
 
 
 def _without_tokenizer(path) -> bytes:
@@ -343,35 +381,60 @@ def _model_variants(c, j):
     for name, (base, keys) in HPARAM_VARIANTS.items():
         c[name] = str(rewrite_gguf(c[base], j(f"{name}.gguf"), set_keys=keys))
     c["t_nan"] = poison(c["target"], j("t_nan.gguf"), "blk.1.ffn_up.weight")
+    for name in ("target", "t_rot999", "q35_rot999", "oss_rot999"):      # issue 39 B: shard sets for requant-trunk
+        os.makedirs(j(f"{name}_set"))
+        c[f"{name}_set"] = split_in_two(c[name], j(f"{name}_set", name))
     c["d_nan"] = poison(c["drafter"], j("d_nan.gguf"), "blk.0.ffn_up.weight")
     for name in ("target", "drafter"):
         data = open(c[name], "rb").read()
         c[f"{name}_half"] = write(j(f"{name}_half.gguf"), data[:len(data) // 2])
 
 
-def poison(src, dst, tensor) -> str:
-    """A copy of src whose tensor's value 40 is NaN (F32, F16 or BF16 data)."""
+def split_in_two(src, prefix) -> str:
+    """src as a 2-shard set (issue 39 B: requant-trunk's input): its keys on shard 1, half its tensors on each;
+    returns shard 1's path."""
+    from ggtools.gguf import GGUFFile, GGUFWriter, shard_path
+    with GGUFFile(src) as f:
+        half = len(f.tensors) // 2
+        for i, tensors in enumerate((f.tensors[:half], f.tensors[half:])):
+            with GGUFWriter(shard_path(prefix, i, 2)) as w:
+                for kv in f.kvs if i == 0 else ():
+                    w.add_kv_record(kv)
+                w.add_kv("split.no", VT.UINT16, i)
+                w.add_kv("split.count", VT.UINT16, 2)
+                w.add_kv("split.tensors.count", VT.INT32, len(f.tensors))
+                for t in tensors:
+                    w.add_tensor_info(t.name, t.ne, t.type_id, t.nbytes)
+                for t in tensors:
+                    w.write(f.tensor_data(t))
+    return shard_path(prefix, 0, 2)
+
+
+def poison(src, dst, tensor, value=np.nan, index=40) -> str:
+    """A copy of src whose tensor's value `index` is `value`, NaN by default (F32, F16 or BF16 data)."""
     from ggtools.gguf import GGUFFile
     data = bytearray(open(src, "rb").read())
     with GGUFFile(src) as f:
         t = f.tensor[tensor]
         at, kind = t.data_start, t.type_name
-    nan = {"F32": np.float32(np.nan).tobytes(), "F16": np.float16(np.nan).tobytes(), "BF16": b"\xc0\x7f"}[kind]
-    at += 40 * len(nan)
-    data[at:at + len(nan)] = nan
+    bits = {"F32": np.float32(value).tobytes(), "F16": np.float16(value).tobytes(),
+            "BF16": np.float32(value).tobytes()[2:]}[kind]
+    at += index * len(bits)
+    data[at:at + len(bits)] = bits
     return write(dst, bytes(data))
 
 
 def _with_dspark_heads(src, dst, kvs=(), tensors=(), drop=()) -> str:
-    """src's KVs and tensors (less `drop`), plus KVs [(key, vtype, value)] and tensors [(name, ne, type, bytes)]."""
+    """src's KVs and tensors (less `drop`), plus KVs [(key, vtype, value[, element type])] and tensors
+    [(name, ne, type, bytes)]."""
     from ggtools.gguf import GGUFFile, GGUFWriter
     with GGUFFile(src) as f, GGUFWriter(dst) as w:
         kept = [t for t in f.tensors if t.name not in drop]
         for kv in f.kvs:
             if kv.key not in drop:
                 w.add_kv_record(kv)
-        for key, vtype, value in kvs:
-            w.add_kv(key, vtype, value)
+        for key, vtype, value, *elem in kvs:
+            w.add_kv(key, vtype, value, *elem)
         for t in kept:
             w.add_tensor_info(t.name, t.ne, t.type_id, t.nbytes)
         for name, ne, type_id, data in tensors:
@@ -399,6 +462,8 @@ def _dspark_variants(c, j):
 
     c["dspark_flag_not_bool"] = _with_dspark_heads(c["drafter"], j("dspark_flag_not_bool.gguf"),
                                                    [("dflash.sample_from_anchor", VT.UINT8, 1)], full)
+    c["dspark_flag_string"] = _with_dspark_heads(c["drafter"], j("dspark_flag_string.gguf"),     # issue 39 B
+                                                 [("dflash.sample_from_anchor", VT.STRING, "true")], full)
     c["dspark_conf_flag_no_tensor"] = _with_dspark_heads(
         c["drafter"], j("dspark_conf_flag_no_tensor.gguf"),
         [("dflash.sample_from_anchor", VT.BOOL, True), ("dflash.has_confidence_head", VT.BOOL, True)], full)
@@ -422,6 +487,100 @@ def _dspark_variants(c, j):
     reduced("dspark_d2t_repeated", np.r_[ids[:-1], ids[0]])
     reduced("dspark_d2t_without_head", ids, head=False)
     reduced("dspark_d2t_i32", ids, d2t_type=I32)
+
+
+# ---- issue 39 B2: tensors whose shapes the keys do not give (hparam_rules/tensor_shapes.py) -------------------
+
+# kimi-k3 files holding every tensor of K3_KEYS, with one key then changed: case -> key edits
+KIMI_K3_SHAPE_CASES = {"latent": {"expert_latent_length": 24}, "kda_head_dim": {"kda.head_dim": 8},
+                       "shared_width": {"expert_shared_count": 2}, "q_lora_rank": {"attention.q_lora_rank": 24}}
+# name -> (base model, the tensor stored with its first two dimensions swapped): a shape the keys do not give
+SHAPE_VARIANTS = {"llama_shape": ("llama", "blk.0.attn_q.weight"), "t_shape": ("target", "blk.1.attn_q.weight"),
+                  "q3moe_shape": ("q3moe", "blk.0.attn_k.weight"), "q35_shape": ("q35", "blk.0.attn_qkv.weight"),
+                  "q35moe_shape": ("q35moe", "blk.0.ffn_down_exps.weight"), "oss_shape": ("oss", "blk.1.attn_k.weight"),
+                  "d_shape": ("drafter", "blk.0.attn_q.weight"), "lb_shape": ("lucebox", "blk.0.attn_q.weight")}
+
+
+def _shape_variants(c, j):
+    """Runnable models of the archs the corpus lacks (llama, qwen3moe, qwen35moe, a lucebox drafter), and a copy of
+    each model whose one tensor has a shape its keys do not give (SHAPE_VARIANTS, KIMI_K3_SHAPE_CASES)."""
+    from ggtools.jobs.convert import convert_dflash
+    from ggtools.samples import write_runnable_moe
+    c["llama"] = _as_arch(c["target"], j("llama.gguf"), "llama")
+    c["q3moe"] = write_runnable_moe(j("q3moe.gguf"), layers=1, hidden=64, heads=2, kv_heads=1, head_dim=32, ffn=32,
+                                    experts=4)
+    c["q35moe"] = _qwen35moe(c["q35"], j("q35moe.gguf"))
+    c["lucebox"] = convert_dflash(c["hf"], j("lucebox.gguf"), profile="lucebox").path
+    for name, (base, tensor) in SHAPE_VARIANTS.items():
+        c[name] = _swapped(c[base], j(f"{name}.gguf"), tensor)
+    c["k3_layers"] = _kimi_k3(j("k3_layers.gguf"), {}, layers=True)
+    for case, edits in KIMI_K3_SHAPE_CASES.items():
+        c[f"k3_{case}"] = _kimi_k3(j(f"k3_{case}.gguf"), edits, layers=True)
+
+
+def _doctor_fix_variants(c, j):
+    """issue 39 A: drafters doctor --fix cannot repair from the evidence given (a DSpark block size of 0; no mask
+    id, without --hf; d2t ids repeated, with --hf), one it repairs only in part (the mask id under the older key,
+    and d2t repeated), and DSpark flags it repairs from the tensors (the confidence head) or the checkpoint (the
+    block layout, stored as u32)."""
+    c["ds_block0"] = str(rewrite_gguf(c["ds_gguf"], j("ds_block0.gguf"), set_keys=[
+        ("dflash.block_size", VT.UINT32, 0, None)]))
+    c["d_nomask"] = str(rewrite_gguf(c["drafter"], j("d_nomask.gguf"), drop_keys=["tokenizer.ggml.mask_token_id"]))
+    from ggtools.gguf import GGUFFile
+    with GGUFFile(c["ds_red_gguf"]) as f:
+        ids = f.tensor_data(f.tensor["d2t"]).view("<i8").copy()
+        mask = f.get("tokenizer.ggml.mask_token_id")
+    ids[-1] = ids[0]
+    c["ds_red_d2t_dup"] = str(rewrite_gguf(c["ds_red_gguf"], j("ds_red_d2t_dup.gguf"),
+                                           retype={"d2t": (I64, ids.astype("<i8").tobytes())}))
+    c["ds_red_d2t_dup_old_mask"] = str(rewrite_gguf(c["ds_red_d2t_dup"], j("ds_red_d2t_dup_old_mask.gguf"),
+                                                    drop_keys=["tokenizer.ggml.mask_token_id"],
+                                                    set_keys=[("dflash.mask_token_id", VT.UINT32, mask, None)]))
+    c["ds_anchor_u32"] = str(rewrite_gguf(c["ds_gguf"], j("ds_anchor_u32.gguf"), set_keys=[
+        ("dflash.sample_from_anchor", VT.UINT32, 1, None)]))
+    c["ds_no_conf_flag"] = str(rewrite_gguf(c["ds_gguf"], j("ds_no_conf_flag.gguf"), drop_keys=[
+        "dflash.has_confidence_head"], drop_tensors=["conf_proj.weight", "conf_proj.bias"]))
+
+
+def _as_arch(src, dst, arch, kvs=(), tensors=(), drop=()) -> str:
+    """src's model under another general.architecture (its '<arch>.' keys renamed), as _with_dspark_heads edits it."""
+    from ggtools.gguf import GGUFFile
+    with GGUFFile(src) as f:
+        old = f.architecture
+        own = [kv for kv in f.kvs if kv.key.startswith(old + ".")]
+        renamed = [(arch + kv.key[len(old):], kv.vtype, kv.value.tolist() if hasattr(kv.value, "tolist") else
+                    kv.value, kv.elem_type) for kv in own]
+    return _with_dspark_heads(src, dst, [("general.architecture", VT.STRING, arch), *renamed, *kvs], tensors,
+                              drop=("general.architecture", *(kv.key for kv in own), *drop))
+
+
+def _qwen35moe(q35, dst) -> str:
+    """tiny_targets' qwen35 with routed experts (4 of 32, 2 used) and a gated shared expert in every layer."""
+    from ggtools.gguf import GGUFFile
+    rng = np.random.default_rng(5)
+    with GGUFFile(q35) as f:
+        n_layer, embd, ff = (f.get(f"qwen35.{k}") for k in ("block_count", "embedding_length", "feed_forward_length"))
+    experts, ff_exp = 4, 32
+    shapes = {"ffn_gate_inp.weight": [embd, experts], "ffn_gate_exps.weight": [embd, ff_exp, experts],
+              "ffn_up_exps.weight": [embd, ff_exp, experts], "ffn_down_exps.weight": [ff_exp, embd, experts],
+              "ffn_gate_inp_shexp.weight": [embd], "ffn_gate_shexp.weight": [embd, ff], "ffn_up_shexp.weight": [embd, ff],
+              "ffn_down_shexp.weight": [ff, embd]}
+    tensors = [(f"blk.{i}.{name}", ne, F32, (rng.standard_normal(int(np.prod(ne))) * 0.2).astype("<f4").tobytes())
+               for i in range(n_layer) for name, ne in shapes.items()]
+    keys = [(f"qwen35moe.{k}", VT.UINT32, v) for k, v in (("expert_count", experts), ("expert_used_count", 2),
+                                                          ("expert_feed_forward_length", ff_exp))]
+    dense = [f"blk.{i}.ffn_{x}.weight" for i in range(n_layer) for x in ("gate", "up", "down")]
+    return _as_arch(q35, dst, "qwen35moe", keys, tensors, drop=dense)
+
+
+def _swapped(src, dst, name) -> str:
+    """src with tensor `name` stored with its first two dimensions swapped (the same bytes)."""
+    from ggtools.gguf import GGUFFile
+    with GGUFFile(src) as f:
+        t = f.tensor[name]
+        ne, type_id, data = [t.ne[1], t.ne[0], *t.ne[2:]], t.type_id, bytes(f.tensor_data(t))
+    assert ne != list(t.ne), name
+    return _with_dspark_heads(src, dst, tensors=[(name, ne, type_id, data)], drop=(name,))
 
 
 def _hf_variants(c, j):
@@ -520,6 +679,61 @@ def _dspark(c, j):
     c["ds_nobias_gguf"] = str(rewrite_gguf(c["ds_bonus_gguf"], j("ds_nobias.gguf"), drop_tensors=["conf_proj.bias"]))
     c["ds_nobs_gguf"] = str(rewrite_gguf(c["ds_gguf"], j("ds_nobs.gguf"), drop_keys=["dflash.block_size"]))
     c["ds_now1_gguf"] = str(rewrite_gguf(c["ds_bonus_gguf"], j("ds_now1.gguf"), drop_tensors=["markov_w1.weight"]))
+
+
+# ---- issue 39 (Trust III): a DFlash2 drafter (the third family a draft tree reads), NaN/inf in DSpark's confidence
+# head and in DFlash2's candidate selector, MXFP4 experts whose E8M0 scale bytes are 0xFF (E8M0's NaN)
+
+def _trust3(c, j):
+    from tests.test_runtime_experts import write_moe
+    c["dflash2"] = dflash2_drafter(j("dflash2"), j("dflash2.gguf"), c["target"])
+    c["d2_nan_selector"] = poison(c["dflash2"], j("d2_nan_selector.gguf"), "selector_hidden.weight")
+    c["ds_nan_conf"] = poison(c["ds_gguf"], j("ds_nan_conf.gguf"), "conf_proj.weight")
+    c["ds_nan_conf_bias"] = poison(c["ds_gguf"], j("ds_nan_conf_bias.gguf"), "conf_proj.bias", index=0)
+    c["ds_inf_conf_bias"] = poison(c["ds_gguf"], j("ds_inf_conf_bias.gguf"), "conf_proj.bias", np.inf, index=0)
+    c["moe"] = str(write_moe(j("moe.gguf"), n_expert=4, n_ff=64))
+    c["moe_mxfp4_ff"] = mxfp4_scales_0xff(c["moe"], j("moe_mxfp4_ff.gguf"), "blk.1.ffn_up_exps.weight")
+    c["t_nan_norm"] = poison(c["target"], j("t_nan_norm.gguf"), "output_norm.weight")
+
+
+def dflash2_drafter(hf_dir, out, target) -> str:
+    """The demo drafter's shapes as a DFlash2 checkpoint (reference §5: a dynamic convolution around each sublayer,
+    a candidate selector of rank 8 scoring its top 4), random weights, converted for `target`."""
+    from scripts.fixtures import dspark_checkpoints as DS
+    from ggtools.jobs.convert import convert_dflash
+    cfg = json.loads(open(os.path.join(DEMO, "drafter", "config.json")).read())
+    kernel, group, rank = 2, 16, 8
+    cfg["architectures"] = ["DFlash2DraftModel"]
+    cfg["dflash_config"] |= {"conv_kernel_size": kernel, "conv_group_size": group, "selector_rank": rank,
+                             "selector_top_k": 4}
+    hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    shapes = DS.backbone_shapes(cfg, 2) | {"candidate_selector.hidden_projection.weight": (rank, hidden),
+                                           "candidate_selector.predecessor_codebook.weight": (vocab, rank),
+                                           "candidate_selector.successor_codebook.weight": (vocab, rank)}
+    for i in range(cfg["num_hidden_layers"]):
+        for conv in ("attention_conv", "mlp_conv"):
+            shapes[f"layers.{i}.{conv}.base_kernel"] = (2, kernel, hidden)
+            shapes[f"layers.{i}.{conv}.kernel_projection.weight"] = (2 * kernel * (hidden // group), hidden)
+    rng = np.random.default_rng(5)
+    tensors = {name: ("BF16", rng.normal(0, 0.05, shape).astype(np.float32) + name.endswith("norm.weight"))
+               for name, shape in sorted(shapes.items())}
+    convert_dflash(DS.write_dspark(hf_dir, cfg, tensors), out, profile="llama.cpp", target=target)
+    return str(out)
+
+
+MXFP4_BLOCK = 17        # ggml-common.h block_mxfp4: one E8M0 exponent byte, then 16 bytes of 32 nibbles
+
+
+def mxfp4_scales_0xff(src, dst, tensor) -> str:
+    """A copy of src whose MXFP4 tensor has every block's E8M0 exponent set to 0xFF (NaN), its nibbles kept."""
+    from ggtools.gguf import GGUFFile
+    data = bytearray(open(src, "rb").read())
+    with GGUFFile(src) as f:
+        t = f.tensor[tensor]
+        assert t.type_name == "MXFP4"
+        start, n = t.data_start, t.nbytes
+    data[start:start + n:MXFP4_BLOCK] = b"\xff" * (n // MXFP4_BLOCK)
+    return write(dst, bytes(data))
 
 
 HOSTILE_MANIFESTS = {"binary": bytes(range(256)) * 4, "list": b"[]", "files_number": b'{"files": 5}',

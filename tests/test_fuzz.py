@@ -1,14 +1,14 @@
 """Bounded, seeded mutation fuzzing of GGUF and safetensors headers through inspect, validate, quantize, patch
-and convert, and of model hyperparameters (values and types) through validate, doctor and run. Every run must keep
-the hostile corpus's four properties (hostile_corpus.py): an exit code of 0, 1 or 2; on failure one line on stderr
-and no traceback; inputs unchanged; no new file but the output.
+and convert, and of model hyperparameters (values and types) through validate, doctor, run and quantize. Every run
+must keep the hostile corpus's four properties (hostile_corpus.py): an exit code of 0, 1 or 2; on failure one line
+on stderr and no traceback; inputs unchanged; no new file but the output.
 
 The header mutator is hand-rolled and structure-aware: it walks the header itself (independently of ggtools'
 reader) to find every count, length, type, dimension and offset, then sets one of them to a boundary or
 random value, or flips bytes, or cuts the file. The hyperparameter mutator sets one key the runtime reads (or one
 it does not have) to a boundary value of some GGUF type, or drops it, on a tiny model of every arch the runtime
-runs and a drafter; a file the model-file rules refuse must be refused by run (in their words) and failed by
-doctor. The seed is fixed: a failure names its case and replays.
+runs and a drafter; a file the model-file rules refuse must be refused by run and quantize (in their words) and
+failed by doctor. The seed is fixed: a failure names its case and replays.
 """
 
 import json
@@ -213,7 +213,9 @@ INTS = ["0", "-1", "1", "2", "7", "100000", str(2 ** 31), str(2 ** 32 - 1), str(
 FLOATS = ["nan", "-nan", "inf", "-inf", "1e308", "1e-400", "-0.0", "0.5", "1", "2", "", "\udcff"]
 TEXTS = ["\udcff", "x\udc80y", "\ud800", "a\u2028b", "\u0085", "a" * 100_000, ""]      # argv holds no NUL
 IDS = ["1,2", "-1", "5000", "2048", "99999999999999999999", "1,,2", "\udcff", "1 2 3", ""]
-DRAFTING = {"--ring-cap": INTS, "--n-max": INTS, "--p-min": FLOATS, "--n-min": INTS, "--threads": INTS, "-n": INTS}
+DRAFTING = {"--ring-cap": INTS, "--n-max": INTS, "--p-min": FLOATS, "--n-min": INTS, "--threads": INTS, "-n": INTS,
+            # issue 39 (Trust III) A: a draft tree's budget and ranks (accept: a list, "4," + each value)
+            "--tree-budget": INTS + ["4," + v for v in INTS], "--tree-top-k": INTS}
 OPTIONS = {
     "run": DRAFTING | {"--min-acceptance": FLOATS, "--prompt": TEXTS, "--prompt-ids": IDS},
     "accept": DRAFTING | {"--max-drop": FLOATS, "--min-tau": FLOATS, "--baseline": TEXTS},
@@ -258,6 +260,44 @@ def test_command_line_mutations(pair):
     for case, args in command_cases(pair):
         codes[_check(pair, args, [], case).exit_code] += 1
     assert codes[2] > COMMAND_CASES // 3 and codes[0] + codes[1] > 0
+
+
+ENV_CASES = 12
+ENV_VALUES = ["on", "off", "auto", "1", "0", "yes", "no", "true", "false", ""]
+
+
+def mutate_setting(rng) -> str:
+    """An accepted value of an environment setting, or one changed: case, a space around it, a letter dropped or
+    doubled, a character that is not ASCII."""
+    value = pick(rng, ENV_VALUES)
+    op = int(rng.integers(0, 5))
+    if op == 0:
+        return value.upper()
+    if op == 1:
+        return pick(rng, [" ", "\t", "\n"]) + value if rng.integers(0, 2) else value + " "
+    if op == 2 and value:
+        at = int(rng.integers(0, len(value)))
+        return value[:at] + value[at + 1:] if rng.integers(0, 2) else value[:at] + value[at] + value[at:]
+    if op == 3:
+        return value + pick(rng, ["\u00e9", "\u2028", "x"])
+    return value
+
+
+def test_environment_mutations(pair):
+    """issue 39 (Trust III) C: mutated values of every environment setting ggtools reads through run: each runs, or
+    is refused with one line naming the variable (never run as the default)."""
+    from ggtools.environment import SETTINGS
+    rng = np.random.default_rng(SEED + 5)
+    args = ["run", "--target", str(pair / "target.gguf"), "--prompt-ids", "1,2", "-n", "2"]
+    codes = {0: 0, 1: 0, 2: 0}
+    for i in range(ENV_CASES):
+        name, value = pick(rng, sorted(SETTINGS)), mutate_setting(rng)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(name, value)
+            result = _check(pair, args, [], f"{i}: {name}={value!r}")
+        codes[result.exit_code] += 1
+        assert result.exit_code == 0 or f"environment variable {name}=" in result.stderr, (name, value)
+    assert codes[0] and codes[2]
 
 
 PROMPT_INSERTS = ["\u2028", "\u2029", "\u0085", "\r", "\x00", "\\ud800", "\\udfff\\ud800", "\ufeff", "\\u0000",
@@ -412,9 +452,10 @@ def hparam_cases():
 
 
 def test_hyperparameter_mutations(tmp_path, hparam_models):
-    """HPARAM_CASES models with one hyperparameter mutated, each through validate, doctor and run (2 tokens): the
-    four properties, and one verdict: a file the model-file rules refuse is failed by validate and doctor and
-    refused by run in the rules' words; one they pass never crashes run."""
+    """HPARAM_CASES models with one hyperparameter mutated, each through validate, doctor, run (2 tokens) and
+    quantize's plan: the four properties, and one verdict: a file the model-file rules refuse is failed by validate
+    and doctor and refused by run and quantize in the rules' words; one they pass never crashes run; quantize plans
+    exactly what validate passes."""
     from ggtools.gguf import GGUFFile
     from ggtools.hparam_rules import model_violations
     refused = ran = 0
@@ -435,10 +476,14 @@ def test_hyperparameter_mutations(tmp_path, hparam_models):
         v = _check(d, ["validate", path], [], case)
         r = _check(d, run, [], case)
         doc = _check(d, doctor, [], case)
+        # issue 39: quantize (its plan: --dry-run) refuses what validate fails and plans what it passes
+        q = _check(d, ["quantize", path, "-o", str(d / "q.gguf"), "--scheme", "q8_0", "--dry-run"], [], case)
+        assert q.exit_code == (2 if v.exit_code else 0), f"case {case}: {q.stderr}"
         if violations:
             refused += 1
             assert v.exit_code == 1 and doc.exit_code == 1, case
             assert r.exit_code == 2 and str(violations[0]) in r.stderr, f"case {case}: {r.stderr}"
+            assert violations[0].where in q.stderr and violations[0].rule in q.stderr, f"case {case}: {q.stderr}"
         elif r.exit_code == 0:
             ran += 1
         shutil.rmtree(d)

@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-from tests.hostile_corpus import HOSTILE_MANIFESTS, HPARAM_VARIANTS, build_corpus, check_run
+from tests.hostile_corpus import (HOSTILE_MANIFESTS, HPARAM_VARIANTS, KIMI_K3_SHAPE_CASES, SHAPE_VARIANTS,
+                                  build_corpus, check_run)
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,31 @@ def _hparam_rows():
             rows.append((f"hparams/doctor-{name}", doctor, 1, [], where))
     return rows
 
+
+# the first tensor whose shape the edited key no longer gives, in each of hostile_corpus.KIMI_K3_SHAPE_CASES
+K3_SHAPE_TENSOR = {"latent": "blk.0.ffn_gate_exps.weight", "kda_head_dim": "blk.0.ssm_conv1d_q.weight",
+                   "shared_width": "blk.0.ffn_gate_shexp.weight", "q_lora_rank": "blk.1.attn_q_a_norm.weight"}
+
+
+def _shape_rows():
+    """issue 39 B2: a tensor whose shape its keys do not give (hostile_corpus.SHAPE_VARIANTS, one per arch and drafter
+    layout; KIMI_K3_SHAPE_CASES, keys that disagree with kimi-k3's tensors) through run, validate and doctor: one
+    line naming the tensor in llama.cpp's words (run exit 2, validate and doctor exit 1)."""
+    cases = {name: (base, tensor) for name, (base, tensor) in SHAPE_VARIANTS.items()}
+    cases |= {f"k3_{case}": ("k3", tensor) for case, tensor in K3_SHAPE_TENSOR.items()}
+    rows = []
+    for name, (base, tensor) in cases.items():
+        key, where = "{%s}" % name, f"tensor '{tensor}': has wrong shape; expected ["
+        if base in ("drafter", "lucebox"):
+            run, doctor = ["run", "--target", "{target}", "--draft", key, *FEW], ["doctor", key, "--runtime", "ggtools"]
+        else:
+            run, doctor = ["run", "--target", key, *FEW], ["doctor", "{drafter}", "--target", key]
+        rows += [(f"shapes/run-{name}", run, 2, [], where), (f"shapes/validate-{name}", ["validate", key], 1, [], where),
+                 (f"shapes/doctor-{name}", doctor, 1, [], where)]
+    return rows
+
+
+FIXED = "{root}/fixed.gguf"
 
 # (id, args, exit code, outputs the run may create, fragment of the error line)
 ROWS = [
@@ -211,9 +237,47 @@ ROWS = [
      "tensor 'blk.0.ffn_up.weight'"),
     ("nonfinite/validate-deep-nan-target", ["validate", "--deep", "{t_nan}"], 1, [], "tensor 'blk.1.ffn_up.weight'"),
     ("nonfinite/validate-deep-nan-drafter", ["validate", "--deep", "{d_nan}"], 1, [], "tensor 'blk.0.ffn_up.weight'"),
+    # issue 39 (Trust III) B: NaN/inf decide no cut and no draft: a DSpark confidence head (the weight NaN: the
+    # confidence is NaN, never below --p-min; the bias NaN or +inf: a vector, refused as it is loaded), a DFlash2
+    # candidate selector; D: the cause named as validate --deep names it (an MXFP4 exponent 0xFF), and a vector
+    # (norm) of the target
+    *[(f"nonfinite/{cmd}-dspark-{case}", [*args, "{ds_%s}" % case, "--cut", "confidence", "--p-min", "0.5"], 2, [],
+       f"tensor '{tensor}' holds NaN/inf")
+      for cmd, args in (("run", RUN_DRAFT), ("accept", [*ACCEPT[:3], "-q", "-n", "4", "--draft"]))
+      for case, tensor in (("nan_conf", "conf_proj.weight"), ("nan_conf_bias", "conf_proj.bias"),
+                           ("inf_conf_bias", "conf_proj.bias"))],
+    ("nonfinite/run-dflash2-nan-selector", [*RUN_DRAFT, "{d2_nan_selector}"], 2, [],
+     "tensor 'selector_hidden.weight' holds NaN/inf (first at value 40), so the candidate selector gives NaN/inf"),
+    ("nonfinite/run-mxfp4-exponent-0xff", ["run", "--target", "{moe_mxfp4_ff}", *FEW], 2, [],
+     "tensor 'blk.1.ffn_up_exps.weight' holds NaN/inf (first at block 0: MXFP4 exponent 0xFF), so layer 1's "
+     "feed-forward network gives NaN/inf"),
+    ("nonfinite/validate-deep-mxfp4-exponent-0xff", ["validate", "--deep", "{moe_mxfp4_ff}"], 1, [],
+     "MXFP4 exponent 0xFF"),
+    ("nonfinite/run-nan-norm", ["run", "--target", "{t_nan_norm}", *FEW], 2, [],
+     "tensor 'output_norm.weight' holds NaN/inf (first at value 40): the runtime refuses it as it loads it"),
     # 10. model-file rules: a hyperparameter the runtime reads is checked where the runtime reads it, by validate
     # and by doctor, in the same words; doctor never says OK to a file run refuses
     *_hparam_rows(),
+    *_shape_rows(),
+    ("shapes/run-kimi-k3-layers", ["run", "--target", "{k3_layers}", *FEW], 0, [], None),       # the keys' own shapes
+    ("shapes/validate-kimi-k3-layers", ["validate", "{k3_layers}"], 0, [], None),
+    # issue 39 A: doctor --fix writes nothing that still fails a check: not what the evidence cannot fix (a DSpark
+    # block size of 0, no mask id, without --hf; d2t ids repeated, with --hf; a u32 block layout, without --hf), not
+    # what a fix leaves (the mask id fixed, d2t still repeated); it fixes what the evidence gives (the block layout
+    # from --hf, the confidence flag from the tensors)
+    *[(f"doctor/fix-refused-{name}", ["doctor", "{%s}" % src, *extra, "--fix", "-o", FIXED], 1, [], fragment)
+      for name, src, extra, fragment in (
+          ("dspark-block-size-0", "ds_block0", [], "nothing written: the evidence given fixes none of the"),
+          ("no-mask-without-hf", "d_nomask", [], "nothing written: the evidence given fixes none of the"),
+          ("d2t-repeated-with-hf", "ds_red_d2t_dup", ["--hf", "{ds_reduced-bonus}"], "maps two draft rows"),
+          ("anchor-u32-without-hf", "ds_anchor_u32", [], "'dflash.sample_from_anchor': is 1, expected a boolean"),
+          ("fix-leaves-d2t-repeated", "ds_red_d2t_dup_old_mask", ["--hf", "{ds_reduced-bonus}"],
+           "nothing written: fixed mask, but"))],
+    ("doctor/fix-anchor-u32-with-hf", ["doctor", "{ds_anchor_u32}", "--hf", "{ds_base}", "--fix", "-o", FIXED], 0,
+     [FIXED], None),
+    ("doctor/fix-missing-confidence-flag", ["doctor", "{ds_no_conf_flag}", "--fix", "-o", FIXED], 0, [FIXED], None),
+    ("dspark/validate-missing-confidence-flag", ["validate", "{ds_no_conf_flag}"], 1, [],
+     "dflash.has_confidence_head is missing, which llama.cpp reads as true, but the file has no conf_proj tensors"),
     ("doctor/truncated-drafter", ["doctor", "{drafter_half}"], 1, [], "the file is truncated"),
     ("doctor/truncated-target", ["doctor", "{drafter}", "--target", "{target_half}"], 1, [], "the file is truncated"),
     ("input/run-truncated-target", ["run", "--target", "{target_half}", *FEW], 2, [], "end of the file"),
@@ -254,7 +318,7 @@ ROWS = [
                                                 "4096"], 2, [], "--tree-top-k 4096: must lie in 1..2048"),
     ("check/run-tree-top-k-without-budget", [*RUN_DRAFT, "{drafter}", "--tree-top-k", "4"], 2, [],
      "--tree-top-k 4: needs --tree-budget"),
-    ("check/run-tree-budget-zero", [*RUN_DRAFT, "{drafter}", "--tree-budget", "0"], 2, [], "x>=1"),
+    ("check/run-tree-budget-zero", [*RUN_DRAFT, "{drafter}", "--tree-budget", "0"], 2, [], "1<=x<=2147483647"),
     ("check/run-tree-budget-without-draft", [*RUN, "--tree-budget", "22"], 2, [], "--tree-budget"),
     ("check/accept-tree-budgets-not-numbers", [*ACCEPT, "--tree-budget", "4,x"], 2, [],
      "expected node counts separated by commas"),
@@ -282,6 +346,32 @@ ROWS = [
     *[(f"bounds/{cmd[0]}-block-size-beyond-memory", cmd, 2, [], "4294967295")
       for cmd in (["run", "--target", "{target}", "--draft", "{drafter_huge_block}", "--prompt-ids", "1,2"],
                   ["accept", "--target", "{target}", "--draft", "{drafter_huge_block}", "-q", "-n", "4"])],
+    # issue 39 (Trust III) A: a draft tree has at most k + k^2 + ... + k^n_max nodes (k ranks, --tree-top-k or
+    # lucebox's 8, at each of n_max positions): a budget beyond is refused, on each drafter family (DFlash v1 n_max 7;
+    # DSpark anchor-first n_max 8; DFlash2 k = its selector's top 4), and so is one whose verify would not fit the
+    # memory (its masks grow with the square of the nodes); counts are C ints, 400 digits refused as they are parsed
+    *[(f"bounds/run-tree-budget-beyond-a-tree-{name}", [*RUN_DRAFT, "{%s}" % name, "--tree-budget", str(most + 1)], 2,
+       [], f"--tree-budget {most + 1}: more than the {most} nodes")
+      for name, most in (("drafter", 2396744), ("ds_gguf", 19173960), ("dflash2", 21844))],
+    ("bounds/run-tree-budget-beyond-the-chain", [*RUN_DRAFT, "{drafter}", "--tree-budget", "8", "--tree-top-k", "1"],
+     2, [], "--tree-budget 8: more than the 7 nodes"),
+    ("bounds/accept-tree-budget-beyond-a-tree", ["accept", "--target", "{target}", "--draft", "{dflash2}", "-q", "-n",
+                                                 "4", "--tree-budget", "4,21845"], 2, [], "more than the 21844 nodes"),
+    *[(f"bounds/{cmd[0]}-tree-budget-beyond-memory", [*cmd, "--tree-budget", budgets], 2, [],
+       "--tree-budget 1000000: verifying a draft tree of 1000000 nodes")
+      for cmd, budgets in (([*RUN_DRAFT, "{drafter}"], "1000000"), (ACCEPT, "4,1000000"))],
+    ("bounds/run-dspark-tree-budget-beyond-memory", [*RUN_DRAFT, "{ds_gguf}", "--tree-budget", "1000000"], 2, [],
+     "verifying a draft tree of 1000000 nodes"),
+    *[(f"bounds/{cmd[0]}{option}-400-digits", [*cmd, option, value], 2, [], "(400 digits) is more than 2147483647")
+      for cmd in ([*RUN_DRAFT, "{drafter}"], ACCEPT)
+      for option, value in (("--tree-budget", "9" * 400), ("--ring-cap", "9" * 400), ("--tree-top-k", "9" * 400),
+                            ("--n-max", "9" * 400), ("-n", "9" * 400), ("--threads", "9" * 400))],
+    ("bounds/accept-tree-budget-list-400-digits", [*ACCEPT, "--tree-budget", "4," + "9" * 400], 2, [],
+     "(400 digits) is more than 2147483647"),
+    ("bounds/accept-tree-budget-list-5000-digits", [*ACCEPT, "--tree-budget", "9" * 5000], 2, [],
+     "(5000 digits) is more than 2147483647"),
+    *[(f"bounds/demo{option}-400-digits", ["demo", "--skip-requant", option, "9" * 400], 2, [],
+       "(400 digits) is more than 2147483647") for option in ("--ring-cap", "-n", "--threads", "--rounds")],
     # 10. a gate that cannot fail is refused: NaN compares false with everything
     ("gate/run-min-acceptance-nan", [*RUN, "--draft", "{drafter}", "--min-acceptance", "nan"], 2, [], "finite"),
     ("gate/run-p-min-nan", [*RUN, "--draft", "{drafter}", "--cut", "prob", "--p-min", "nan"], 2, [], "finite"),
@@ -409,6 +499,23 @@ def test_the_reproductions_name_the_rope_rule(corpus):
         result = check_run(corpus["root"], _fill(["run", "--target", "{target}", "--draft", "{%s}" % name, *FEW],
                                                  corpus), 2)
         assert "the head size is 64" in result.stderr, name
+
+
+# issue 39 (Trust III) C: every environment setting ggtools reads (ggtools/environment.py) refuses a value it does not
+# know, misspelt or with a trailing space, naming the variable, the value and the accepted values (it ran as auto)
+@pytest.mark.parametrize("name, value", [("GGTOOLS_EXPERT_PAGING", "bogus"), ("GGTOOLS_EXPERT_PAGING", "off "),
+                                         ("GGTOOLS_CHECK_DIRECT_CALLS", "2"), ("GGTOOLS_CHECK_DIRECT_CALLS", "yes!")])
+@pytest.mark.parametrize("command", [RUN, [*RUN_DRAFT, "{drafter}"], ACCEPT, ["demo", "--skip-requant"]],
+                         ids=["run", "run-draft", "accept", "demo"])
+def test_misspelt_environment_setting_is_refused(corpus, monkeypatch, name, value, command):
+    monkeypatch.setenv(name, value)
+    check_run(corpus["root"], _fill(command, corpus), 2, [], f"environment variable {name}={value!r}: not one of")
+
+
+@pytest.mark.parametrize("value", ["on", "OFF", "auto", "1", "no", ""])
+def test_every_accepted_environment_value_runs(corpus, monkeypatch, value):
+    monkeypatch.setenv("GGTOOLS_EXPERT_PAGING", value)
+    check_run(corpus["root"], _fill(RUN, corpus), 0)
 
 
 def test_corpus_makes_no_files_outside_its_directory(corpus):

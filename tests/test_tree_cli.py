@@ -7,6 +7,7 @@ the chain keeps its cut while the trees are never cut."""
 import json
 import xml.etree.ElementTree as ET
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -132,3 +133,52 @@ def test_a_tree_that_differs_from_greedy_fails_its_drafter(work, monkeypatch):
     assert r.exit_code == 1
     assert ("FAIL: drafter-f16.gguf: output with a draft tree of 22 differs from target-only greedy decoding on 2 of 2 "
             "prompts") in r.stderr
+
+
+# ---- issue 39 (Trust III) A: what a tree budget can be ---------------------------------------------------------------
+
+@pytest.mark.parametrize("k, depth", [(1, 7), (2, 1), (2, 3), (3, 4), (8, 4), (5, 5)])
+def test_the_node_bound_is_what_build_tree_builds_when_nothing_stops_it(k, depth):
+    """most_tree_nodes(k, depth): the nodes lucebox's build_ddtree (runtime/ddtree.py, checked against it node for
+    node) adds from depth positions of k equally likely ranks when the budget never stops it."""
+    from ggtools.runtime.ddtree import build_tree, most_tree_nodes
+    lp = np.log(np.full((depth, k), 1 / k, np.float32))
+    tree = build_tree(lp, np.tile(np.arange(k), (depth, 1)), 10 ** 9)
+    assert most_tree_nodes(k, depth, 10 ** 9) == tree.n_nodes
+    assert most_tree_nodes(k, depth, tree.n_nodes - 1) == tree.n_nodes       # counted just past the cap
+    assert most_tree_nodes(k, 10 ** 12, 1000) == 1001                        # a huge depth costs nothing
+
+
+def test_a_budget_beyond_the_tree_is_refused_and_the_bound_runs(work):
+    """2 ranks over 3 positions give at most 2 + 4 + 8 = 14 nodes: 14 runs, 15 is refused naming both (the budget
+    used to be spent on a tree that could never grow to it: 2^31 ended in a 5.22 TiB MemoryError)."""
+    _, paths, _, chosen = work
+    ids = ",".join(map(str, chosen[0][1]))
+    base = ["run", "--draft", paths["f16"], "--prompt-ids", ids, "-n", "8", "--tree-top-k", "2", "--n-max", "3"]
+    r = _cli(*base, "--tree-budget", "14", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["outputs_match_target"]
+    r = _cli(*base, "--tree-budget", "15")
+    assert r.exit_code == 2 and "--tree-budget 15: more than the 14 nodes" in r.stderr, r.output
+    assert "top-K 2 (--tree-top-k) at each of the step's 3 positions (--n-max) gives at most 2 + 2^2 + 2^3" in r.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "accept"])
+def test_a_tree_whose_verify_cannot_fit_is_refused(work, command):
+    """A budget under the tree's bound (2396744 nodes for 8 ranks over 7 positions) whose verify needs more memory than
+    there is: (nodes + 1)^2 bytes per visibility mask. It decoded for minutes, or ended in an internal MemoryError."""
+    _, paths, prompts, chosen = work
+    args = (["run", "--prompt-ids", ",".join(map(str, chosen[0][1])), "--tree-budget", "1000000"] if command == "run"
+            else ["accept", "--prompts", prompts, "-q", "--tree-budget", "4,1000000"])
+    r = _cli(*args, "--draft", paths["f16"], "-n", "8")
+    assert r.exit_code == 2, r.output
+    assert "--tree-budget 1000000: verifying a draft tree of 1000000 nodes" in r.stderr and "TiB" in r.stderr
+
+
+@pytest.mark.parametrize("budget", ["9" * 400, "4," + "9" * 400, "9" * 5000])
+def test_an_absurd_budget_is_refused_as_it_is_parsed(work, budget):
+    _, paths, prompts, _ = work
+    command = ("run", "--prompt-ids", "1,2") if "," not in budget and len(budget) < 1000 else \
+        ("accept", "--prompts", prompts, "-q")
+    r = _cli(*command, "--draft", paths["f16"], "--tree-budget", budget)
+    assert r.exit_code == 2 and "digits) is more than 2147483647" in r.stderr and len(r.stderr) < 300, r.output

@@ -27,7 +27,9 @@ from ggtools.runtime.model.kvcache import KVCache
 from ggtools.runtime.model.tree_batch import TreeBatch
 
 
-EMBEDDING, FINAL_MIX, HEAD = "the token embedding", "the residual mix before the output norm", "the output norm and head"
+# the pieces of a forward that the non-finite trace names (besides each layer's)
+EMBEDDING, HEAD = "the token embedding", "the output norm and head"
+FINAL_MIX = "the residual mix before the output norm"        # kimi-k3's residual bank
 
 
 def mixer_piece(i: int) -> str:
@@ -69,7 +71,8 @@ class TargetModel:
         # tied embeddings: llama.cpp uses token_embd as the head when output.weight is absent
         self.output = w.matrix("output.weight", hp.n_embd) if w.has("output.weight") else self.token_embd
         head = ["output_norm.weight", "output.weight" if w.has("output.weight") else "token_embd.weight"]
-        freq_factors = w.optional_vector("rope_freqs.weight", hp.rope_dims // 2)
+        with w.recording() as self.rope_tensors:        # every token mixer rotates by them
+            freq_factors = w.optional_vector("rope_freqs.weight", hp.rope_dims // 2)
         self.rope_freq_factors = np.zeros(0, np.float32) if freq_factors is None else freq_factors
         # M-RoPE on text: pairs of the fourth section keep position 0's angles (none with Qwen3.5's sections)
         self.rope_still = np.zeros(0, bool)
@@ -105,7 +108,8 @@ class TargetModel:
         with w.recording() as ffn_tensors:
             ffn_norm = ops.vector(w.vector(f"blk.{i}.{arch.ffn_norm}.weight", hp.n_embd))
             ffn = arch.ffn(ops.pieces, w, hp, i)
-        self.piece_tensors[mixer_piece(i)], self.piece_tensors[ffn_piece(i)] = mixer_tensors, ffn_tensors
+        self.piece_tensors[mixer_piece(i)] = mixer_tensors + self.rope_tensors
+        self.piece_tensors[ffn_piece(i)] = ffn_tensors
         return Layer(attn_norm, mixer, ffn_norm, ffn)
 
     def _bank_pieces(self, residual: list[str]) -> None:
