@@ -8,6 +8,7 @@ proofs are in tests/test_doctor_oracle.py.
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from ggtools.dflash.findings import failed
 from ggtools.dflash.profiles import PROFILES
 from ggtools.gguf import GGUFFile
 from ggtools.jobs.convert import convert_dflash
-from ggtools.jobs.doctor import doctor, doctor_fix, move_layout, pair_check
+from ggtools.jobs.doctor import FixRefused, doctor, doctor_fix, move_layout, pair_check
+from ggtools.jobs.validate import validate
 from scripts.fixtures import runtime_sources
 from tests.test_convert_support import H, VOCAB, make_checkpoint, make_dspark_checkpoint, make_target_gguf, rewrite_gguf
 
@@ -317,7 +319,7 @@ def test_fix_with_hf_writes_the_checkpoint_values_and_copies_tensors(work):
     result = doctor_fix(bad, out, hf=work["c1"], force=True)
     assert sha(bad) == before                                       # the input is never modified
     assert result.fixed == {"target_ids": [1, 5], "rope.freq_base": 10000.0, "block_size": 8}
-    assert result.exit_code == 0 and doctor(out, hf=work["c1"]).exit_code == 0
+    assert result.exit_code == 0 and doctor(out, hf=work["c1"]).exit_code == 0 and validate([out]).exit_code == 0
     with GGUFFile(out) as f:
         assert list(f.get("dflash.target_layers")) == [2, 6] and f.get("dflash.rope.freq_base") == 10000.0
     assert tensor_bytes(out) == tensor_bytes(bad)
@@ -342,6 +344,80 @@ def test_fix_refuses_to_guess_without_the_checkpoint(work):
     assert not [f for f in report.findings if f.check == "rope_theta"]
     off = broken(work, "v1", "off-nohf", set_keys=[("dflash.target_layers", VT.ARRAY, [1, 5], VT.INT32)])
     assert doctor_fix(off, work["dir"] / "off-nohf-out.gguf", force=True).fixed == {}
+
+
+def _d2t_repeated(work, name, **edits) -> Path:
+    """The reduced-vocabulary DSpark drafter with its last d2t id repeating its first (llama.cpp loses a row)."""
+    with GGUFFile(work["dsred"]) as f:
+        ids = f.tensor_data(f.tensor["d2t"]).view("<i8").copy()
+    ids[-1] = ids[0]
+    return broken(work, "dsred", name, retype={"d2t": (27, ids.astype("<i8").tobytes())}, **edits)
+
+
+@pytest.mark.parametrize("case", ["dspark-block-size-0", "no-mask", "d2t-repeated", "anchor-u32"])
+def test_fix_writes_nothing_the_evidence_does_not_fix(work, tmp_path, monkeypatch, case):
+    """A fault no evidence given fixes (a DSpark block size of 0 or a missing mask id without --hf, d2t ids repeated
+    with --hf, a u32 block layout flag without --hf): --fix refuses (exit 1) naming it, and writes nothing."""
+    hf = {"d2t-repeated": work["cdsred"]}.get(case)
+    bad = {"dspark-block-size-0": lambda: broken(work, "ds", "fix-bs0", set_keys=[("dflash.block_size", VT.UINT32, 0,
+                                                                                  None)]),
+           "no-mask": lambda: broken(work, "v1", "fix-nomask", drop_keys=["tokenizer.ggml.mask_token_id"]),
+           "d2t-repeated": lambda: _d2t_repeated(work, "fix-d2t"),
+           "anchor-u32": lambda: broken(work, "ds", "fix-u32", set_keys=[("dflash.sample_from_anchor", VT.UINT32, 1,
+                                                                          None)])}[case]()
+    before = doctor(bad, hf=hf)
+    assert before.exit_code == 1
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    out = tmp_path / "fixed.gguf"
+    with pytest.raises(FixRefused) as refused:
+        doctor_fix(bad, out, hf=hf)
+    assert refused.value.exit_code == 1 and "nothing written" in str(refused.value)
+    assert all(f"{f.check}: {f.message}" in str(refused.value) for f in before.errors)
+    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+    r = CliRunner().invoke(main, ["doctor", str(bad), "--fix", "-o", str(out)] + (["--hf", str(hf)] if hf else []))
+    assert r.exit_code == 1 and r.output.startswith("error: ") and len(r.output.splitlines()) == 1 and not out.exists()
+
+
+def test_fix_that_leaves_a_fault_writes_nothing(work, tmp_path, monkeypatch):
+    """The mask id kept under the older key is fixed, the repeated d2t id is not: the fixed file would still fail, so
+    nothing is written (no output, no temporary file) and the refusal names what is left."""
+    with GGUFFile(work["dsred"]) as f:
+        mask = f.get("tokenizer.ggml.mask_token_id")
+    bad = _d2t_repeated(work, "fix-left", drop_keys=["tokenizer.ggml.mask_token_id"],
+                        set_keys=[("dflash.mask_token_id", VT.UINT32, mask, None)])
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    out = tmp_path / "fixed.gguf"
+    with pytest.raises(FixRefused) as refused:
+        doctor_fix(bad, out, hf=work["cdsred"])
+    assert "nothing written: fixed mask, but" in str(refused.value) and "maps two draft rows" in str(refused.value)
+    assert os.listdir(tmp_path) == []
+
+
+def test_fix_writes_the_dspark_flags_the_evidence_gives_as_booleans(work):
+    """dflash.sample_from_anchor stored as u32 (llama.cpp compares its text with "true": "1" is false) is rewritten as
+    the checkpoint's BOOL with --hf; a missing has_confidence_head (read as true) without conf_proj, as false from
+    the tensors. Each fixed file passes doctor and validate."""
+    for value in (0, 1):
+        bad = broken(work, "ds", f"anchor-u32-{value}", set_keys=[("dflash.sample_from_anchor", VT.UINT32, value,
+                                                                   None)])
+        out = work["dir"] / f"anchor-u32-{value}-fixed.gguf"
+        result = doctor_fix(bad, out, hf=work["cds"], force=True)
+        assert result.fixed == {"sample_from_anchor": True} and result.exit_code == 0
+        with GGUFFile(out) as f:
+            assert f.kv["dflash.sample_from_anchor"].vtype == VT.BOOL and f.get("dflash.sample_from_anchor") is True
+        assert validate([out]).exit_code == 0
+    bad = broken(work, "ds", "no-conf-flag", drop_keys=["dflash.has_confidence_head"],
+                 drop_tensors=["conf_proj.weight", "conf_proj.bias"])
+    conf = [f for f in doctor(bad).errors if f.check == "confidence_head"]
+    assert conf and "which llama.cpp reads as true" in conf[0].message
+    assert validate([bad]).exit_code == 1
+    out = work["dir"] / "no-conf-flag-fixed.gguf"
+    assert doctor_fix(bad, out, force=True).fixed == {"has_confidence_head": False}
+    with GGUFFile(out) as f:
+        assert f.get("dflash.has_confidence_head") is False
+    assert validate([out]).exit_code == 0
 
 
 def test_fix_takes_the_tokenizer_from_the_target(work):

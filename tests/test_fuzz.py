@@ -23,7 +23,7 @@ import pytest
 from gguf import GGUFValueType as VT
 
 from tests import gguf_builder as B
-from tests.hostile_corpus import DEMO, check_run, snapshot
+from tests.hostile_corpus import DEMO, _kimi_k3, check_run, snapshot
 from tests.stalled_cli import stop_while_stalled
 from tests.test_convert_support import rewrite_gguf
 from tests.tiny_targets import write_gpt_oss, write_qwen35
@@ -418,7 +418,8 @@ def hparam_models(tmp_path_factory):
     convert_dflash(os.path.join(DEMO, "drafter"), drafter, profile="llama.cpp", target=target)
     convert_dflash(os.path.join(DEMO, "drafter"), lucebox, profile="lucebox")
     return {"target": str(target), "q35": write_qwen35(d / "q35.gguf"), "oss": write_gpt_oss(d / "oss.gguf"),
-            "drafter": str(drafter), "lucebox": str(lucebox)}
+            "drafter": str(drafter), "lucebox": str(lucebox),
+            "k3": _kimi_k3(d / "k3.gguf", {}, layers=True)}     # issue 39: keys that size its tensors
 
 
 def hparam_keys(path) -> tuple[str, dict]:
@@ -446,7 +447,7 @@ def mutate_hparams(path, rng) -> tuple[str, list, list]:
 
 def hparam_cases():
     rng = np.random.default_rng(SEED + 2)
-    names = ["target", "q35", "oss", "drafter", "lucebox"]
+    names = ["target", "q35", "oss", "drafter", "lucebox", "k3"]
     for i in range(HPARAM_CASES):
         yield i, names[i % len(names)], rng
 

@@ -313,3 +313,17 @@ def test_deep_scan_finds_bad_values(tmp_path):
     assert "first at block 3" in messages["tensor 'blk.0.ffn_up.weight'"]
     assert "first at block 2" in messages["tensor 'blk.0.ffn_exps.weight'"]
     assert len(report.problems) == 3
+
+
+def test_tensor_shapes_are_checked_against_the_keys(tmp_path):
+    """The sample's llama keys (n_embd 64, 8 heads, no key_length: heads of 64 / 8, no feed_forward_length: 0) give
+    attn_q {64, 8 x 8} and ffn_up {64, 0} (llama.cpp's llama loader); its tensors are [64, 8] and [64, 4]: validate
+    names both, quoting check_tensor_dims (src/llama-model-loader.cpp, shapes as llama_format_tensor_shape prints)."""
+    report = validate([write(tmp_path, B.sample_file())])
+    rules = {p.where: p.rule for p in report.errors}
+    assert report.exit_code == 1 and set(rules) == {"tensor 'blk.0.attn_q.weight'", "tensor 'blk.0.ffn_up.weight'"}
+    assert rules["tensor 'blk.0.attn_q.weight'"].startswith("has wrong shape; expected [64, 64], got [64, 8]")
+    assert rules["tensor 'blk.0.attn_q.weight'"].endswith(
+        "(llama.cpp: \"check_tensor_dims: tensor 'blk.0.attn_q.weight' has wrong shape; expected     64,     64, "
+        "got     64,      8,      1,      1\")")
+    assert rules["tensor 'blk.0.ffn_up.weight'"].startswith("has wrong shape; expected [64, 0], got [64, 4]")

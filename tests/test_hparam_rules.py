@@ -23,7 +23,7 @@ from ggtools.runtime.drafter.hparams import read_draft_hparams
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.model.archs import arch_of
 from ggtools.runtime.model.hparams import read_hparams
-from tests.hostile_corpus import DEMO, HPARAM_VARIANTS, NAN, _kimi_k3
+from tests.hostile_corpus import DEMO, HPARAM_VARIANTS, NAN, _kimi_k3, _swapped
 from tests.test_convert_support import make_checkpoint, make_dspark_checkpoint, make_target_gguf, rewrite_gguf
 from tests.tiny_targets import DEMO_TARGET, write_gpt_oss, write_qwen35
 
@@ -40,6 +40,7 @@ def models(tmp_path_factory):
     convert_dflash(make_checkpoint(d / "c2", 2), m["v2"], profile="llama.cpp",
                    target=make_target_gguf(d / "t2.gguf"))
     m["k3"] = _kimi_k3(d / "k3.gguf", {})       # kimi-k3's keys as its converter writes them, no layer tensors
+    m["k3_layers"] = _kimi_k3(d / "k3l.gguf", {}, layers=True)     # and every tensor of those keys
     m["swa"] = str(rewrite_gguf(m["drafter"], d / "swa.gguf", set_keys=[
         ("dflash.attention.sliding_window", U32, 4, None),
         ("dflash.attention.sliding_window_pattern", ARR, [True, False], BOOL)]))
@@ -79,7 +80,7 @@ def keys_read(f, read) -> set[str]:
     return f.kv.read - {"general.architecture"}
 
 
-TARGETS = ("target", "q35", "oss", "k3")
+TARGETS = ("target", "q35", "oss", "k3", "k3_layers")
 MODELS = (*TARGETS, "drafter", "lucebox", "v2", "swa", "dspark", "dsred")
 
 
@@ -248,6 +249,75 @@ def test_lucebox_mask_is_the_targets(models, tmp_path):
         assert drafter_violations(f) == []
 
 
+# ---- tensor shapes (hparam_rules/tensor_shapes.py) ---------------------------------------------------------------
+
+def llama_format_tensor_shape(ne) -> str:
+    """llama.cpp's src/llama-impl.cpp: each dimension "%6" PRId64, joined by ", "."""
+    return ", ".join(f"{n:6d}" for n in ne)
+
+
+def swappable(path) -> str:
+    """The last 2-D (or 3-D) tensor whose first two dimensions differ and stay whole blocks when swapped."""
+    with GGUFFile(path) as f:
+        return next(t.name for t in reversed(f.tensors) if len(t.ne) >= 2 and t.ne[0] != t.ne[1]
+                    and t.ne[1] % t.block[0] == 0)
+
+
+SHAPE_MODELS = ("target", "q35", "oss", "k3_layers", "drafter", "lucebox", "v2", "dspark", "dsred")
+
+
+@pytest.mark.parametrize("name", SHAPE_MODELS)
+def test_a_tensor_shape_the_keys_do_not_give_is_refused_in_llama_cpp_words(models, name, tmp_path):
+    """One tensor stored with its first two dimensions swapped: the rules name it with the shape of the good file (the
+    one llama.cpp's loader takes: the oracle test below) and llama.cpp's words; the runtime refuses it in the rule's
+    words, validate reports it (quoting llama.cpp), doctor fails it."""
+    tensor = swappable(models[name])
+    bad = str(_swapped(models[name], tmp_path / "bad.gguf", tensor))
+    with GGUFFile(models[name]) as f:
+        want = list(f.tensor[tensor].ne)
+    got = [want[1], want[0], *want[2:]]
+    with GGUFFile(bad) as f:
+        (v, *_) = model_violations(f)
+        drafter = f.architecture in ("dflash", LUCEBOX.arch)
+        with pytest.raises(ModelError) as refused:
+            read_draft_hparams(f, {t.name for t in f.tensors}) if drafter else read_hparams(f, 100, arch_of(f))
+    assert v.where == f"tensor '{tensor}'" and v.rule.startswith(f"has wrong shape; expected {want}, got {got}"), v
+    padded = got + [1] * (4 - len(got))
+    llama = f"check_tensor_dims: tensor '{tensor}' has wrong shape; expected {llama_format_tensor_shape(want)}, " \
+            f"got {llama_format_tensor_shape(padded)}"
+    assert v.says == (None if name == "lucebox" else llama)
+    assert str(refused.value).startswith(f"{bad}: {v}")
+    report = validate([bad])
+    assert report.exit_code == 1 and any(p.where == v.where and p.rule.startswith(v.rule) for p in report.problems)
+    report = doctor(bad, runtimes=["ggtools"]) if drafter else doctor(models["drafter"], target=bad)
+    assert report.exit_code == 1 and any(f.message == str(v) for f in report.errors), report.findings
+
+
+def test_a_split_models_tensors_are_checked_against_its_first_shards_keys(models, tmp_path):
+    """validate, doctor --target and the rules see every shard's tensors (here the wrong one lies in shard 2)."""
+    from ggtools.gguf import GGUFWriter, shard_path
+    bad = str(_swapped(models["target"], tmp_path / "bad.gguf", "blk.1.attn_q.weight"))
+    with GGUFFile(bad) as f:
+        (v, *_) = model_violations(f)
+        halves = (f.tensors[:len(f.tensors) // 2], f.tensors[len(f.tensors) // 2:])
+        assert v.tensor in {t.name for t in halves[1]}
+        for i, tensors in enumerate(halves):
+            with GGUFWriter(shard_path(tmp_path / "s", i, 2)) as w:
+                for kv in f.kvs if i == 0 else ():
+                    w.add_kv_record(kv)
+                for key, vtype, value in (("split.no", VT.UINT16, i), ("split.count", VT.UINT16, 2),
+                                          ("split.tensors.count", VT.INT32, len(f.tensors))):
+                    w.add_kv(key, vtype, value)
+                for t in tensors:
+                    w.add_tensor_info(t.name, t.ne, t.type_id, t.nbytes)
+                for t in tensors:
+                    w.write(f.tensor_data(t))
+    first = shard_path(tmp_path / "s", 0, 2)
+    report = validate([first])
+    assert report.exit_code == 1 and [p.where for p in report.errors] == [v.where], report.problems
+    assert any(f.message == str(v) for f in doctor(models["drafter"], target=first).errors)
+
+
 # ---- the oracle: libllama refuses what the rules say it refuses, in those words --------------------------------
 
 LOGGED = ("load: bad special token",)      # llama.cpp logs these and loads on (test_doctor finds them in its source)
@@ -285,3 +355,44 @@ def test_libllama_refuses_in_the_words_the_rules_quote(models, tmp_path):
             continue
         assert says in r["error"], (name, says, r)
     assert "q35-rank3" not in shapes_first and len(shapes_first) <= 2, shapes_first
+
+
+# kimi-k3 keys that also size tensors (issue 39): key -> another value, which llama.cpp's loader holds against them
+K3_SIZE_KEYS = {"kimi-k3.expert_latent_length": 64, "kimi-k3.kda.head_dim": 32, "kimi-k3.expert_shared_count": 2,
+                "kimi-k3.attention.q_lora_rank": 64}
+
+
+@pytest.mark.oracle
+def test_llama_cpp_converter_models_pass_and_libllama_refuses_their_broken_shapes_in_the_rules_words(
+        tmp_path, tiny_target, qwen35_target, qwen35moe_target, qwen3moe_target, gpt_oss_target, kimi_k3_target,
+        ref_drafter_gguf, dspark_drafters):
+    """Every tiny model llama.cpp's own converter built (each arch, the DFlash v1 / DFlash2 / DSpark drafters, a split
+    set) breaks no rule and has no tensor the shape tables do not name; the same model with one tensor's dimensions
+    swapped, or a kimi-k3 key that sizes tensors changed, libllama refuses in the words of one of the rules."""
+    pytest.importorskip("llama_cpp")
+    from ggtools.gguf import ShardSet
+    from ggtools.hparam_rules.tensor_shapes import expected_shapes, locator
+    from scripts.fixtures.llama_oracle import run_ops_subprocess
+    good = [tiny_target.gguf["f16"], qwen35_target.gguf["f16"], qwen35moe_target.gguf["f16"], qwen35moe_target.split[0],
+            qwen3moe_target.gguf["f16"], gpt_oss_target.gguf["f16"], gpt_oss_target.gguf["MXFP4_MOE"],
+            kimi_k3_target.gguf["f16"], kimi_k3_target.gguf["plain-f32"], kimi_k3_target.gguf["q8_0"],
+            ref_drafter_gguf("v1"), ref_drafter_gguf("v2"), ref_drafter_gguf("v2", "q8_0"),
+            dspark_drafters("anchor-conf", "f16"), dspark_drafters("bonus-reduced", "f16")]
+    for path in good:
+        with ShardSet(path) as s:
+            locate = locator(s.files)
+            assert model_violations(s.first, locate) == [], path
+            table = expected_shapes(s.first, locate)
+            assert [t.name for f in s.files for t in f.tensors if t.name not in table] == [], path
+    broken = [str(_swapped(p, tmp_path / f"{i}.gguf", swappable(p))) for i, p in enumerate(good) if "-of-" not in
+              str(p)]
+    broken += [str(rewrite_gguf(kimi_k3_target.gguf["f16"], tmp_path / f"k3-{i}.gguf", set_keys=[(key, U32, v, None)]))
+               for i, (key, v) in enumerate(K3_SIZE_KEYS.items())]
+    says = []
+    for path in broken:
+        with GGUFFile(path) as f:
+            violations = model_violations(f)
+        assert violations and all(v.tensor for v in violations), path
+        says.append({v.says for v in violations})
+    for path, words, r in zip(broken, says, run_ops_subprocess([{"op": "load", "path": p} for p in broken])):
+        assert not r["ok"] and any(w in r["error"] for w in words), (path, r)

@@ -322,7 +322,7 @@ def _kda(s: _Sizes, p: str) -> dict:
     E, H = s.embd, s.head
     hd = s.size("kda.head_dim")
     d_inner, conv = hd * H, s.size("ssm.conv_kernel")
-    out = {p + f"ssm_conv1d_{x}.weight": (conv, ONE, d_inner) for x in "qkv"}
+    out = {p + f"ssm_conv1d_{x}.weight": (conv, ONE, d_inner, ONE) for x in "qkv"}   # asked for 4-D first
     return out | _qkv(p, E, d_inner, d_inner, d_inner) | {
         p + "ssm_f_a.weight": (E, hd), p + "ssm_f_b.weight": (hd, d_inner), p + "ssm_beta.weight": (E, H),
         p + "ssm_a": (H,), p + "ssm_dt.bias": (d_inner,), p + "ssm_g.weight": (E, d_inner),
