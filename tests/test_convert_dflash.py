@@ -17,7 +17,8 @@ from ggtools.gguf import GGUFFile
 from ggtools.jobs.convert import ConvertError, convert_dflash
 from ggtools.quants import quantize
 from tests.test_convert_support import (H, HD, NH, NKV, VOCAB, drafter_config, from_bf16_bits, kv_table, make_checkpoint,
-                                  make_target_gguf, random_tensors, to_bf16_bits, write_safetensors)
+                                  make_dspark_checkpoint, make_target_gguf, random_tensors, rewrite_gguf,
+                                  to_bf16_bits, write_safetensors)
 
 @pytest.fixture
 def target(tmp_path):
@@ -420,3 +421,214 @@ def test_lucebox_without_mask_writes_its_default(tmp_path):
     result = convert(make_checkpoint(tmp_path / "d", 1, config=_mask_only_at_top()), out, profile="lucebox")
     assert dict((k, v) for k, _, v in kv_table(out))["qwen35-dflash-draft.dflash.mask_token_id"] == 248070
     assert any("lucebox's default 248070" in w for w in result.warnings)
+
+
+# ---- config.json numbers, and the model-file rules before writing (issue 39) -------------------------------------
+
+def _checkpoint(tmp_path, layout, edits=()):
+    """A checkpoint of each config layout (v1, v2: DFlash's flat dflash_config; flat / speculators: DSpark's),
+    config.json edited: edits (key path, value), a path into nested objects."""
+    d = tmp_path / layout
+    if layout in ("flat", "speculators"):
+        make_dspark_checkpoint(d, arch="DSparkSpeculator" if layout == "speculators" else "Qwen3DSparkModel",
+                               layout=layout)
+    else:
+        make_checkpoint(d, 2 if layout == "v2" else 1)
+    cfg = json.loads((d / "config.json").read_text())
+    for path, value in edits:
+        node = cfg
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def _refused(tmp_path, d, target, profile="llama.cpp") -> str:
+    """convert's refusal of d (exit 2, one line, no output file), the line without 'error: '."""
+    out = tmp_path / "out.gguf"
+    args = ["convert", "dflash", str(d), "-o", str(out), "--profile", profile]
+    r = CliRunner().invoke(main, args + (["--target-gguf", str(target)] if profile == "llama.cpp" else []))
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and r.output.startswith("error: "), r.output
+    assert "internal error" not in r.output and not out.exists()
+    return r.output[len("error: "):].strip()
+
+
+NAN = float("nan")
+# (layout, edited key path, value, where config.json keeps it, the rule): every number goes through one checked
+# reader: its type, finite, and the range of what it becomes (a GGUF u32 is 0..2^32-1: struct '<I'; llama.cpp's
+# LLAMA_MAX_LAYERS is 512)
+CONFIG_NUMBERS = [
+    ("v1", ("dflash_config", "block_size"), 2 ** 32, "dflash_config.block_size", "4294967296 is outside 0..4294967295"),
+    ("v1", ("num_hidden_layers",), 10 ** 9, "num_hidden_layers", "1000000000 is outside 1..512"),
+    ("v1", ("rope_parameters", "rope_theta"), "abc", "rope_parameters.rope_theta", "'abc' is not a number"),
+    ("v1", ("rms_norm_eps",), NAN, "rms_norm_eps", "nan is not a finite number"),
+    ("v1", ("max_position_embeddings",), 1.5, "max_position_embeddings", "1.5 is not an integer"),
+    ("v1", ("head_dim",), True, "head_dim", "True is not a number"),
+    ("v1", ("dflash_config", "mask_token_id"), -1, "dflash_config.mask_token_id", "-1 is outside 0..4294967295"),
+    ("v1", ("dflash_config", "target_layer_ids"), [1, 2 ** 40], "dflash_config.target_layer_ids[1]",
+     "1099511627776 is outside 0..511"),
+    ("v2", ("dflash_config", "selector_rank"), 2 ** 32, "dflash_config.selector_rank",
+     "4294967296 is outside 0..4294967295"),
+    ("v2", ("rope_parameters", "rope_theta"), 1e39, "rope_parameters.rope_theta", "1e+39 is outside"),
+    ("flat", ("rope_theta",), "abc", "rope_theta", "'abc' is not a number"),
+    ("flat", ("block_size",), 2 ** 32, "block_size", "4294967296 is outside 0..4294967295"),
+    ("flat", ("draft_vocab_size",), "64", "draft_vocab_size", "'64' is not a number"),
+    ("speculators", ("transformer_layer_config", "rope_theta"), "abc", "transformer_layer_config.rope_theta",
+     "'abc' is not a number"),
+    ("speculators", ("transformer_layer_config", "rope_theta"), NAN, "transformer_layer_config.rope_theta",
+     "nan is not a finite number"),
+    ("speculators", ("transformer_layer_config", "num_hidden_layers"), 10 ** 9,
+     "transformer_layer_config.num_hidden_layers", "1000000000 is outside 1..512"),
+    ("speculators", ("aux_hidden_state_layer_ids",), [2, 2 ** 33], "aux_hidden_state_layer_ids[1]",
+     "8589934592 is outside 1..512"),
+    ("speculators", ("transformer_layer_config", "rms_norm_eps"), "1e-6", "transformer_layer_config.rms_norm_eps",
+     "'1e-6' is not a number"),
+]
+
+
+@pytest.mark.parametrize("layout,path,value,place,rule", CONFIG_NUMBERS,
+                         ids=[f"{c[0]}-{c[3]}={c[2]!r:.12}" for c in CONFIG_NUMBERS])
+def test_config_numbers_are_checked_as_they_are_read(tmp_path, target, layout, path, value, place, rule):
+    """One line naming config.json, the key where config.json keeps it, and the rule; exit 2, nothing written (the
+    1e9-layer drafter took 60 s and then died of MemoryError; 2^32 failed inside the writer as an internal error)."""
+    d = _checkpoint(tmp_path, layout, [(path, value)])
+    line = _refused(tmp_path, d, target)
+    assert line.startswith(f"{d / 'config.json'}: key '{place}': {rule}"), line
+
+
+def test_config_numbers_in_the_lucebox_profile(tmp_path):
+    for i, (path, value, rule) in enumerate((
+            (("rms_norm_eps",), NAN, "key 'rms_norm_eps': nan is not a finite number"),
+            (("max_position_embeddings",), "x", "key 'max_position_embeddings': 'x' is not a number"),
+            (("sliding_window",), 2 ** 32, "key 'sliding_window': 4294967296 is outside"),
+            (("rope_parameters", "rope_theta"), "abc", "key 'rope_parameters.rope_theta': 'abc' is not a number"))):
+        edits = [(path, value), (("layer_types",), ["sliding_attention", "full_attention"])]
+        assert rule in _refused(tmp_path, _checkpoint(tmp_path / str(i), "v1", edits), None, profile="lucebox")
+
+
+def _validate_says(tmp_path, good_gguf, key, vtype, value) -> tuple[str, str]:
+    """What `ggtools validate` says of the good file with key set to value: its first error (place, rule)."""
+    from ggtools.jobs.validate import validate
+    bad = rewrite_gguf(good_gguf, tmp_path / f"patched-{key}.gguf", set_keys=[(key, vtype, value, None)])
+    report = validate([bad])
+    assert report.exit_code == 1
+    return report.errors[0].where, report.errors[0].rule
+
+
+# (layout, profile, config edits, the GGUF key and type the value is written as): values of the right type and range
+# that break a model-file rule; convert refuses each in validate's words (before: exit 0 and a file validate fails)
+MODEL_RULES = [
+    ("v1", "llama.cpp", [(("dflash_config", "block_size"), 1)], "dflash.block_size", "u32", 1),
+    ("v1", "llama.cpp", [(("dflash_config", "block_size"), 2 ** 31)], "dflash.block_size", "u32", 2 ** 31),
+    ("v1", "llama.cpp", [(("rms_norm_eps",), -1e-6)], "dflash.attention.layer_norm_rms_epsilon", "f32", -1e-6),
+    ("v1", "llama.cpp", [(("rope_parameters", "rope_theta"), 0.0)], "dflash.rope.freq_base", "f32", 0.0),
+    ("v2", "llama.cpp", [(("dflash_config", "block_size"), 1)], "dflash.block_size", "u32", 1),
+    ("flat", "llama.cpp", [(("block_size",), 1)], "dflash.block_size", "u32", 1),
+    ("speculators", "llama.cpp", [(("block_size",), 2 ** 31)], "dflash.block_size", "u32", 2 ** 31),
+    ("speculators", "llama.cpp", [(("transformer_layer_config", "rope_theta"), -5.0)], "dflash.rope.freq_base",
+     "f32", -5.0),
+    ("v1", "lucebox", [(("dflash_config", "block_size"), 1)], "qwen35-dflash-draft.dflash.block_size", "u32", 1),
+]
+
+
+@pytest.mark.parametrize("layout,profile,edits,key,vtype,value", MODEL_RULES,
+                         ids=[f"{c[0]}-{c[1]}-{c[3]}={c[5]}" for c in MODEL_RULES])
+def test_convert_never_writes_what_validate_rejects(tmp_path, target, layout, profile, edits, key, vtype, value):
+    from gguf import GGUFValueType as VT
+    good = tmp_path / "good.gguf"
+    convert(_checkpoint(tmp_path / "good", layout), good, target if profile == "llama.cpp" else None, profile=profile)
+    where, rule = _validate_says(tmp_path, good, key, {"u32": VT.UINT32, "f32": VT.FLOAT32}[vtype], value)
+    line = _refused(tmp_path, _checkpoint(tmp_path / "bad", layout, edits), target, profile)
+    assert line.startswith(f"{tmp_path / 'out.gguf'}: {where}: refusing to write an output that ggtools validate "
+                           f"would fail: {rule}"), (line, where, rule)
+
+
+def test_block_size_1_is_refused_for_the_rule_validate_applies(tmp_path, target):
+    """validate refuses a block size of 1 because a block is the anchor plus at least one mask position
+    (hparam_rules/drafter.py: 2 up to the context length): a drafter of block 1 drafts nothing."""
+    line = _refused(tmp_path, _checkpoint(tmp_path, "v1", [(("dflash_config", "block_size"), 1)]), target)
+    assert line == (f"{tmp_path / 'out.gguf'}: key 'dflash.block_size': refusing to write an output that ggtools "
+                    "validate would fail: is 1: a drafter's block is the anchor and at least one mask (2 or more)")
+
+
+def test_dry_run_refuses_the_plan_too(tmp_path, target):
+    d = _checkpoint(tmp_path, "v1", [(("dflash_config", "block_size"), 1)])
+    with pytest.raises(GGToolsError, match="ggtools validate would fail: is 1") as e:
+        convert(d, tmp_path / "o.gguf", target, dry_run=True)
+    assert e.value.exit_code == 2
+
+
+def test_model_card_and_generation_config_values_are_checked(tmp_path, target):
+    """The general.* keys come from README.md's front matter, generation_config.json and config.json's _name_or_path
+    (gguf-py's heuristics, which check nothing): a value of the wrong type is refused naming its file and key."""
+    for name, data, rule in (
+            ("README.md", "---\nlicense: [a\n---\n", "README.md: the model card's front matter cannot be read"),
+            ("README.md", "---\nlicense: 5\n---\n", "README.md: key 'general.license': 5 is not text"),
+            ("generation_config.json", '{"top_k": 5000000000}', "generation_config.json: key 'top_k': 5000000000 "
+                                                                 "is outside -2147483648..2147483647"),
+            ("generation_config.json", '{"temperature": NaN}', "key 'temperature': nan is not a finite number"),
+            ("generation_config.json", "[1]", "generation_config.json: is not a JSON object"),
+            ("config.json", json.dumps(drafter_config(1) | {"_name_or_path": 5}), "key '_name_or_path': 5 is not "
+                                                                                 "text")):
+        d = make_checkpoint(tmp_path / name / str(len(data)), 1)
+        (d / name).write_text(data)
+        assert rule in _refused(tmp_path, d, target), (name, data)
+    d = make_checkpoint(tmp_path / "fine", 1)
+    (d / "generation_config.json").write_text('{"temperature": 0.6, "top_k": 20}')
+    convert(d, tmp_path / "fine.gguf", target)
+    assert dict((k, v) for k, _, v in kv_table(tmp_path / "fine.gguf"))["general.sampling.top_k"] == 20
+
+
+# ---- safetensors: the tensors' byte ranges (issue 39) -------------------------------------------------------------
+
+def _safetensors(path, entries: dict, body: bytes):
+    raw = json.dumps(entries).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + body)
+    return path
+
+
+F32x4 = {"dtype": "F32", "shape": [4]}
+# data_offsets of two 16-byte tensors a, b in a data section of `size` bytes
+LAYOUTS = {"consecutive": ([0, 16], [16, 32], 32), "reversed": ([16, 32], [0, 16], 32),
+           "same-range": ([0, 16], [0, 16], 32), "overlap": ([0, 16], [8, 24], 32), "gap": ([0, 16], [20, 36], 36),
+           "trailing-bytes": ([0, 16], [16, 32], 40)}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_safetensors_byte_ranges_as_the_reference_reader_takes_them(tmp_path, layout):
+    """The reference reader (safetensors' own, Metadata::validate) takes tensors whose ranges follow each other from
+    byte 0 to the end of the file, in any header order, and refuses the rest; read_header refuses the same files,
+    naming the file and the tensor."""
+    from safetensors.numpy import load_file
+
+    from ggtools.dflash.safetensors import read_header
+    a, b, size = LAYOUTS[layout]
+    path = _safetensors(tmp_path / "m.safetensors", {"a": F32x4 | {"data_offsets": a},
+                                                     "b": F32x4 | {"data_offsets": b}}, bytes(size))
+    try:
+        load_file(path)
+        reference_refuses = False
+    except Exception:       # noqa: BLE001 (the reference's own error type)
+        reference_refuses = True
+    if not reference_refuses:
+        assert sorted(t.name for t in read_header(path)) == ["a", "b"]
+        return
+    with pytest.raises(CheckpointError, match=rf"m.safetensors: tensor '[ab]': .*the safetensors reader refuses"):
+        read_header(path)
+
+
+def test_overlapping_markov_heads_are_refused(tmp_path, target):
+    """A DSpark checkpoint whose markov_w2 has markov_w1's data_offsets converted with exit 0 (both heads read from
+    the same bytes)."""
+    d = _checkpoint(tmp_path, "flat")
+    st = d / "model.safetensors"
+    data = st.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    w1, w2 = "markov_head.markov_w1.weight", "markov_head.markov_w2.weight"
+    header[w2]["data_offsets"] = header[w1]["data_offsets"]
+    raw = json.dumps(header).encode()
+    st.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n:])
+    line = _refused(tmp_path, d, target)
+    assert f"model.safetensors: tensor '{w2}': data_offsets" in line and f"overlap tensor '{w1}'" in line, line

@@ -15,13 +15,13 @@ from ggtools.dflash.config import DraftConfig, draft_config
 from ggtools.dflash.errors import CheckpointError
 from ggtools.dflash.layout import check_layout
 from ggtools.dflash.metadata import KVList
-from ggtools.dflash.planned_file import refuse_invalid_drafter
 from ggtools.dflash.profiles import PROFILES, Profile
 from ggtools.dflash.target import OpenTarget, TargetInfo
 from ggtools.dflash.tensors import TensorJob, encode_chunks
 from ggtools.gguf import GGUFFile, GGUFWriter, ggml_type_name
 from ggtools.gguf.outputs import check_output
 from ggtools.jobs.errors import JobError
+from ggtools.jobs.planned_output import refuse_invalid_output
 from ggtools.plan import Plan, ShardPlan, TensorAction
 
 OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
@@ -129,8 +129,7 @@ def plan_convert(hf_dir, out, *, profile="llama.cpp", target: TargetInfo | None 
                            "GGUF that carries its vocabulary (shard 1 of a split set)")
     resolved, jobs, kvs, notes = p.plan_conversion(ckpt, cfg, outtype, target, name)
     plan = ConvertPlan(ckpt.path, str(out), p.name, resolved, cfg, kvs, jobs, warnings + notes, inputs)
-    refuse_invalid_drafter(planned_header(plan), lambda name: _encoded(plan, name), ckpt.path,
-                           "the drafter it converts to")
+    refuse_invalid_output(planned_header(plan), lambda name: _encoded(plan, name))
     return plan
 
 
