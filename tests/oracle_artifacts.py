@@ -189,6 +189,21 @@ class DSparkDrafters:
         return self.paths[f"{variant}/{outtype}"]
 
 
+@dataclass
+class MtpTarget:
+    """A tiny Qwen3.5 target whose HF checkpoint carries an MTP block (scripts/fixtures/mtp_targets.py) and llama.cpp's
+    conversions of it. Call with (mode, outtype): mode "default" (the nextn block in the target), "mtp" (the
+    sidecar, --mtp) or "no-mtp" (stripped); outtype "f16" or "q8_0"."""
+    arch: str                       # "qwen35" | "qwen35moe"
+    hf_dir: Path
+    gguf: dict[str, Path]           # "default/f16", ..., "no-mtp/q8_0"; qwen35moe also "mxfp4_moe", "surgical"
+    split: dict[str, list[Path]]    # "default/f16", "no-mtp/f16": the converter's --split-max-tensors sets
+    loads: dict[str, dict]          # libllama's load of each file ("mtp/f16+load_mtp": the sidecar with load_mtp)
+
+    def __call__(self, mode: str, outtype: str = "f16") -> Path:
+        return self.gguf[f"{mode}/{outtype}"]
+
+
 def _version_key(version) -> str:
     if isinstance(version, int):
         return f"v{version}"
@@ -267,6 +282,18 @@ def qwen35moe_set() -> Qwen35MoeSet:
     return Qwen35MoeSet(hf_dir=d / m["hf_dir"], f16=f["f16"], mxfp4_moe=f["mxfp4_moe"], surgical=f["surgical"],
                         split=[d / e["path"] for e in m["split"]],
                         split_surgical=[d / e["path"] for e in m["split_surgical"]], loads=m["loads"], manifest=m)
+
+
+@pytest.fixture(scope="session")
+def mtp_targets() -> dict[str, MtpTarget]:
+    """{"qwen35", "qwen35moe"}: tiny Qwen3.5 dense / MoE targets with an MTP block (one full-attention decoder layer,
+    `mtp_num_hidden_layers` 1) and llama.cpp's conversions: default, --mtp, --no-mtp at f16 and q8_0, split sets of
+    the default and --no-mtp f16 (--split-max-tensors 40); the MoE's MXFP4_MOE and surgical Q4_K_M files."""
+    d, m = oracle_unit("qwen35-mtp")
+    return {arch: MtpTarget(arch, d / m[arch]["hf_dir"], _paths(d, m[arch]["gguf"]),
+                            {k: [d / x["path"] for x in shards] for k, shards in m[arch]["split"].items()},
+                            m[arch]["loads"])
+            for arch in ("qwen35", "qwen35moe")}
 
 
 @pytest.fixture(scope="session")
