@@ -204,6 +204,27 @@ class MtpTarget:
         return self.gguf[f"{mode}/{outtype}"]
 
 
+@dataclass
+class Eagle3Drafters:
+    """Tiny random EAGLE3 drafters for the tiny qwen3 target (scripts/fixtures/eagle3_drafters.py), one per HF layout
+    llama.cpp's converter takes ("llama-eagle3", "specforge", "speculators", "draft-model", "eagle3.1"): `dirs` the HF
+    dirs, called with (layout, outtype) for llama.cpp's conversion (f32 / f16 / bf16 / q8_0, --target-model-dir the
+    tiny target), `quants["<layout>/Q8_0" | "Q4_0" | "Q2_K"]` llama_model_quantize of each f16 conversion,
+    `refused_dirs` / `refusals` the checkpoints the converter refuses and its last line, `target_layers` what the
+    converter wrote per layout, `loads` libllama's load of every GGUF."""
+    dirs: dict[str, Path]
+    paths: dict[str, Path]          # "speculators/f16" -> path
+    quants: dict[str, Path]         # "speculators/Q8_0" -> path
+    refused_dirs: dict[str, Path]
+    refusals: dict[str, str]
+    target_layers: dict[str, list[int]]
+    loads: dict[str, dict]
+    manifest: dict = field(repr=False)
+
+    def __call__(self, layout: str, outtype: str = "f16") -> Path:
+        return self.paths[f"{layout}/{outtype}"]
+
+
 def _version_key(version) -> str:
     if isinstance(version, int):
         return f"v{version}"
@@ -378,3 +399,22 @@ def dspark_checkpoint_refs(dspark_checkpoints) -> DSparkCheckpointRefs:
     d, m = oracle_unit("dspark-checkpoint-refs")
     return DSparkCheckpointRefs(dirs=dspark_checkpoints, paths=_paths(d, m["refs"]),
                       refusals=m["refusals"], loads=m["loads"], manifest=m)
+
+
+@pytest.fixture(scope="session")
+def eagle3_drafters() -> Eagle3Drafters:
+    """Tiny random EAGLE3 drafters in every HF layout, llama.cpp's conversions and quantizations of them
+    (scripts/fixtures/eagle3_drafters.py; the target: tiny_target)."""
+    d, m = oracle_unit("eagle3-drafters")
+    return Eagle3Drafters({k: d / p for k, p in m["dirs"].items()}, _paths(d, m["refs"]), _paths(d, m["quants"]),
+                          {k: d / p for k, p in m["refused_dirs"].items()}, m["refusals"], m["target_layers"],
+                          m["loads"], m)
+
+
+@pytest.fixture(scope="session")
+def eagle3_demo() -> dict:
+    """An EAGLE3 drafter for the demo target (ggtools/data/demo/target.gguf): {"hf_dir", "ref" (llama.cpp's f16
+    conversion), "target_layers", "load"}."""
+    d, m = oracle_unit("eagle3-demo")
+    return {"hf_dir": d / m["hf_dir"], "ref": d / m["ref"]["path"], "target_layers": m["target_layers"],
+            "load": m["load"]}

@@ -92,6 +92,114 @@ def _warn(warnings):
         click.echo(f"warning: {w}", err=True)
 
 
+@command.command("drafter")
+@click.argument("hf_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output GGUF.")
+@click.option("--target-gguf", "target", type=click.Path(exists=True, dir_okay=False),
+              help="The target model's GGUF (any shard): its tokenizer is embedded; its layer count, hidden size and "
+                   "vocabulary are what the drafter is checked against (EAGLE3: what target_layers and "
+                   "target_hidden_size default to). Required for the llama.cpp layout.")
+@click.option("--target-model-dir", type=click.Path(exists=True, file_okay=False),
+              help="EAGLE3: the target's Hugging Face directory, as llama.cpp's converter takes it: its config.json "
+                   "gives the layer count, hidden size and vocab_size (and must describe the --target-gguf model; "
+                   "the tokenizer still comes from --target-gguf).")
+@click.option("--profile", type=click.Choice(PROFILES), default="llama.cpp", show_default=True,
+              help="DFlash / DSpark: whose loader the file is for (EAGLE3: llama.cpp only).")
+@click.option("--outtype", type=click.Choice(OUTTYPES), default="auto", show_default=True,
+              help="Type of the weights (auto: as llama.cpp's converter guesses, BF16 kept). Norms and 1-D tensors "
+                   "are always F32; d2t I64.")
+@click.option("--mask-token-id", type=click.IntRange(0, 2 ** 32 - 1), help="DFlash / DSpark: the mask token id.")
+@click.option("--guess-target-layers", is_flag=True, help="DFlash: accept z-lab's target layer id guess.")
+@click.option("--allow-overflow", is_flag=True, help="Write values beyond ±65504 as inf when storing F16.")
+@click.option("--name", help="general.name (default: from the model card or directory name).")
+@click.option("--dry-run", is_flag=True, help="Check everything and print the plan; write nothing.")
+@click.option("--force", is_flag=True, help="Overwrite an existing output.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable plan / result.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+def drafter(hf_dir, out, target, target_model_dir, profile, outtype, mask_token_id, guess_target_layers,
+            allow_overflow, name, dry_run, force, as_json, quiet):
+    """Convert any drafter checkpoint llama.cpp's converter takes, the family detected from config.json and named
+    in one line: DFlash v1, DFlash2, DSpark (as `convert dflash`) or EAGLE3 (LlamaForCausalLMEagle3,
+    Eagle3LlamaForCausalLM, Eagle3Speculator, Eagle3DraftModel; EAGLE 3.1 with norm_before_fc). EAGLE3 is written
+    as llama.cpp's converter writes it (arch eagle3, d2t as absolute I64 ids, t2d dropped, q/k permuted for its
+    RoPE, rope_freqs for llama3 scaling), byte for byte; the target's layers, hidden size and tokenizer come from
+    --target-gguf. llama.cpp never detects EAGLE3 from the file: run it with --spec-type draft-eagle3.
+
+    \b
+    Examples:
+      ggtools convert drafter EAGLE3-LLaMA3.1-Instruct-8B/ -o eagle3.gguf --target-gguf Llama-3.1-8B-Q8_0.gguf
+      ggtools convert drafter Qwen3-8B-speculator.eagle3/ -o e3.gguf --target-gguf Qwen3-8B.gguf --outtype q8_0
+      ggtools convert drafter Qwen3-8B-DFlash-b16/ -o dflash.gguf --target-gguf Qwen3-8B-Q8_0.gguf --dry-run
+    """
+    from ggtools.jobs.convert_drafter import EAGLE3, convert_drafter
+    plan = convert_drafter(hf_dir, out, target=target, target_model_dir=target_model_dir, profile=profile,
+                           outtype=outtype, mask_token_id=mask_token_id, guess_target_layers=guess_target_layers,
+                           name=name, dry_run=True)
+    eagle3 = getattr(plan, "family", None) == EAGLE3
+    if dry_run:
+        if as_json or not eagle3:
+            _show(plan, as_json, quiet)
+        else:
+            click.echo(f"{plan.hf_dir}: {plan.found}; outtype {plan.outtype}")
+            click.echo(f"  {len(plan.kvs.keys())} metadata keys")
+            show_plan(plan.as_plan(), tensors=not quiet)
+            _warn(plan.warnings)
+        return
+    show_progress = not (quiet or as_json) and sys.stderr.isatty()
+    with tqdm(total=plan.bytes_out, unit="B", unit_scale=True, desc="convert", disable=not show_progress) as bar:
+        result = write(plan, force=force, allow_overflow=allow_overflow, on_bytes=bar.update)
+    if as_json:
+        emit_json({"written": result.path, "found": result.found, "tensors": result.n_tensors,
+                   "bytes": result.bytes_out, "overflow": result.overflow, "nonfinite": result.nonfinite,
+                   "warnings": result.warnings} | ({"spec_type": "draft-eagle3"} if eagle3 else {}))
+        return
+    _warn(result.warnings)
+    click.echo(f"wrote {result.path}: {result.found}; {result.n_tensors} tensors, {human_bytes(result.bytes_out)} "
+               f"({plan.profile} layout)")
+    if eagle3:
+        from ggtools.dflash.eagle3 import SPEC_HINT
+        click.echo(f"note: {SPEC_HINT}", err=True)
+
+
+@command.command("gguf-layout")
+@click.argument("draft", type=click.Path(exists=True, dir_okay=False))
+@click.option("--to", "to", required=True, type=click.Choice(PROFILES), help="The layout to move the drafter to.")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="Output GGUF.")
+@click.option("--target", type=click.Path(exists=True, dir_okay=False),
+              help="The target GGUF: its tokenizer, which the llama.cpp layout carries (needed when the drafter has "
+                   "none).")
+@click.option("--dry-run", is_flag=True, help="Print the plan (each tensor copied or converted, and why); write "
+                                              "nothing.")
+@click.option("--force", is_flag=True, help="Overwrite an existing output.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable plan.")
+def gguf_layout(draft, to, out, target, dry_run, force, as_json):
+    """Move a DFlash drafter GGUF to another runtime's layout: arch, key names, tensor names, where the mask id
+    lives and the target-layer id convention (llama.cpp: HF id + 1; lucebox: HF id). Tensors are byte-copied where
+    the destination's runtime takes their encoding and converted otherwise; the plan says which, and why.
+    Values are moved as they are: to check and repair them, use `ggtools doctor` (`--fix --to` does both).
+
+    \b
+    Examples:
+      ggtools convert gguf-layout draft-lucebox.gguf --to llama.cpp --target Qwen3.5-27B.gguf -o draft.gguf
+      ggtools convert gguf-layout dflash.gguf --to lucebox -o draft-lucebox.gguf --dry-run
+    """
+    from ggtools.jobs.doctor import move_layout
+    plan, notes = move_layout(draft, out, to, target=target, force=force, dry_run=dry_run)
+    if as_json:
+        emit_json(plan.as_dict() | {"notes": notes, "written": None if dry_run else out})
+        return
+    if dry_run:
+        show_plan(plan)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    if not dry_run:
+        actions = plan.shards[0].tensors
+        converted = sorted({a.reason for a in actions if a.action == "convert"})
+        n_conv = sum(a.action == "convert" for a in actions)
+        click.echo(f"wrote {out} ({to} layout): {len(actions) - n_conv} tensors byte-copied, {n_conv} converted"
+                   + (f" ({'; '.join(converted)})" if converted else ""))
+
+
 @command.command("gguf-layout")
 @click.argument("draft", type=click.Path(exists=True, dir_okay=False))
 @click.option("--to", "to", required=True, type=click.Choice(PROFILES), help="The layout to move the drafter to.")

@@ -57,6 +57,7 @@ class TensorJob:
     reason: str
     via_f16: bool = False
     permute_head_dim: int | None = None    # de-interleave rope rows per head (rope_is_neox_style = false)
+    interleave_head_dim: int | None = None  # interleave each head's halves (LlamaModel.permute: HF q/k -> ggml RoPE)
 
     @property
     def ne(self) -> tuple:
@@ -84,24 +85,40 @@ class Encoded(NamedTuple):
 def encode_chunks(job: TensorJob, chunk_values: int = CHUNK_VALUES) -> Iterator[Encoded]:
     """Each chunk of rows encoded, in order; together the tensor's data."""
     src = job.src
-    if job.permute_head_dim and len(src.shape) == 1:
-        values = src.read_all()[_head_order(src.n_elements, job.permute_head_dim)]
+    head_dim, order = _row_order(job)
+    if head_dim and len(src.shape) == 1:
+        values = src.read_all()[order(src.n_elements, head_dim)]
         yield _encode(values.reshape(1, -1), job)
         return
     step = max(1, chunk_values // max(1, src.row_length))
-    if job.permute_head_dim:
-        step = max(1, step // job.permute_head_dim) * job.permute_head_dim
+    if head_dim:
+        step = max(1, step // head_dim) * head_dim
     for start in range(0, src.n_rows, step):
         stop = min(src.n_rows, start + step)
         rows = src.read_rows(start, stop)
-        if job.permute_head_dim:
-            rows = rows[_head_order(stop - start, job.permute_head_dim)]
+        if head_dim:
+            rows = rows[order(stop - start, head_dim)]
         yield _encode(rows, job)
+
+
+def _row_order(job: TensorJob):
+    """(head size, the order of a run of whole heads' rows) of a job that reorders rows per head, else (None, None)."""
+    if job.permute_head_dim:
+        return job.permute_head_dim, _head_order
+    if job.interleave_head_dim:
+        return job.interleave_head_dim, _interleaved_order
+    return None, None
 
 
 def _head_order(n: int, head_dim: int) -> np.ndarray:
     """Per head of head_dim entries: the even entries, then the odd ones (interleaved rope -> NeoX)."""
     return np.arange(n).reshape(-1, head_dim // 2, 2).transpose(0, 2, 1).reshape(-1)
+
+
+def _interleaved_order(n: int, head_dim: int) -> np.ndarray:
+    """Per head: entry 2i + h is the h-th half's entry i (llama.cpp's LlamaModel.permute, rotate-half rows -> ggml's
+    interleaved RoPE pairs)."""
+    return np.arange(n).reshape(-1, 2, head_dim // 2).transpose(0, 2, 1).reshape(-1)
 
 
 def _encode(values: np.ndarray, job: TensorJob) -> Encoded:
