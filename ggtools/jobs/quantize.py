@@ -15,8 +15,8 @@ from gguf import LlamaFileType
 from ggtools.engine import RunReport, run_plan
 from ggtools.errors import GGToolsError
 from ggtools.gguf import ShardSet
-from ggtools.gguf.check import require_valid
 from ggtools.jobs.errors import JobError
+from ggtools.jobs.valid_input import require_valid_model
 from ggtools.plan import KVEdits, Plan, ShardPlan, convert_action, copy_action
 from ggtools.quants import fallback_type, has_dequantizer, has_quantizer, parse_qtype
 from ggtools.tensor_rules import never_quantized
@@ -75,7 +75,7 @@ def plan_quantize(path, out, scheme: str, overrides=(), *, allow_requantize=True
     desc, head_type, block_type = scheme_types(scheme)
     rules = parse_overrides(overrides)
     with ShardSet(path) as shards:
-        require_valid(shards)
+        require_valid_model(shards)
         dsts = _outputs(shards, out)
         plans = []
         for f, dst in zip(shards.files, dsts):

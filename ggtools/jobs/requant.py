@@ -13,8 +13,8 @@ import re
 
 from ggtools.engine import RunReport, preflight_disk, run_plan
 from ggtools.gguf import ShardSet
-from ggtools.gguf.check import require_valid
 from ggtools.jobs.errors import UsageError
+from ggtools.jobs.valid_input import require_valid_model
 from ggtools.plan import Plan, ShardPlan, convert_action, copy_action
 from ggtools.quants import block_size, fallback_type, has_dequantizer, has_quantizer, parse_qtype
 from ggtools.tensor_rules import never_quantized
@@ -33,7 +33,7 @@ def plan_requant_trunk(path, out_dir, *, src_type="q8_0", dst_type="q4_k", copy_
     patterns = [_regex(p) for p in copy_patterns]
     with ShardSet(path) as shards:
         _check_out_dir(shards, out_dir)
-        require_valid(shards)
+        require_valid_model(shards)
         indices = _select(shards, only)
         plans = []
         for i in indices:
