@@ -182,7 +182,7 @@ REFUSALS = {
     "two target layers": (_set(eagle_aux_hidden_state_layer_ids=[0, 1]), E.SAYS_THREE),
     "id beyond the target": (_set(eagle_aux_hidden_state_layer_ids=[0, 1, 5]),
                              E.SAYS_BEYOND.format(5, 4)),
-    "target hidden size": (_set(target_hidden_size=256), E.SAYS_WIDTH.format(384, 768)),
+    "target hidden size": (_set(target_hidden_size=256), E.SAYS_FEATURES.format(384, 128, 768)),
     "d2t beyond the vocabulary": (_d2t(511, 2048), E.SAYS_D2T_RANGE.format(2048)),
     "d2t negative": (_d2t(3, -1), E.SAYS_D2T_RANGE.format(2048)),
     "d2t twice": (_d2t(20, 21 + int(E3.demo_checkpoint()[1]["d2t"][1][21])), E.SAYS_D2T_DUPLICATE),

@@ -24,6 +24,7 @@ import re
 from ggtools.dflash.profiles import LLAMACPP_TAP_ARCHS
 
 ARCH = "eagle3"
+RUNTIME = "llama.cpp"                 # the runtime whose loader reads EAGLE3 GGUFs (they exist in its layout only)
 # the HF architectures llama.cpp's converter registers for EAGLE3 checkpoints (conversion/llama.py), and the
 # other LlamaModel names it converts as EAGLE3 when the config says so (draft_vocab_size and one layer)
 HF_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator", "Eagle3DraftModel")
@@ -75,7 +76,9 @@ SAYS_D2T_TYPE = "GGML_ASSERT(model.d2t->type == GGML_TYPE_I64) failed"
 SAYS_D2T_HEAD = "GGML_ASSERT(model.d2t->ne[0] == n_draft_vocab) failed"
 SAYS_BEYOND = "EAGLE3: target layer id {} exceeds target n_layer {}"
 SAYS_NO_TAP = 'GGML_ASSERT(t_layer_inp[il] != nullptr && "layer input tensor is null") failed'
-SAYS_WIDTH = "embd row width {} does not match the encoder input {}"
+# the target's features (3 x its hidden size per row) added to the draft's encoder batch (llama-batch.cpp), whose
+# input is 3 x target_hidden_size; the driver then aborts
+SAYS_FEATURES = "set_token_embd: embedding size mismatch, got 1 rows x {0} = {0}, expected {1} or {2}"
 SAYS_NO_EMBD = 'GGML_ASSERT(model_other->tok_embd != nullptr && "EAGLE3 decoder requires token embeddings (own or ' \
                'from target model)") failed'
 SAYS_NO_OUTPUT = 'GGML_ASSERT(model_other->output != nullptr && "EAGLE3 decoder requires an output projection (own ' \

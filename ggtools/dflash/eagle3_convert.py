@@ -93,7 +93,7 @@ def eagle3_config(ckpt: Eagle3Checkpoint, target: TargetFacts) -> Eagle3Config:
         raise CheckpointError(where, f"draft_vocab_size {draft_vocab} is not in 1..vocab_size {vocab}",
                               f"key '{n.place('draft_vocab_size')}'")
     layers, layers_from = _target_layers(raw, target, n)
-    target_hidden, hidden_from = _target_hidden(raw, target, n)
+    target_hidden, hidden_from = _target_hidden(raw, target, n, hidden)
     cfg = Eagle3Config(hidden, n_head, n_head_kv, head_dim, n.require(h, "intermediate_size", U32), vocab,
                        draft_vocab, layers, layers_from, target_hidden, hidden_from,
                        _flag(raw, E.NORM_BEFORE_RESIDUAL, where), _flag(raw, E.NORM_BEFORE_FC, where),
@@ -130,7 +130,7 @@ def _target_layers(raw, target: TargetFacts, n) -> tuple[list[int], str]:
     return [int(i) for i in ids], source
 
 
-def _target_hidden(raw, target: TargetFacts, n) -> tuple[int, str]:
+def _target_hidden(raw, target: TargetFacts, n, draft_hidden: int) -> tuple[int, str]:
     stated = raw.get(E.TARGET_HIDDEN)
     if stated is not None:
         value, source = n.number(stated, E.TARGET_HIDDEN, U32), f"{E.TARGET_HIDDEN} in config.json"
@@ -142,7 +142,7 @@ def _target_hidden(raw, target: TargetFacts, n) -> tuple[int, str]:
         raise CheckpointError(n.path, "is 0: the features the drafter reads are 3 x this wide",
                               f"key '{n.place(E.TARGET_HIDDEN)}'")
     if target.hidden is not None and value != target.hidden:
-        says = E.SAYS_WIDTH.format(3 * target.hidden, 3 * value)
+        says = E.SAYS_FEATURES.format(3 * target.hidden, draft_hidden, 3 * value)
         raise CheckpointError(n.path, f"{value}, but the target {target.source} has hidden size {target.hidden}: "
                                       f"llama.cpp refuses the features (\"{says}\"); this drafter belongs to another "
                                       "model", f"key '{n.place(E.TARGET_HIDDEN)}'")

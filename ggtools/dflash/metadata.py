@@ -55,6 +55,11 @@ class KVList:
         item = self._items[key]
         return item[0].value if len(item) == 1 else item[1]
 
+    def record(self, key: str) -> bytes:
+        """The KV's record as a GGUF file holds it (key, value type, value)."""
+        item = self._items[key]
+        return item[0].raw if len(item) == 1 else encode_kv(key, *item)
+
     def write_to(self, w: GGUFWriter):
         for key, item in self._items.items():
             if len(item) == 1:

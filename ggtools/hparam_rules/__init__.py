@@ -12,19 +12,24 @@ pass `locate` so that the tensors of every shard are seen.
 
 A DSpark drafter's heads and a reduced draft vocabulary's d2t table have rules of their own (dspark.py:
 `dspark_violations`), which doctor and validate report as DSpark findings and the drafter loader applies too.
+An EAGLE3 drafter (arch eagle3) has its own keys and tensors (eagle3.py: through model_violations) and pair rules
+(`eagle3_pair_violations`: the drafter against its target).
 
 What the runtime cannot run although the file is valid (a separate RoPE base for sliding-window layers, key and
 value heads of different sizes, ...) is the runtime's own refusal, not a rule here.
 """
 
+from ggtools.dflash.eagle3 import is_eagle3_arch
 from ggtools.dflash.profiles import profile_of
 from ggtools.hparam_rules.drafter import drafter_violations
 from ggtools.hparam_rules.dspark import dspark_violations
+from ggtools.hparam_rules.eagle3 import eagle3_pair_violations, eagle3_tensor_violations, eagle3_violations
 from ggtools.hparam_rules.target import ARCHS, target_violations
 from ggtools.hparam_rules.tensor_shapes import tensor_shape_violations
 from ggtools.hparam_rules.violation import MISSING, TYPE, VALUE, Violation
 
 __all__ = ["ARCHS", "MISSING", "TYPE", "VALUE", "Violation", "drafter_violations", "dspark_violations",
+           "eagle3_pair_violations", "eagle3_tensor_violations", "eagle3_violations",
            "model_violations", "target_violations", "tensor_shape_violations"]
 
 
@@ -34,6 +39,8 @@ def model_violations(gguf, locate=None, mask_id: int | None = None) -> list[Viol
     lies in the model's files (default: in gguf); mask_id: a drafter's mask id given instead of the stored one."""
     if profile_of(gguf.architecture) is not None:
         keys = drafter_violations(gguf, mask_id)
+    elif is_eagle3_arch(gguf.architecture):
+        keys = eagle3_violations(gguf)
     else:
         keys = target_violations(gguf)
-    return keys or tensor_shape_violations(gguf, locate)
+    return keys or tensor_shape_violations(gguf, locate) + eagle3_tensor_violations(gguf, locate)

@@ -72,20 +72,26 @@ def _d2t(p, locate, n_vocab) -> list[Violation]:
                           "the loader refuses token_embd.weight's shape" if embd else "every draft aborts")
     if n_vocab is None:
         return []
-    ids = f.tensor_data(t).view("<i8").reshape(-1)
+    fault = d2t_id_fault(f.tensor_data(t).view("<i8").reshape(-1), n_vocab)
+    return broken(fault[0], None, fault[1]) if fault else []
+
+
+def d2t_id_fault(ids, n_vocab: int) -> tuple[str, str] | None:
+    """(rule, symptom) of a d2t table whose ids leave the vocabulary or repeat (each draft row scatters its logit
+    into the vocabulary's row of its id: ggml_set_rows), else None. DSpark's and EAGLE3's d2t alike."""
     outside = np.flatnonzero((ids < 0) | (ids >= n_vocab))
     if outside.size:
         row = int(outside[0])
-        return broken(f"row {row} maps to {int(ids[row])}, outside the target ids 0..{n_vocab - 1}", None,
-                      "the scatter of the draft logits indexes outside the vocabulary: the backend aborts (CPU: "
-                      "set_rows' bounds assert) or writes out of bounds")
+        return (f"row {row} maps to {int(ids[row])}, outside the target ids 0..{n_vocab - 1}",
+                "the scatter of the draft logits indexes outside the vocabulary: the backend aborts (CPU: set_rows' "
+                "bounds assert) or writes out of bounds")
     order = np.argsort(ids, kind="stable")
     repeated = np.flatnonzero(ids[order][1:] == ids[order][:-1])
     if repeated.size:
         a, b = sorted(int(r) for r in order[repeated[0]:repeated[0] + 2])
-        return broken(f"maps two draft rows to one target id (rows {a} and {b} to {int(ids[a])})", None,
-                      "one of the two rows' logits is lost: drafts silently worse")
-    return []
+        return (f"maps two draft rows to one target id (rows {a} and {b} to {int(ids[a])})",
+                "one of the two rows' logits is lost: drafts silently worse")
+    return None
 
 
 def _block_size(f, p) -> list[Violation]:

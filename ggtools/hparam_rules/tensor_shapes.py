@@ -16,6 +16,7 @@ pass the other model-file rules, since the sizes are read from them. A tensor no
 import re
 from dataclasses import dataclass
 
+from ggtools.dflash.eagle3 import TARGET_HIDDEN, is_eagle3_arch
 from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, profile_of
 from ggtools.hparam_rules.keys import Keys
 from ggtools.hparam_rules.violation import Violation
@@ -77,6 +78,8 @@ def expected_shapes(f, locate) -> dict[str, tuple]:
     p = profile_of(f.architecture)
     if p is not None:
         return _drafter(f, p, locate)
+    if is_eagle3_arch(f.architecture):
+        return _eagle3(_Sizes(Keys(f, f.architecture), _n_vocab(f, locate)), locate)
     build = TARGETS.get(f.architecture)
     return build(_Sizes(Keys(f, f.architecture), _n_vocab(f, locate))) if build else {}
 
@@ -416,6 +419,26 @@ def _dflash(s: _Sizes, p, locate) -> dict:
             for side in ("attn", "ffn"):
                 out |= {b + f"{side}_conv_base": (E, kernel, Size(2, "2")), b + f"{side}_conv_proj.weight": (E, proj)}
     return out
+
+
+# ---- EAGLE3 drafters ------------------------------------------------------------------------------------------
+
+def _eagle3(s: _Sizes, locate) -> dict:
+    """src/models/eagle3.cpp: the encoder's fc over 3 target layers (3 x target_hidden_size wide), one decoder layer
+    whose attention reads [embedding, features] (2 x embedding_length), the head over the draft vocabulary (d2t's
+    length, else the vocabulary); token_embd's rows are its own (the loader takes them from the tensor)."""
+    E, V = s.embd, s.vocab
+    features = s.size(TARGET_HIDDEN) * 3
+    d2t = locate("d2t")
+    V_draft = Size(int(d2t[1].ne[0]), "d2t's length") if d2t is not None else V
+    q, kv, p = s.head_k * s.head, s.head_k * s.head_kv, "blk.0."
+    out = {"token_embd.weight": (E, Size(None, "its own rows")), "fc.weight": (features, E),
+           "enc.output_norm.weight": (features,), "output_norm.weight": (E,), "output.weight": (E, V_draft),
+           "d2t": (V_draft,), "rope_freqs.weight": (s.rot // 2,), p + "attn_norm.weight": (E,),
+           p + "attn_norm_2.weight": (E,), p + "attn_q.weight": (E * 2, q), p + "attn_k.weight": (E * 2, kv),
+           p + "attn_v.weight": (E * 2, s.head_v * s.head_kv), p + "attn_output.weight": (q, E),
+           p + "ffn_norm.weight": (E,)}
+    return out | _dense_ffn(p, E, s.ff)
 
 
 def locator(files):

@@ -116,6 +116,9 @@ class FixResult:
 
 
 def doctor(draft, *, target=None, hf=None, runtimes=None, n_max=None) -> DoctorReport:
+    from ggtools.jobs.eagle3_doctor import eagle3_doctor, is_eagle3_draft
+    if is_eagle3_draft(draft):      # an EAGLE3 drafter (jobs/eagle3_doctor.py)
+        return eagle3_doctor(draft, target, hf, runtimes)
     with _open(draft) as d, (OpenTarget(target) if target else contextlib.nullcontext()) as t:
         return examine(d, t, hf, runtimes, n_max)
 
@@ -266,6 +269,10 @@ def doctor_fix(draft, out, *, target=None, hf=None, to=None, runtimes=None, n_ma
                dry_run=False) -> FixResult:
     """Write the repaired (and, with `to`, moved) drafter to out, if it then passes every check; FixRefused (exit
     1, nothing written) when the evidence fixes nothing that fails, or the fixed file still fails a check."""
+    from ggtools.jobs.eagle3_doctor import RECONVERT, is_eagle3_draft
+    if is_eagle3_draft(draft):
+        raise DoctorError(f"{draft}: an EAGLE3 drafter: --fix has nothing to rewrite in place (its values come from "
+                          f"the checkpoint and the target): {RECONVERT}")
     with _open(draft) as d, (OpenTarget(target) if target else contextlib.nullcontext()) as t:
         before = examine(d, t, hf, runtimes, n_max)
         dest = PROFILES[to] if to else d.profile

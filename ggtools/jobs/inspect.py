@@ -5,6 +5,7 @@ import re
 import numpy as np
 
 from ggtools.dflash.draftfile import DraftFile
+from ggtools.dflash.eagle3 import ARCH as EAGLE3, SPEC_TYPE, TARGET_HIDDEN, TARGET_LAYERS, is_eagle3_arch
 from ggtools.gguf import ShardSet
 from ggtools.jobs.errors import UsageError
 
@@ -38,6 +39,8 @@ def inspect(path, *, tensors: str | None = None, kv: str | None = None, full_arr
 def drafter_summary(f) -> dict | None:
     """What a DFlash / DSpark drafter file is (its layout; DSpark: heads, rank, block layout, vocabularies), from its
     keys and tensor infos; None for any other file. `validate` and `doctor` check it."""
+    if is_eagle3_arch(f.architecture):
+        return eagle3_summary(f)
     d = DraftFile.read(f)
     if d.profile is None:
         return None
@@ -48,6 +51,24 @@ def drafter_summary(f) -> dict | None:
                          "confidence_head": d.has_confidence, "draft_vocab": d.draft_vocab,
                          "d2t": d.tensor("d2t") is not None}
     return out
+
+
+def eagle3_summary(f) -> dict:
+    """An EAGLE3 drafter (llama.cpp's layout): the target layers it taps, the features' width, its vocabulary and
+    whether it has its own embedding and head, and the spec type llama.cpp must be told."""
+    d2t = f.tensor.get("d2t")
+    ids = f.get(f"{EAGLE3}.{TARGET_LAYERS}")
+    info = {"target_layers": [int(i) for i in ids] if hasattr(ids, "__len__") else ids,
+            "target_hidden_size": f.get(f"{EAGLE3}.{TARGET_HIDDEN}"),
+            "norm_before_residual": f.get(f"{EAGLE3}.norm_before_residual"),
+            "norm_before_fc": f.get(f"{EAGLE3}.norm_before_fc"),
+            "draft_vocab": int(d2t.ne[0]) if d2t is not None else None,
+            "own_embedding": "token_embd.weight" in f.tensor, "own_head": "output.weight" in f.tensor,
+            "spec_type": SPEC_TYPE}
+    vocab = f"draft vocabulary {info['draft_vocab']} (d2t)" if d2t is not None else "the target's vocabulary"
+    summary = (f"EAGLE3: taps target layers {info['target_layers']} ({info['target_hidden_size']}-wide features), "
+               f"{vocab}; llama.cpp: --spec-type {SPEC_TYPE}")
+    return {"layout": "llama.cpp", "family": "EAGLE3", "summary": summary, "eagle3": info}
 
 
 def _compile(pattern, option):
