@@ -22,7 +22,9 @@ MARK = {"ok": "ok  ", "warning": "WARN", "error": "FAIL", "unchecked": "FAIL"}
                    "for arch dflash, lucebox for qwen35-dflash-draft / dflash-draft / gemma4-dflash-draft, both for "
                    "any other arch; ggtools (the runtime of ggtools run and accept) only when named.")
 @click.option("--n-max", type=click.IntRange(0), help="The draft size you run with (llama.cpp default 3).")
-@click.option("--fix", is_flag=True, help="Write a repaired copy to -o (fixes only what the evidence supports).")
+@click.option("--fix", is_flag=True, help="Write a repaired copy to -o: fixes only what the evidence supports, "
+                                          "and writes nothing (exit 1, naming what is left) while a check would still "
+                                          "fail.")
 @click.option("--to", type=click.Choice(PROFILE_NAMES), help="With --fix: also move it to this layout.")
 @click.option("-o", "--out", type=click.Path(dir_okay=False), help="Output GGUF for --fix.")
 @click.option("--dry-run", is_flag=True, help="With --fix: print the plan, write nothing.")
@@ -35,9 +37,11 @@ def command(draft, target, hf, runtimes, n_max, fix, to, out, dry_run, force, as
 
     Whatever the runtimes checked (llama.cpp, lucebox, ggtools: see --runtime), the model-file rules apply to the
     drafter and the target: the container rules of ggtools validate (a cut file fails) and the hyperparameter rules
-    ggtools run applies (types, ranges, NaN), so doctor never passes a file ggtools run refuses for them.
+    ggtools run applies (types, ranges, NaN, the tensors' shapes), so doctor never passes a file ggtools run refuses
+    for them.
 
-    Exit 0: no failed check; 1: a check failed or could not be made; 2: unreadable input.
+    Exit 0: no failed check; 1: a check failed or could not be made (with --fix: nothing written); 2: unreadable
+    input.
 
     \b
     Examples:

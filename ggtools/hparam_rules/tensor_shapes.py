@@ -408,10 +408,11 @@ def _dflash(s: _Sizes, p, locate) -> dict:
     q = s.head_k * s.head
     for i in range(s.n_layer_all):
         b = f"blk.{i}."
-        out |= {b + "attn_norm.weight": (E,), b + "attn_q.weight": (E, q), b + "attn_k.weight": (E, s.head_k * s.head_kv),
-                b + "attn_v.weight": (E, s.head_v * s.head_kv), b + "attn_output.weight": (q, E),
-                b + "post_attention_norm.weight": (E,), b + "post_ffw_norm.weight": (E,),
-                b + "layer_output_scale.weight": (ONE,), b + "attn_sinks.weight": (s.head,), b + "ffn_norm.weight": (E,)}
+        kv_k, kv_v = s.head_k * s.head_kv, s.head_v * s.head_kv
+        out |= {b + "attn_norm.weight": (E,), b + "attn_q.weight": (E, q), b + "attn_k.weight": (E, kv_k),
+                b + "attn_v.weight": (E, kv_v), b + "attn_output.weight": (q, E), b + "post_attention_norm.weight": (E,),
+                b + "post_ffw_norm.weight": (E,), b + "layer_output_scale.weight": (ONE,),
+                b + "attn_sinks.weight": (s.head,), b + "ffn_norm.weight": (E,)}
         out |= _qk_norm(s, b) | _dense_ffn(b, E, ff)
         if v2:
             kernel = s.size("conv_kernel_size")
