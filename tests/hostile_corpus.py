@@ -194,6 +194,7 @@ def build_corpus(root) -> dict[str, str]:
     _hf_variants(c, j)
     _dspark(c, j)
     _trust3(c, j)
+    _config_numbers(c, j)
     _shape_variants(c, j)
     _doctor_fix_variants(c, j)
     _prompt_files(c, j)
@@ -703,6 +704,69 @@ def _trust3(c, j):
     c["moe"] = str(write_moe(j("moe.gguf"), n_expert=4, n_ff=64))
     c["moe_mxfp4_ff"] = mxfp4_scales_0xff(c["moe"], j("moe_mxfp4_ff.gguf"), "blk.1.ffn_up_exps.weight")
     c["t_nan_norm"] = poison(c["target"], j("t_nan_norm.gguf"), "output_norm.weight")
+
+
+# ---- issue 39 (Trust III), convert: every number of config.json through one checked reader (each layout: DFlash's
+# dflash_config, DFlash2, DSpark's flat and speculators layouts); values of the right type that the model-file rules
+# refuse (refused before anything is written, in validate's words); safetensors ranges that overlap
+
+# name -> (the checkpoint it edits: hf (DFlash v1), dflash2, ds_base (DSpark flat), ds_reduced-bonus (speculators);
+# config.json edits: (key path, value))
+HF_NUMBER_CASES = {
+    "v1_block_2p32": ("hf", [(("dflash_config", "block_size"), 2 ** 32)]),
+    "v1_layers_1e9": ("hf", [(("num_hidden_layers",), 10 ** 9)]),
+    "v1_theta_str": ("hf", [(("rope_theta",), "abc"), (("rope_parameters", "rope_theta"), "abc")]),
+    "v1_eps_nan": ("hf", [(("rms_norm_eps",), NAN)]),
+    "v1_ctx_fraction": ("hf", [(("max_position_embeddings",), 512.5)]),
+    "v1_ids_2p40": ("hf", [(("dflash_config", "target_layer_ids"), [1, 2 ** 40])]),
+    "v1_mask_2p32": ("hf", [(("dflash_config", "mask_token_id"), 2 ** 32)]),
+    "v1_rope_scaling_list": ("hf", [(("rope_parameters",), [1, 2])]),
+    "v1_block_1": ("hf", [(("dflash_config", "block_size"), 1)]),
+    "v1_block_2p31": ("hf", [(("dflash_config", "block_size"), 2 ** 31)]),
+    "v1_eps_negative": ("hf", [(("rms_norm_eps",), -1e-6)]),
+    "v2_rank_2p32": ("dflash2", [(("dflash_config", "selector_rank"), 2 ** 32)]),
+    "v2_theta_inf": ("dflash2", [(("rope_parameters", "rope_theta"), float("inf"))]),
+    "v2_block_1": ("dflash2", [(("dflash_config", "block_size"), 1)]),
+    "flat_theta_str": ("ds_base", [(("rope_theta",), "abc"), (("rope_parameters", "rope_theta"), "abc")]),
+    "flat_block_2p32": ("ds_base", [(("block_size",), 2 ** 32)]),
+    "flat_draft_vocab_2p40": ("ds_base", [(("draft_vocab_size",), 2 ** 40)]),
+    "flat_block_1": ("ds_base", [(("block_size",), 1)]),
+    "spec_theta_str": ("ds_reduced-bonus", [(("transformer_layer_config", "rope_theta"), "abc"),
+                                            (("transformer_layer_config", "rope_parameters", "rope_theta"), "abc")]),
+    "spec_theta_nan": ("ds_reduced-bonus", [(("transformer_layer_config", "rope_parameters", "rope_theta"), NAN)]),
+    "spec_layers_1e9": ("ds_reduced-bonus", [(("transformer_layer_config", "num_hidden_layers"), 10 ** 9)]),
+    "spec_aux_2p33": ("ds_reduced-bonus", [(("aux_hidden_state_layer_ids",), [2, 2 ** 33])]),
+    "spec_block_1": ("ds_reduced-bonus", [(("block_size",), 1)]),
+    "spec_block_2p31": ("ds_reduced-bonus", [(("block_size",), 2 ** 31)]),
+}
+
+
+def _config_numbers(c, j):
+    """HF_NUMBER_CASES; a config.json holding an integer of 5000 digits; a DSpark checkpoint whose markov_w2 has
+    markov_w1's data_offsets."""
+    bases = {"hf": c["hf"], "dflash2": j("dflash2"), "ds_base": c["ds_base"],
+             "ds_reduced-bonus": c["ds_reduced-bonus"]}
+    for name, (base, edits) in HF_NUMBER_CASES.items():
+        d = shutil.copytree(bases[base], j("numbers", name))
+        config = json.loads(open(os.path.join(d, "config.json")).read())
+        for path, value in edits:
+            node = config
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = value
+        write(os.path.join(d, "config.json"), json.dumps(config).encode())
+        c[f"hf_{name}"] = d
+    d = c["hf_v1_digits"] = shutil.copytree(c["hf"], j("numbers", "v1_digits"))
+    text = open(os.path.join(d, "config.json")).read().replace('"vocab_size": 2048', '"vocab_size": ' + "9" * 5000)
+    write(os.path.join(d, "config.json"), text.encode())
+    d = c["hf_ds_overlap"] = shutil.copytree(c["ds_base"], j("numbers", "ds_overlap"))
+    st = os.path.join(d, "model.safetensors")
+    data = open(st, "rb").read()
+    (n,) = struct.unpack_from("<Q", data)
+    header = json.loads(data[8:8 + n])
+    header["markov_head.markov_w2.weight"]["data_offsets"] = header["markov_head.markov_w1.weight"]["data_offsets"]
+    raw = json.dumps(header).encode()
+    write(st, struct.pack("<Q", len(raw)) + raw + data[8 + n:])
 
 
 def dflash2_drafter(hf_dir, out, target) -> str:

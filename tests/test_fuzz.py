@@ -23,7 +23,7 @@ import pytest
 from gguf import GGUFValueType as VT
 
 from tests import gguf_builder as B
-from tests.hostile_corpus import DEMO, _kimi_k3, check_run, snapshot
+from tests.hostile_corpus import DEMO, _kimi_k3, check_run, run_cli, snapshot
 from tests.stalled_cli import stop_while_stalled
 from tests.test_convert_support import rewrite_gguf
 from tests.tiny_targets import write_gpt_oss, write_qwen35
@@ -195,6 +195,208 @@ def test_safetensors_header_mutations(tmp_path):
         args = ["convert", "dflash", str(hf), "--target-gguf", target, "-o", str(d / "out.gguf"), "-q"]
         _check(d, args, [d / "out.gguf"], f"{i}: {what}")
         shutil.rmtree(d)
+
+
+# ---- issue 39 (Trust III), convert: config.json values, safetensors byte ranges ------------------------------------
+
+CONFIG_CASES = 64
+RANGE_CASES = 30
+# values a config.json number may hold instead: other JSON types, integers at and beyond the GGUF types' bounds,
+# a billion layers, NaN / inf (Python's json reads them), beyond f32, a whole number as a float
+CONFIG_VALUES = [None, "abc", "", True, [], {}, [1], -1, 0, 1, 2, 2 ** 31, 2 ** 32, 2 ** 64, 10 ** 9, 1.5, 8.0,
+                 float("nan"), float("inf"), -float("inf"), 1e39, -1e-6]
+# keys the converters read that the base checkpoints lack, with a valid value (then mutated like the others)
+CONFIG_EXTRAS = {"sliding_window": 4, "use_sliding_window": True, "partial_rotary_factor": 0.5,
+                 "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 512,
+                                  "beta_fast": 32.0}, "layer_types": ["sliding_attention", "full_attention"],
+                 "final_logit_softcapping": 30.0, "output_multiplier": 1.0, "input_embedding_scale": 1.0,
+                 "draft_vocab_size": 128, "markov_rank": 32, "num_target_layers": 8, "draft_block_size": 8}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """A checkpoint of each config layout (DFlash v1 and DFlash2: dflash_config; DSpark: flat and speculators, whose
+    backbone keys are nested), the tiny target they are for, and each converted (the drafters doctor --hf checks)."""
+    from ggtools.jobs.convert import convert_dflash
+    from tests.test_convert_support import make_checkpoint, make_dspark_checkpoint, make_target_gguf
+    d = tmp_path_factory.mktemp("checkpoints")
+    target = str(make_target_gguf(d / "target.gguf"))
+    dirs = {"v1": make_checkpoint(d / "v1", 1), "v2": make_checkpoint(d / "v2", 2),
+            "flat": make_dspark_checkpoint(d / "flat"),
+            "speculators": make_dspark_checkpoint(d / "speculators", arch="DSparkSpeculator", layout="speculators")}
+    drafters = {}
+    for name, hf in dirs.items():
+        drafters[name] = str(d / f"{name}.gguf")
+        convert_dflash(hf, drafters[name], target=target)
+    return target, dirs, drafters
+
+
+def number_places(node, path=()):
+    """The key path of every number in a JSON value (list elements too, and each list of numbers as a whole)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from number_places(value, path + (key,))
+    elif isinstance(node, list) and node and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                 for x in node):
+        yield path
+        for i in range(len(node)):
+            yield path + (i,)
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        yield path
+
+
+def mutate_config(config: dict, rng) -> str:
+    """One number of config.json (or of a key the converters read, added) set to a hostile value, in place."""
+    if rng.random() < 0.3:
+        key = pick(rng, sorted(CONFIG_EXTRAS))
+        config[key] = json.loads(json.dumps(CONFIG_EXTRAS[key]))
+    path = pick(rng, list(number_places(config)))
+    value = pick(rng, CONFIG_VALUES)
+    node = config
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return f"{'.'.join(map(str, path))} := {value!r}"
+
+
+def test_config_value_mutations(tmp_path, checkpoints):
+    """CONFIG_CASES checkpoints with one config.json number mutated (each layout in turn) through convert dflash (both
+    profiles) and doctor --hf: the four properties, and one verdict: what convert writes, validate passes (a command
+    never writes what its own validate rejects)."""
+    target, dirs, drafters = checkpoints
+    rng = np.random.default_rng(SEED + 5)
+    codes = {0: 0, 1: 0, 2: 0}
+    for i in range(CONFIG_CASES):
+        layout = sorted(dirs)[i % len(dirs)]
+        config = json.loads((dirs[layout] / "config.json").read_text())
+        what = mutate_config(config, rng)
+        case = f"{i}-{layout}: {what}"
+        d = tmp_path / str(i)
+        hf = shutil.copytree(dirs[layout], d / "hf")
+        (hf / "config.json").write_text(json.dumps(config))
+        out = d / "out.gguf"
+        profile = ["--profile", "lucebox"] if i % 8 == 0 and layout == "v1" else ["--target-gguf", target]
+        convert = ["convert", "dflash", str(hf), *profile, "-o", str(out), "-q"]
+        r = _check(d, convert, [out], case)            # (removes the output it checks)
+        assert r.exit_code in (0, 2), case
+        codes[r.exit_code] += 1
+        if r.exit_code == 0:
+            run_cli(convert)
+            v = _check(d, ["validate", str(out)], [], case)
+            assert v.exit_code == 0, f"case {case}: convert wrote a file validate fails: {v.stdout[-400:]}"
+            out.unlink()
+        if i % 3 == 0:
+            _check(d, ["doctor", drafters[layout], "--hf", str(hf)], [], case)
+        shutil.rmtree(d)
+    assert codes[2] > CONFIG_CASES // 2 and codes[0] > 0, codes     # the mutations reach refusals and successes
+
+
+# ---- issue 41: EAGLE3 checkpoints' config.json through convert drafter and doctor --hf --------------------------
+
+EAGLE3_CONFIG_CASES = 40
+# keys the EAGLE3 converter reads that the demo checkpoint lacks, with a valid value (then mutated like the others)
+EAGLE3_EXTRAS = {"target_hidden_size": 128, "head_dim": 32, "norm_before_residual": True,
+                 "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 256}}
+
+
+def test_eagle3_config_value_mutations(tmp_path):
+    """EAGLE3_CONFIG_CASES demo EAGLE3 checkpoints with one config.json number mutated (or a key it reads added)
+    through convert drafter and doctor --hf: the four properties; what convert writes, validate passes."""
+    from ggtools.jobs.convert_drafter import convert_drafter
+    from scripts.fixtures import dspark_checkpoints as DS
+    from scripts.fixtures import eagle3_drafters as E3
+    target = os.path.join(DEMO, "target.gguf")
+    base = DS.write_dspark(tmp_path / "base", *E3.demo_checkpoint())
+    good = convert_drafter(base, str(tmp_path / "good.gguf"), target=target).path
+    rng = np.random.default_rng(SEED + 41)
+    codes = {0: 0, 1: 0, 2: 0}
+    for i in range(EAGLE3_CONFIG_CASES):
+        config = json.loads((base / "config.json").read_text())
+        if rng.random() < 0.3:
+            key = pick(rng, sorted(EAGLE3_EXTRAS))
+            config[key] = json.loads(json.dumps(EAGLE3_EXTRAS[key]))
+        path = pick(rng, list(number_places(config)))
+        node = config
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = pick(rng, CONFIG_VALUES)
+        case = f"{i}: {'.'.join(map(str, path))} := {node[path[-1]]!r}"
+        d = tmp_path / str(i)
+        hf = shutil.copytree(base, d / "in" / "hf")
+        (hf / "config.json").write_text(json.dumps(config))
+        out = d / "out.gguf"          # outside the watched inputs: check_run would remove an output it lists
+        r = _check(d / "in", ["convert", "drafter", str(hf), "--target-gguf", target, "-o", str(out), "-q"], [], case)
+        assert r.exit_code in (0, 2), case
+        codes[r.exit_code] += 1
+        if r.exit_code == 0:
+            v = _check(d, ["validate", str(out)], [], case)
+            assert v.exit_code == 0, f"case {case}: convert wrote a file validate fails: {v.stdout[-400:]}"
+            out.unlink()
+        if i % 4 == 0:
+            _check(d, ["doctor", good, "--hf", str(hf)], [], case)
+        shutil.rmtree(d)
+    assert codes[2] > EAGLE3_CONFIG_CASES // 4 and codes[0] > EAGLE3_CONFIG_CASES // 8, codes
+
+
+def mutate_ranges(header: dict, rng) -> str:
+    """The tensors' data_offsets rearranged, sizes kept: two tensors of one size swap ranges (still a tiling), one
+    takes another's range (an overlap), every range moves by a few bytes (a gap), or one range is cut in two."""
+    names = sorted(k for k in header if k != "__metadata__")
+    size = {n: header[n]["data_offsets"][1] - header[n]["data_offsets"][0] for n in names}
+    op = int(rng.integers(0, 4))
+    a = pick(rng, names)
+    same = [n for n in names if n != a and size[n] == size[a]]
+    if op == 0 and same:
+        b = pick(rng, same)
+        header[a]["data_offsets"], header[b]["data_offsets"] = header[b]["data_offsets"], header[a]["data_offsets"]
+        return f"swap {a} and {b}"
+    if op <= 1 and same:
+        b = pick(rng, same)
+        header[a]["data_offsets"] = list(header[b]["data_offsets"])
+        return f"{a} takes the range of {b}"
+    if op == 2:
+        shift = pick(rng, [2, 4, 8])
+        for n in names:
+            header[n]["data_offsets"] = [x + shift for x in header[n]["data_offsets"]]
+        return f"every range moves by {shift}"
+    begin, end = header[a]["data_offsets"]
+    header[a]["data_offsets"] = [begin + 2, end + 2]
+    return f"{a} moves by 2"
+
+
+def test_safetensors_range_mutations(tmp_path):
+    """RANGE_CASES rearrangements of the demo drafter's tensor ranges through convert dflash: refused (exit 2, one line
+    naming the tensor) exactly when safetensors' own reader refuses the file."""
+    from safetensors import safe_open
+    rng = np.random.default_rng(SEED + 6)
+    base = open(os.path.join(DEMO, "drafter", "model.safetensors"), "rb").read()
+    (n,) = struct.unpack_from("<Q", base)
+    target = shutil.copy(os.path.join(DEMO, "target.gguf"), tmp_path / "target.gguf")
+    verdicts = set()
+    for i in range(RANGE_CASES):
+        header = json.loads(base[8:8 + n])
+        what = mutate_ranges(header, rng)
+        d = tmp_path / f"case{i}"
+        hf = d / "hf"
+        hf.mkdir(parents=True)
+        shutil.copy(os.path.join(DEMO, "drafter", "config.json"), hf)
+        raw = json.dumps(header).encode()
+        (hf / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + base[8 + n:])
+        try:
+            with safe_open(hf / "model.safetensors", framework="np") as st:     # parses and checks the header
+                st.keys()
+            reference = 0
+        except Exception:       # noqa: BLE001 (the reference's own error type)
+            reference = 2
+        args = ["convert", "dflash", str(hf), "--target-gguf", target, "-o", str(d / "out.gguf"), "-q"]
+        r = _check(d, args, [d / "out.gguf"], f"{i}: {what}")
+        assert r.exit_code == reference, f"case {i}: {what}: exit {r.exit_code}, safetensors: {reference}: {r.stderr}"
+        if reference:
+            assert "model.safetensors: tensor '" in r.stderr, r.stderr
+        verdicts.add(reference)
+        shutil.rmtree(d)
+    assert verdicts == {0, 2}
 
 
 @pytest.mark.parametrize("seed", [SEED])

@@ -21,6 +21,9 @@ def corpus(tmp_path_factory):
 
 
 CONVERT = ["convert", "dflash", "{hf}", "--target-gguf", "{target}"]
+CONVERT_TO = ["convert", "dflash", "--target-gguf", "{target}"]      # issue 39: the checkpoint follows
+TO_D = ["-o", "{root}/d.gguf"]
+REFUSED = "refusing to write an output that ggtools validate would fail: "
 RUN_DRAFT = ["run", "--target", "{target}", "--prompt-ids", "1,2,3", "-n", "4", "--draft"]
 Q8 = ["--scheme", "q8_0"]
 RUN = ["run", "--target", "{target}", "--prompt-ids", "1,2", "-n", "4"]
@@ -443,6 +446,62 @@ ROWS = [
      "bonus-anchor blocks only"),
     ("dspark/validate-no-block-size", ["validate", "{ds_nobs_gguf}"], 1, [], None),
     ("dspark/doctor-no-block-size", ["doctor", "{ds_nobs_gguf}"], 1, [], None),
+    # issue 39 (Trust III), convert A: every number of config.json is read through one checked reader (its type,
+    # finite, the range of what it becomes), on each layout and path (convert both profiles, accept --draft HF_DIR,
+    # doctor --hf): one line naming config.json, the key where it is kept and the rule (hostile_corpus.HF_NUMBER_CASES)
+    *[(f"config/convert-{case}", [*CONVERT_TO, "{hf_%s}" % case, *TO_D], 2, [], fragment) for case, fragment in (
+        ("v1_block_2p32", "config.json: key 'dflash_config.block_size': 4294967296 is outside 0..4294967295"),
+        ("v1_layers_1e9", "config.json: key 'num_hidden_layers': 1000000000 is outside 1..512"),
+        ("v1_theta_str", "config.json: key 'rope_parameters.rope_theta': 'abc' is not a number"),
+        ("v1_eps_nan", "config.json: key 'rms_norm_eps': nan is not a finite number"),
+        ("v1_ctx_fraction", "config.json: key 'max_position_embeddings': 512.5 is not an integer"),
+        ("v1_ids_2p40", "config.json: key 'dflash_config.target_layer_ids[1]': 1099511627776 is outside 0..511"),
+        ("v1_mask_2p32", "config.json: key 'dflash_config.mask_token_id': 4294967296 is outside 0..4294967295"),
+        ("v1_rope_scaling_list", "config.json: key 'rope_parameters': [1, 2] is not a JSON object"),
+        ("v1_digits", "config.json: cannot read as JSON: Exceeds the limit (4300 digits)"),
+        ("v2_rank_2p32", "config.json: key 'dflash_config.selector_rank': 4294967296 is outside 0..4294967295"),
+        ("v2_theta_inf", "config.json: key 'rope_parameters.rope_theta': inf is not a finite number"),
+        ("flat_theta_str", "config.json: key 'rope_parameters.rope_theta': 'abc' is not a number"),
+        ("flat_block_2p32", "config.json: key 'block_size': 4294967296 is outside 0..4294967295"),
+        ("flat_draft_vocab_2p40", "config.json: key 'draft_vocab_size': 1099511627776 is outside 0..4294967295"),
+        ("spec_theta_str", "key 'transformer_layer_config.rope_parameters.rope_theta': 'abc' is not a number"),
+        ("spec_theta_nan", "key 'transformer_layer_config.rope_parameters.rope_theta': nan is not a finite number"),
+        ("spec_layers_1e9", "key 'transformer_layer_config.num_hidden_layers': 1000000000 is outside 1..512"),
+        ("spec_aux_2p33", "key 'aux_hidden_state_layer_ids[1]': 8589934592 is outside 1..512"))],
+    *[(f"config/convert-lucebox-{case}", ["convert", "dflash", "{hf_%s}" % case, "--profile", "lucebox", *TO_D], 2, [],
+       fragment) for case, fragment in (
+        ("v1_eps_nan", "config.json: key 'rms_norm_eps': nan is not a finite number"),
+        ("v1_theta_str", "config.json: key 'rope_theta': 'abc' is not a number"),
+        ("v1_layers_1e9", "config.json: key 'num_hidden_layers': 1000000000 is outside 1..512"))],
+    *[(f"config/accept-draft-hf-{case}", ["accept", "--target", "{target}", "--draft", "{hf_%s}" % case, "-q", "-n",
+                                          "4"], 2, [], fragment) for case, fragment in (
+        ("v1_theta_str", "key 'rope_parameters.rope_theta': 'abc' is not a number"),
+        ("spec_theta_str", "key 'transformer_layer_config.rope_parameters.rope_theta': 'abc' is not a number"),
+        ("v1_layers_1e9", "key 'num_hidden_layers': 1000000000 is outside 1..512"),
+        ("v1_block_1", "refusing to write an output that ggtools validate would fail: is 1: a drafter's block"),
+        ("ds_overlap", "overlap tensor 'markov_head.markov_w1.weight'"))],
+    *[(f"config/doctor-hf-{case}", ["doctor", "{%s}" % drafter, "--hf", "{hf_%s}" % case], 2, [], fragment)
+      for drafter, case, fragment in (
+        ("drafter", "v1_theta_str", "config.json: key 'rope_theta': 'abc' is not a number"),
+        ("drafter", "v1_eps_nan", "config.json: key 'rms_norm_eps': nan is not a finite number"),
+        ("drafter", "v1_block_2p32", "key 'dflash_config.block_size': 4294967296 is outside 0..4294967295"),
+        ("ds_gguf", "flat_theta_str", "config.json: key 'rope_theta': 'abc' is not a number"))],
+    # issue 39 (Trust III), convert B: a value of the right type the model-file rules refuse is refused before anything
+    # is written, in validate's words (before: exit 0 and a drafter validate fails; a block of 1 drafts nothing)
+    *[(f"config/convert-{case}", [*CONVERT_TO, "{hf_%s}" % case, *TO_D], 2, [], f"key '{key}': {REFUSED}{rule}")
+      for case, key, rule in (
+        ("v1_block_1", "dflash.block_size", "is 1: a drafter's block is the anchor and at least one mask (2 or more)"),
+        ("v1_block_2p31", "dflash.block_size", "is 2147483648, above the drafter's context_length 512"),
+        ("v1_eps_negative", "dflash.attention.layer_norm_rms_epsilon", "is -"),
+        ("v2_block_1", "dflash.block_size", "is 1: a drafter's block is the anchor"),
+        ("flat_block_1", "dflash.block_size", "is 1: a drafter's block is the anchor"),
+        ("spec_block_1", "dflash.block_size", "is 1: a drafter's block is the anchor"),
+        ("spec_block_2p31", "dflash.block_size", "is 2147483648, above the drafter's context_length 512"))],
+    ("config/convert-lucebox-v1_block_1", ["convert", "dflash", "{hf_v1_block_1}", "--profile", "lucebox", *TO_D], 2,
+     [], f"key 'qwen35-dflash-draft.dflash.block_size': {REFUSED}is 1: a drafter's block is the anchor"),
+    # issue 39 (Trust III), convert C: safetensors tensors whose byte ranges overlap (safetensors' reader: invalid offset)
+    ("config/convert-overlapping-markov-heads", [*CONVERT_TO, "{hf_ds_overlap}", *TO_D], 2, [],
+     "model.safetensors: tensor 'markov_head.markov_w2.weight': data_offsets"),
 ]
 
 
