@@ -50,8 +50,7 @@ class Checkpoint:
 
     @property
     def dflash_config(self) -> dict:
-        dc = self.config.get("dflash_config")
-        return dc if isinstance(dc, dict) else {}
+        return self.numbers.table(self.config, "dflash_config") or {}
 
 
 def files_of(hf_dir) -> list[str]:
