@@ -194,6 +194,7 @@ def build_corpus(root) -> dict[str, str]:
     _hf_variants(c, j)
     _dspark(c, j)
     _trust3(c, j)
+    _eagle3(c, j)                   # issue 41: EAGLE3 drafters
     _config_numbers(c, j)
     _shape_variants(c, j)
     _doctor_fix_variants(c, j)
@@ -824,3 +825,81 @@ def _manifests(c, j):
         write(os.path.join(resume_dir, "k.ggtools.json"), data)
     c["manifest_empty"] = write(j("manifests", "empty.sha256"), b"")
     c["manifest_other"] = write(j("manifests", "other.sha256"), b"0" * 64 + b"  other.gguf\n")
+
+
+# ---- issue 41: EAGLE3 drafters (HF checkpoints convert drafter refuses; GGUFs validate, doctor, pair-check and
+# quantize refuse), all for the demo target (scripts/fixtures/eagle3_drafters.demo_checkpoint: numpy only)
+
+def _e3_aux(ids):
+    return lambda cfg, t: cfg.__setitem__("eagle_aux_hidden_state_layer_ids", ids)
+
+
+def _e3_d2t(row, target_id):
+    def edit(cfg, t):
+        d2t = t["d2t"][1].copy()
+        d2t[row] = target_id - row
+        t["d2t"] = ("I64", d2t)
+    return edit
+
+
+def _e3_d2t_twice(cfg, t):
+    d2t = t["d2t"][1].copy()
+    d2t[20] = d2t[21] + 1
+    t["d2t"] = ("I64", d2t)
+
+
+# name -> config.json / tensor edit of the demo EAGLE3 checkpoint that `convert drafter` refuses, and its words
+EAGLE3_HF_CASES = {
+    "two_layers": (lambda cfg, t: cfg.__setitem__("num_hidden_layers", 2), "exactly one decoder layer"),
+    "two_taps": (_e3_aux([0, 1]), "EAGLE3 requires exactly 3 entries in 'extract_layers'"),
+    "tap_beyond": (_e3_aux([0, 1, 5]), "EAGLE3: target layer id 5 exceeds target n_layer 4"),
+    "target_hidden": (lambda cfg, t: cfg.__setitem__("target_hidden_size", 256), "embedding size mismatch"),
+    "d2t_range": (_e3_d2t(511, 2048), "EAGLE-3 d2t target ids out of range for target vocab size 2048"),
+    "d2t_twice": (_e3_d2t_twice, "EAGLE-3 d2t contains duplicate target ids"),
+    "no_d2t": (lambda cfg, t: t.pop("d2t"), "without d2t llama.cpp's loader refuses output.weight"),
+    "unknown_tensor": (lambda cfg, t: t.__setitem__("midlayer.extra.weight", ("BF16", np.ones(4, np.float32))),
+                       "Can not map tensor 'midlayer.extra.weight'"),
+    "fc_norm_flag": (lambda cfg, t: cfg.__setitem__("norm_before_fc", True), "requires enc.output_norm.weight"),
+    "model_type": (lambda cfg, t: cfg.__setitem__("model_type", "qwen3"), "LlamaConfig's only"),
+    "aux_2p40": (_e3_aux([0, 1, 2 ** 40]), "key 'eagle_aux_hidden_state_layer_ids[2]': 1099511627776 is outside"),
+}
+# name -> (key edits, tensors: name -> (ne, type, data) added or replaced, tensors dropped), what validate says
+EAGLE3_GGUF_CASES = {
+    "two_taps": ([("eagle3.target_layers", VT.ARRAY, [0, 1], VT.INT32)], {}, (), "exactly 3"),
+    "no_target_hidden": ([], {}, ("eagle3.target_hidden_size",), "eagle3.target_hidden_size"),
+    "two_layers": ([("eagle3.block_count", VT.UINT32, 2, None)], {}, (), "one decoder layer"),
+    "d2t_i32": ([], {"d2t": ((512,), I32, bytes(2048))}, (), "expected I64"),
+    "t2d": ([], {"t2d": ((2048,), 24, bytes(2048))}, (), "not an EAGLE3 tensor"),
+}
+
+
+def _eagle3_gguf(src, dst, set_keys, tensors, drop_keys) -> str:
+    from ggtools.gguf import GGUFFile, GGUFWriter
+    tmp = str(rewrite_gguf(src, dst + ".keys", set_keys=set_keys, drop_keys=drop_keys))
+    with GGUFFile(tmp) as f, GGUFWriter(dst, force=True) as w:
+        for kv in f.kvs:
+            w.add_kv_record(kv)
+        keep = [(t.name, tuple(t.ne), t.type_id, None) for t in f.tensors if t.name not in tensors]
+        keep += [(name, ne, type_id, data) for name, (ne, type_id, data) in tensors.items()]
+        for name, ne, type_id, data in keep:
+            w.add_tensor_info(name, ne, type_id, len(data) if data is not None else f.tensor[name].nbytes)
+        for name, ne, type_id, data in keep:
+            w.write(data if data is not None else f.tensor_data(f.tensor[name]))
+    os.remove(tmp)
+    return dst
+
+
+def _eagle3(c, j):
+    from ggtools.jobs.convert_drafter import convert_drafter
+    from scripts.fixtures import dspark_checkpoints as DS
+    from scripts.fixtures import eagle3_drafters as E3
+    c["e3_hf"] = str(DS.write_dspark(j("e3_hf"), *E3.demo_checkpoint()))
+    for name, (edit, _) in EAGLE3_HF_CASES.items():
+        cfg, tensors = E3.demo_checkpoint()
+        edit(cfg, tensors)
+        c[f"e3_hf_{name}"] = str(DS.write_dspark(j(f"e3_hf_{name}"), cfg, tensors))
+    c["e3_hf_bin"] = shutil.copytree(c["e3_hf"], j("e3_hf_bin"))
+    os.rename(os.path.join(c["e3_hf_bin"], "model.safetensors"), os.path.join(c["e3_hf_bin"], "pytorch_model.bin"))
+    c["e3_gguf"] = convert_drafter(c["e3_hf"], j("e3.gguf"), target=c["target"], outtype="f16").path
+    for name, (keys, tensors, drop, _) in EAGLE3_GGUF_CASES.items():
+        c[f"e3_{name}"] = _eagle3_gguf(c["e3_gguf"], j(f"e3_{name}.gguf"), keys, tensors, drop)

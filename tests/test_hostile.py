@@ -13,6 +13,9 @@ import pytest
 
 from tests.hostile_corpus import (HOSTILE_MANIFESTS, HPARAM_VARIANTS, KIMI_K3_SHAPE_CASES, SHAPE_VARIANTS,
                                   build_corpus, check_run)
+from tests.hostile_corpus import EAGLE3_GGUF_CASES, EAGLE3_HF_CASES      # issue 41
+
+E3_OUT = ["-o", "{root}/e3_new.gguf"]       # issue 41: convert drafter's output in the corpus
 
 
 @pytest.fixture(scope="module")
@@ -446,6 +449,29 @@ ROWS = [
      "bonus-anchor blocks only"),
     ("dspark/validate-no-block-size", ["validate", "{ds_nobs_gguf}"], 1, [], None),
     ("dspark/doctor-no-block-size", ["doctor", "{ds_nobs_gguf}"], 1, [], None),
+    # issue 41: EAGLE3 drafters (hostile_corpus.EAGLE3_HF_CASES, EAGLE3_GGUF_CASES): convert drafter refuses, before
+    # writing, each checkpoint llama.cpp's converter or loader refuses (in its words) or cannot draft with; validate,
+    # doctor and quantize refuse the broken files; pair-check fails a pair llama.cpp cannot draft
+    *[(f"eagle3/convert-{case}", ["convert", "drafter", "{e3_hf_%s}" % case, "--target-gguf", "{target}",
+                                  *E3_OUT], 2, [], fragment) for case, (_, fragment) in EAGLE3_HF_CASES.items()],
+    ("eagle3/convert-no-target", ["convert", "drafter", "{e3_hf}", *E3_OUT], 2, [], "pass --target-gguf"),
+    ("eagle3/convert-pickle", ["convert", "drafter", "{e3_hf_bin}", "--target-gguf", "{target}", *E3_OUT], 2, [],
+     "pytorch_model.bin: a pickled PyTorch checkpoint"),
+    ("eagle3/convert-lucebox", ["convert", "drafter", "{e3_hf}", "--target-gguf", "{target}", "--profile", "lucebox",
+                                *E3_OUT], 2, [], "no EAGLE3 loader"),
+    ("eagle3/convert-over-checkpoint", ["convert", "drafter", "{e3_hf}", "--target-gguf", "{target}", "-o",
+                                        "{e3_hf}/model.safetensors", "--force"], 2, [], "is an input"),
+    ("eagle3/convert-good", ["convert", "drafter", "{e3_hf}", "--target-gguf", "{target}", "-q", "-o",
+                             "{root}/e3_out.gguf"], 0, ["{root}/e3_out.gguf"], None),
+    *[(f"eagle3/validate-{case}", ["validate", "{e3_%s}" % case], 1, [], fragment)
+      for case, (*_, fragment) in EAGLE3_GGUF_CASES.items()],
+    *[(f"eagle3/doctor-{case}", ["doctor", "{e3_%s}" % case], 1, [], fragment)
+      for case, (*_, fragment) in EAGLE3_GGUF_CASES.items()],
+    *[(f"eagle3/quantize-{case}", ["quantize", "{e3_%s}" % case, "-o", "{root}/q.gguf", *Q8], 2, [], fragment)
+      for case, (*_, fragment) in EAGLE3_GGUF_CASES.items()],
+    ("eagle3/pair-check-other-model", ["pair-check", "{good}", "{e3_gguf}"], 1, [], "target_hidden_size"),
+    ("eagle3/doctor-fix", ["doctor", "{e3_gguf}", "--fix", "-o", "{root}/f.gguf"], 2, [], "an EAGLE3 drafter"),
+    ("eagle3/doctor-lucebox", ["doctor", "{e3_gguf}", "--runtime", "lucebox"], 2, [], "no EAGLE3 drafting"),
     # issue 39 (Trust III), convert A: every number of config.json is read through one checked reader (its type,
     # finite, the range of what it becomes), on each layout and path (convert both profiles, accept --draft HF_DIR,
     # doctor --hf): one line naming config.json, the key where it is kept and the rule (hostile_corpus.HF_NUMBER_CASES)
