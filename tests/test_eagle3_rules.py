@@ -256,3 +256,17 @@ def test_the_tiny_drafters_pass_and_pair(eagle3_drafters, tiny_target):
         layout = key.split("/")[0]
         report = doctor(str(path), target=str(tiny_target.gguf["f16"]), hf=str(eagle3_drafters.dirs[layout]))
         assert report.exit_code == 0, (key, [f.as_dict() for f in report.errors])
+
+
+def test_pair_and_converter_quotes_are_llama_cpps(llama_cpp_src):
+    """The pair rules' words are in llama.cpp's runtime source; the converter's in its conversion/llama.py."""
+    try:
+        texts = runtime_sources.llama_cpp_texts()
+    except runtime_sources.SourcesMissing as e:
+        pytest.skip(str(e))
+    for said in (E.SAYS_FEATURES.format(768, 256, 384), E.SAYS_BEYOND.format(9, 8), E.SAYS_NO_TAP, E.SAYS_NO_EMBD,
+                 E.SAYS_NO_OUTPUT, E.SAYS_NOT_EAGLE3.format(2)):
+        assert runtime_sources.quoted_in(said, texts), said
+    converter = {"conversion/llama.py": (llama_cpp_src / "conversion" / "llama.py").read_text()}
+    for said in (E.SAYS_NEEDS_TARGET, E.SAYS_D2T_RANGE.format(1024), E.SAYS_D2T_DUPLICATE):
+        assert runtime_sources.quoted_in(said, converter), said
