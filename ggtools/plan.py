@@ -32,6 +32,9 @@ class TensorAction:
     bytes_in: int
     bytes_out: int
     src_name: str | None = None     # the source tensor's name, when the output renames it
+    src_file: str | None = None     # the file it is read from, when not the shard's source (an output that
+                                    # gathers tensors from several shards of a set)
+    part: str | None = None         # the part of the model it belongs to, when a plan lists one apart ("MTP block")
 
     @property
     def source(self) -> str:
@@ -44,7 +47,8 @@ class TensorAction:
     def as_dict(self):
         return {"name": self.name, "source": self.source, "ne": list(self.ne), "action": self.action,
                 "from": ggml_type_name(self.src_type), "to": ggml_type_name(self.dst_type),
-                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "reason": self.reason}
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "reason": self.reason} | \
+            {k: v for k, v in (("source_file", self.src_file), ("part", self.part)) if v is not None}
 
 
 def copy_action(t: TensorInfo, reason: str, name: str | None = None) -> TensorAction:
@@ -171,6 +175,9 @@ class Plan:
         return out
 
 
+OPTIONAL_FIELDS = ("src_name", "src_file", "part")
+
+
 def _fields(a: TensorAction) -> dict:
-    # src_name only when set, so that fingerprints of plans without renames stay what they were
-    return {k: v for k, v in asdict(a).items() if k != "src_name" or v is not None}
+    # the optional fields only when set, so that fingerprints of plans without them stay what they were
+    return {k: v for k, v in asdict(a).items() if k not in OPTIONAL_FIELDS or v is not None}

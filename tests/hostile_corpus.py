@@ -198,6 +198,7 @@ def build_corpus(root) -> dict[str, str]:
     _config_numbers(c, j)
     _shape_variants(c, j)
     _doctor_fix_variants(c, j)
+    _mtp_variants(c, j)
     _prompt_files(c, j)
     _manifests(c, j)
     os.makedirs(j("outdir"))
@@ -551,6 +552,24 @@ def _doctor_fix_variants(c, j):
         ("dflash.sample_from_anchor", VT.UINT32, 1, None)]))
     c["ds_no_conf_flag"] = str(rewrite_gguf(c["ds_gguf"], j("ds_no_conf_flag.gguf"), drop_keys=[
         "dflash.has_confidence_head"], drop_tensors=["conf_proj.weight", "conf_proj.bias"]))
+
+
+# ---- issue 41, MTP (tests/test_mtp.py's class): models with MTP blocks for convert mtp, requant-trunk --keep-mtp,
+# validate, doctor and pair-check
+
+def _mtp_variants(c, j):
+    """A qwen35 target with its MTP block, its sidecar, the target as a 2-shard set, and the faults: two MTP blocks
+    (llama.cpp's QWEN35 MTP graph runs one), no nextn.eh_proj, a --no-mtp target of another model (rope base)."""
+    from tests.mtp_files import sidecar_of, write_qwen35_mtp
+    c["q35_mtp"] = write_qwen35_mtp(j("q35_mtp.gguf"))
+    c["q35_mtp_sidecar"] = sidecar_of(c["q35_mtp"], j("q35_mtp_sidecar.gguf"))
+    os.makedirs(j("q35_mtp_set"))
+    c["q35_mtp_set"] = split_in_two(c["q35_mtp"], j("q35_mtp_set", "q35_mtp"))
+    c["q35_mtp_set2"] = c["q35_mtp_set"].replace("00001-of", "00002-of")
+    c["q35_mtp2"] = write_qwen35_mtp(j("q35_mtp2.gguf"), n_nextn=2)
+    c["q35_mtp_no_eh"] = write_qwen35_mtp(j("q35_mtp_no_eh.gguf"), drop=["blk.4.nextn.eh_proj.weight"])
+    c["q35_other"] = write_qwen35_mtp(j("q35_other.gguf"), n_nextn=0,
+                                      keys=[("qwen35.rope.freq_base", VT.FLOAT32, 5e5)])
 
 
 def _as_arch(src, dst, arch, kvs=(), tensors=(), drop=()) -> str:

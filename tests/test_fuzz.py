@@ -701,3 +701,44 @@ def test_hyperparameter_mutator_reaches_every_model_and_type():
         vtype, elem, _ = pick(rng, HOSTILE_VALUES)
         seen.add((vtype, elem))
     assert seen == kinds
+
+
+# ---- issue 41, MTP (test_mtp.py's class): the keys that place an MTP block, through convert mtp and validate ---------
+
+MTP_CASES = 40
+MTP_KEYS = ["block_count", "nextn_predict_layers", "attention.recurrent_layers", "full_attention_interval",
+            "embedding_length", "ssm.state_size"]
+
+
+def test_mtp_key_mutations(tmp_path):
+    """A qwen35 target with its MTP block (tests/mtp_files.py), one key that places or sizes the block mutated (or
+    dropped): convert mtp (the sidecar, then --strip) keeps the four properties, refuses exactly what validate fails or
+    what holds no MTP block, and what it writes validate passes."""
+    from tests.mtp_files import write_qwen35_mtp
+    rng = np.random.default_rng(SEED + 6)
+    base = write_qwen35_mtp(tmp_path / "base.gguf")
+    codes = {0: 0, 1: 0, 2: 0}
+    for i in range(MTP_CASES):
+        key = "qwen35." + pick(rng, MTP_KEYS)
+        d = tmp_path / str(i)
+        d.mkdir()
+        if rng.random() < 0.15:
+            what, set_keys, drop_keys = f"drop {key}", [], [key]
+        else:
+            vtype, elem, values = pick(rng, HOSTILE_VALUES)
+            value = pick(rng, values)
+            what, set_keys, drop_keys = f"{key} := {vtype.name} {value!r}", [(key, vtype, value, elem)], []
+        case = f"{i}: {what}"
+        path = str(rewrite_gguf(base, d / "m.gguf", set_keys=set_keys, drop_keys=drop_keys))
+        valid = _check(d, ["validate", path], [], case).exit_code == 0
+        for strip in ([], ["--strip"]):
+            out = tmp_path / "out.gguf"           # outside d: kept (check_run removes the outputs it is given)
+            r = _check(d, ["convert", "mtp", *strip, path, "-o", str(out), "-q"], [], case)
+            codes[r.exit_code] += 1
+            assert r.exit_code in (0, 2) and (r.exit_code == 2 or valid), f"case {case}: {r.stderr}"
+            if r.exit_code == 0:
+                assert _check(d, ["validate", str(out)], [], case).exit_code == 0, case
+                out.unlink()
+            assert not out.exists()
+        shutil.rmtree(d)
+    assert codes[0] and codes[2], codes

@@ -1,7 +1,7 @@
 """Interrupts and parallel runs: requant-trunk -j 2 and several `--shard K` runs at once, stopped by SIGINT (^C
 to the whole process group), SIGTERM, SIGHUP or SIGKILL, always finish with --resume: outputs byte-identical to
-an uninterrupted run, a manifest listing every shard, no temporary file left. accept, demo, convert gguf-layout
-and doctor --fix stopped by SIGTERM, SIGHUP or SIGINT exit 128 + n with one line and leave nothing behind.
+an uninterrupted run, a manifest listing every shard, no temporary file left. accept, demo, convert gguf-layout,
+convert mtp and doctor --fix stopped by SIGTERM, SIGHUP or SIGINT exit 128 + n with one line and leave nothing behind.
 """
 
 import ctypes
@@ -20,6 +20,7 @@ from ggtools.jobs.requant import plan_requant_trunk
 from ggtools.samples import write_moe_set
 from ggtools.engine import run_plan
 from tests.hostile_corpus import snapshot
+from tests.mtp_files import write_qwen35_mtp
 from tests.stalled_cli import stop_while_stalled
 
 SHARDS = 6
@@ -165,6 +166,7 @@ STOPPED = {  # command -> (args, the function it is stalled in when the signal c
              "ggtools.jobs.demo:measure"),
     "gguf-layout": (["convert", "gguf-layout", "{drafter}", "--to", "lucebox", "-o", "{out}/l.gguf"], COMMIT),
     "doctor-fix": (["doctor", "{drafter}", "--fix", "-o", "{out}/f.gguf"], COMMIT),      # the .partial-PID file
+    "convert-mtp": (["convert", "mtp", "{mtp}", "-o", "{out}/m.gguf"], COMMIT),           # issue 41: the sidecar
 }
 
 
@@ -176,6 +178,7 @@ def pair(tmp_path_factory):
              "hf": shutil.copytree(DEMO / "drafter", d / "hf")}
     files["drafter"] = str(d / "drafter.gguf")
     convert_dflash(files["hf"], files["drafter"], profile="llama.cpp", target=files["target"])
+    files["mtp"] = write_qwen35_mtp(d / "mtp.gguf")                 # a target with its MTP block (convert mtp)
     return d, {k: str(v) for k, v in files.items()}
 
 

@@ -33,6 +33,9 @@ WRITERS = {   # command -> (args, the output path); the output of each is larger
     "validate --write-manifest": (["validate", "--write-manifest", "{out}/m.json", "{target}"], "{out}/m.json"),
     "demo --work-dir": (["demo", "--work-dir", "{out}/demo", "--skip-requant", "--prompts", "1", "-n", "4"],
                         "{out}/demo"),
+    "convert mtp": (["convert", "mtp", "{q35_mtp}", "-o", "{out}/m.gguf", "-q"], "{out}/m.gguf"),
+    "convert mtp --strip": (["convert", "mtp", "--strip", "{q35_mtp_set}", "-o", "{out}/s.gguf", "-q"],
+                            "{out}/s-00001-of-00002.gguf"),
 }
 
 
@@ -90,7 +93,8 @@ def read_only_open(path, mode):
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
-@pytest.mark.parametrize("name", ["convert", "validate --write-manifest", "patch", "quantize"])
+@pytest.mark.parametrize("name", ["convert", "validate --write-manifest", "patch", "quantize", "convert mtp",
+                                  "convert mtp --strip"])
 def test_full_or_read_only_disk(corpus, tmp_path, monkeypatch, name, code):
     monkeypatch.setattr(outputs, "open", full_disk_open if code == errno.ENOSPC else read_only_open, raising=False)
     args, _ = WRITERS[name]

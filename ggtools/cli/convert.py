@@ -198,3 +198,50 @@ def gguf_layout(draft, to, out, target, dry_run, force, as_json):
         n_conv = sum(a.action == "convert" for a in actions)
         click.echo(f"wrote {out} ({to} layout): {len(actions) - n_conv} tensors byte-copied, {n_conv} converted"
                    + (f" ({'; '.join(converted)})" if converted else ""))
+
+
+@command.command("mtp")
+@click.argument("target", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
+              help="Output GGUF. With --strip and a shard set, named as llama.cpp's converter names a split "
+                   "--outfile: OUT.gguf gives OUT-00001-of-0000N.gguf, ...")
+@click.option("--strip", is_flag=True, help="Write the target without its MTP block (llama.cpp's --no-mtp) instead "
+                                            "of the sidecar.")
+@click.option("--dry-run", is_flag=True, help="Check everything and print the plan; write nothing.")
+@click.option("--force", is_flag=True, help="Overwrite existing outputs.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable plan / result.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar; the plan without its tensor rows.")
+def mtp(target, out, strip, dry_run, force, as_json, quiet):
+    """Write a Qwen3.5 / Qwen3.6 / Qwen3-Next target's MTP (NextN) block as its own GGUF, the MTP sidecar, byte for
+    byte what llama.cpp's converter writes with --mtp from the same checkpoint (the target's keys, token_embd,
+    output_norm, output and the MTP block); or, with --strip, the target without it, as --no-mtp writes it
+    (block_count over the trunk, no nextn_predict_layers). TARGET: a GGUF or any shard of a set (the sidecar is one
+    file; --strip keeps the set's shard boundaries). Tensors are byte-copied and verified; the input is never
+    modified. See docs/mtp.md.
+
+    \b
+    Examples:
+      ggtools convert mtp Qwen3.6-35B-A3B-Q8_0.gguf -o mtp-Qwen3.6-35B-A3B-Q8_0.gguf
+      ggtools convert mtp Qwen3.6-35B-A3B-Q8_0-00001-of-00003.gguf -o mtp-Qwen3.6-35B-A3B-Q8_0.gguf --dry-run
+      ggtools convert mtp --strip Qwen3.6-35B-A3B-Q8_0.gguf -o Qwen3.6-35B-A3B-Q8_0-no-mtp.gguf
+    """
+    from ggtools.jobs.mtp import plan_sidecar, plan_strip, write as write_mtp
+    planned = (plan_strip if strip else plan_sidecar)(target, out)
+    blocks = planned.blocks
+    found = f"{blocks.arch}: {blocks.n_layer} trunk blocks, MTP block(s) {', '.join(map(str, blocks.ids))}"
+    if dry_run:
+        if as_json:
+            emit_json(planned.as_dict())
+            return
+        click.echo(f"{target}: {found}; {len(planned.left_out)} tensors left out")
+        show_plan(planned.plan, tensors=not quiet)
+        return
+    report = write_mtp(planned, force=force, progress=False if quiet or as_json else None)
+    if as_json:
+        emit_json({"written": report.done, "found": found, "left_out": planned.left_out,
+                   "tensors": sum(len(s.tensors) for s in planned.plan.shards), "bytes": planned.plan.bytes_out})
+        return
+    what = "without its MTP block" if strip else "MTP sidecar"
+    click.echo(f"wrote {', '.join(report.done)} ({what}; {found}): "
+               f"{sum(len(s.tensors) for s in planned.plan.shards)} tensors byte-copied and verified, "
+               f"{human_bytes(planned.plan.bytes_out)}; {len(planned.left_out)} left out")

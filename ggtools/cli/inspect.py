@@ -30,6 +30,11 @@ def command(path, as_json, tensors, kv, full_arrays):
                    f"{f['tensor_count']} tensors, alignment {f['alignment']}, data at byte {f['data_offset']}")
     if info["drafter"]:
         click.echo(f"drafter ({info['drafter']['layout']} layout): {info['drafter']['summary']}")
+    if info["mtp"]:
+        m = info["mtp"]
+        click.echo(f"{'MTP sidecar' if m['sidecar'] else 'MTP block'}: nextn_predict_layers "
+                   f"{m['nextn_predict_layers']}, block(s) {', '.join(map(str, m['blocks']))} of block_count "
+                   f"{m['block_count']} ({m['trunk_blocks']} trunk); {len(m['tensors'])} tensors")
     click.echo()
     click.echo(table([(k["key"], k["type"], _show_value(k)) for k in info["kv"]], ["key", "type", "value"]))
     click.echo()

@@ -15,6 +15,8 @@ from ggtools.jobs.requant import check_disk, plan_requant_trunk, requant_trunk
               help="Tensors whose rows --to's block size does not divide (e.g. 128 columns for Q4_K): keep them as "
                    "they are (copy, as requant_trunk.c does) or give them llama-quantize's fallback type (llama: "
                    "Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; byte-identical to llama-quantize).")
+@click.option("--keep-mtp", is_flag=True, help="Byte-copy every tensor of the MTP (NextN) block whatever its type "
+              "(Q8_0 stays Q8_0); without it they are treated as llama-quantize treats them, like the trunk's.")
 @click.option("--shard", "only", multiple=True, type=click.IntRange(1), metavar="K", help="Only shard K (1-based; repeatable).")
 @click.option("-j", "--jobs", type=click.IntRange(1), default=None,
               help="Shards in parallel processes (default: twice the CPU count; each holds about 200 MB).")
@@ -26,11 +28,11 @@ from ggtools.jobs.requant import check_disk, plan_requant_trunk, requant_trunk
 @click.option("--force", is_flag=True, help="Overwrite existing outputs.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan / result.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
-def command(path, out_dir, src_type, dst_type, copy_patterns, fallback, only, jobs, dry_run, resume, no_verify,
-            allow_nonfinite, force, as_json, quiet):
+def command(path, out_dir, src_type, dst_type, copy_patterns, fallback, keep_mtp, only, jobs, dry_run, resume,
+            no_verify, allow_nonfinite, force, as_json, quiet):
     """Requantize only the --from tensors (the Q8_0 trunk) of a model; MXFP4 experts, F32 norms and every
     other tensor are byte-copied and proven unchanged. Split-in = split-out: one output shard per input
-    shard, same names, KVs and tensor order.
+    shard, same names, KVs and tensor order. An MTP (NextN) block's tensors are listed apart in the plan.
 
     \b
     Examples:
@@ -39,9 +41,10 @@ def command(path, out_dir, src_type, dst_type, copy_patterns, fallback, only, jo
       ggtools requant-trunk Kimi-00001-of-00032.gguf -o out/ --resume
       ggtools requant-trunk Kimi-00001-of-00032.gguf -o out/ --shard 7     # one shard, e.g. per cluster job
       ggtools requant-trunk Kimi-00001-of-00032.gguf -o out/ --fallback llama   # attn_k_b, ssm_f_b -> Q5_0
+      ggtools requant-trunk Qwen3.6-35B-A3B-00001-of-00003.gguf -o out/ --keep-mtp   # MTP block stays Q8_0
     """
     plan = plan_requant_trunk(path, out_dir, src_type=src_type, dst_type=dst_type, copy_patterns=copy_patterns,
-                              only=only, fallback=fallback)
+                              only=only, fallback=fallback, keep_mtp=keep_mtp)
     if dry_run:
         show_plan(plan, as_json=as_json, tensors=not quiet)
         if not as_json:

@@ -1,5 +1,5 @@
 """The engine: moves bytes, knows nothing of DFlash. One streaming rewrite serves quantize, requant-trunk,
-patch, doctor --fix and convert gguf-layout; each is a different Plan over it.
+patch, doctor --fix, convert gguf-layout and convert mtp; each is a different Plan over it.
 
 - rewrite.py   one shard: KVs (with the plan's edits), tensors copied or converted in row chunks, atomic, verified
 - runner.py    a whole Plan: shard jobs in parallel processes (-j), disk preflight, progress, interrupts, resume

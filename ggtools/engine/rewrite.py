@@ -2,7 +2,8 @@
 
 One rewrite serves quantize, requant-trunk and patch. Per shard: KVs copied verbatim (with the plan's
 edits), tensor infos re-emitted with new types and offsets, copies done by kernel copy, conversions by
-dequantize → quantize in bounded row chunks. Output is atomic (temp file + rename). Verification re-reads
+dequantize → quantize in bounded row chunks. A tensor is read from the shard's source, or from the file its
+action names (TensorAction.src_file: an output gathering tensors from several shards, convert mtp's sidecar). Output is atomic (temp file + rename). Verification re-reads
 the finished temporary file once, before it is fsync'ed and renamed (so it overlaps the disk writes, and no
 unverified shard ever has a final name): container rules, every copied tensor byte for byte against the
 source, every converted tensor's sha256 against the bytes produced (whose scales were checked finite as they
@@ -13,6 +14,7 @@ blocks have NaN/inf scales (or values), are refused naming the tensor and the fi
 allow_nonfinite; then they are written and counted in ShardResult.nonfinite.
 """
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -35,24 +37,37 @@ def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None, i
     file the job reads (plan.src is always one): the output may be none of them."""
     on_bytes = on_bytes or (lambda n: None)
     inputs = [plan.src, *inputs] if plan.dst != plan.src else inputs
-    with GGUFFile(plan.src) as src:
-        refuse(check_tensors(src), "refusing an invalid input")
+    with _open_sources(plan) as sources:
+        src = sources[plan.src]
         produced, nonfinite = {}, {}
-        with open(plan.src, "rb") as fh, GGUFWriter(plan.dst, force=force, version=src.version, inputs=inputs) as w:
+        with GGUFWriter(plan.dst, force=force, version=src.version, inputs=inputs) as w:
             _declare(w, src, plan)
             for action in plan.tensors:
-                t = src.tensor[action.source]
+                f = sources[action.src_file or plan.src]
+                t = f.tensor[action.source]
                 if action.action == COPY:
-                    w.copy_from(fh.fileno(), t.data_start, t.nbytes)
+                    w.copy_from(f.fd, t.data_start, t.nbytes)
                     on_bytes(t.nbytes)
                 else:
-                    produced[action.name] = _convert(w, src, t, action.dst_type, on_bytes, chunk_values,
+                    produced[action.name] = _convert(w, f, t, action.dst_type, on_bytes, chunk_values,
                                                      allow_nonfinite, nonfinite)
             w.finish()
-            result = (_verify(plan, src, produced, w.temp_path, allow_nonfinite, nonfinite) if verify
+            result = (_verify(plan, sources, produced, w.temp_path, allow_nonfinite, nonfinite) if verify
                       else describe_output(w.temp_path, name=plan.dst))
         result.nonfinite = nonfinite
         return result
+
+
+@contextlib.contextmanager
+def _open_sources(plan: ShardPlan):
+    """path -> GGUFFile of every file the shard's tensors are read from (its source first: its KVs are the output's),
+    each refused unless its tensor infos are valid."""
+    paths = dict.fromkeys([plan.src] + [a.src_file for a in plan.tensors if a.src_file])
+    with contextlib.ExitStack() as stack:
+        sources = {p: stack.enter_context(GGUFFile(p)) for p in paths}
+        for f in sources.values():
+            refuse(check_tensors(f), "refusing an invalid input")
+        yield sources
 
 
 def copy_shard(plan: ShardPlan, *, force=False, inputs=()) -> ShardResult:
@@ -119,7 +134,7 @@ def _convert(w, src, t, dst_type, on_bytes, chunk_values, allow_nonfinite, nonfi
     return h.hexdigest()
 
 
-def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str], path, allow_nonfinite,
+def _verify(plan: ShardPlan, sources: dict[str, GGUFFile], produced: dict[str, str], path, allow_nonfinite,
             nonfinite) -> ShardResult:
     """Re-read the output (written to path, to become plan.dst) once: container rules, planned types and
     sizes, copies equal to the source byte for byte and free of NaN/inf, conversions equal to the bytes
@@ -128,8 +143,10 @@ def _verify(plan: ShardPlan, src: GGUFFile, produced: dict[str, str], path, allo
     source = bytearray(HASH_CHUNK)
 
     def compare_copy(t, offset, chunk):
-        if actions[t.name].action == COPY:
-            s = src.tensor[actions[t.name].source]
+        a = actions[t.name]
+        if a.action == COPY:
+            src = sources[a.src_file or plan.src]
+            s = src.tensor[a.source]
             n = os.preadv(src.fd, [memoryview(source)[:len(chunk)]], s.data_start + offset)
             if n != len(chunk) or not same_bytes(source, chunk, n):
                 raise RewriteError(f"{plan.dst}: copied tensor '{t.name}' differs from the source near byte "

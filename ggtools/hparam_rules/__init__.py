@@ -12,6 +12,9 @@ pass `locate` so that the tensors of every shard are seen.
 
 A DSpark drafter's heads and a reduced draft vocabulary's d2t table have rules of their own (dspark.py:
 `dspark_violations`), which doctor and validate report as DSpark findings and the drafter loader applies too.
+A model's MTP (NextN) blocks have theirs (mtp.py): nextn_predict_layers among the target's keys, each block's nextn
+tensors among its tensors (both through model_violations), and, for drafting with MTP, `mtp_draft_violations` (the
+model holds an MTP block) and `mtp_pair_violations` (a sidecar belongs to its target).
 An EAGLE3 drafter (arch eagle3) has its own keys and tensors (eagle3.py: through model_violations) and pair rules
 (`eagle3_pair_violations`: the drafter against its target).
 
@@ -23,6 +26,7 @@ from ggtools.dflash.eagle3 import is_eagle3_arch
 from ggtools.dflash.profiles import profile_of
 from ggtools.hparam_rules.drafter import drafter_violations
 from ggtools.hparam_rules.dspark import dspark_violations
+from ggtools.hparam_rules.mtp import mtp_draft_violations, mtp_pair_violations, mtp_tensor_violations
 from ggtools.hparam_rules.eagle3 import eagle3_pair_violations, eagle3_tensor_violations, eagle3_violations
 from ggtools.hparam_rules.target import ARCHS, target_violations
 from ggtools.hparam_rules.tensor_shapes import tensor_shape_violations
@@ -30,7 +34,8 @@ from ggtools.hparam_rules.violation import MISSING, TYPE, VALUE, Violation
 
 __all__ = ["ARCHS", "MISSING", "TYPE", "VALUE", "Violation", "drafter_violations", "dspark_violations",
            "eagle3_pair_violations", "eagle3_tensor_violations", "eagle3_violations",
-           "model_violations", "target_violations", "tensor_shape_violations"]
+           "model_violations", "mtp_draft_violations", "mtp_pair_violations", "mtp_tensor_violations",
+           "target_violations", "tensor_shape_violations"]
 
 
 def model_violations(gguf, locate=None, mask_id: int | None = None) -> list[Violation]:
@@ -43,4 +48,4 @@ def model_violations(gguf, locate=None, mask_id: int | None = None) -> list[Viol
         keys = eagle3_violations(gguf)
     else:
         keys = target_violations(gguf)
-    return keys or tensor_shape_violations(gguf, locate) + eagle3_tensor_violations(gguf, locate)
+    return keys or tensor_shape_violations(gguf, locate) + mtp_tensor_violations(gguf, locate) + eagle3_tensor_violations(gguf, locate)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ggtools.hparam_rules.keys import FLAG_TYPES, LLAMA_MAX_LAYERS, RUNTIME, Keys
 from ggtools.hparam_rules.kimi_k3 import kimi_k3_rules
+from ggtools.hparam_rules.mtp import nextn_rules
 from ggtools.hparam_rules.violation import Violation
 
 LLAMA_MAX_EXPERTS = 1024                                        # llama-hparams.h
@@ -57,7 +58,7 @@ def target_violations(f) -> list[Violation]:
     n_embd = k.uint("embedding_length", required=known)
     k.check("embedding_length", n_embd != 0, "is 0")
     n_layer_all = _layers(k, known)
-    _nextn(k, n_layer_all)
+    nextn_rules(k, n_layer_all)
     _experts(k, spec, n_layer_all)
     n_ff = k.per_layer("feed_forward_length", n_layer_all)
     if spec.dense_ffn and n_ff is not None:
@@ -86,16 +87,6 @@ def _layers(k: Keys, required: bool) -> int | None:
                                      " failed"):
         return None
     return n
-
-
-def _nextn(k: Keys, n_layer_all):
-    """The MTP (NextN) blocks stored after the trunk, counted in block_count: the trunk keeps at least one layer."""
-    nextn = k.uint("nextn_predict_layers", 0)
-    if n_layer_all is not None and nextn is not None:
-        k.check("nextn_predict_layers", nextn < n_layer_all,
-                f"is {nextn} of {n_layer_all} layers (block_count): it leaves no trunk layer to run"
-                + (" (llama.cpp asserts n_layer_nextn <= n_layer_all)" if nextn > n_layer_all else ""),
-                "GGML_ASSERT(hparams.n_layer_nextn <= hparams.n_layer_all) failed" if nextn > n_layer_all else None)
 
 
 def _experts(k: Keys, spec: ArchKeys, n_layer_all):

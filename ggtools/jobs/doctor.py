@@ -9,6 +9,8 @@ What it checks follows from what it is given:
 - --hf: every value and every tensor against the checkpoint the drafter came from (dflash/source_check.py);
 - --target: the target's model-file rules, and the pair (dflash/pair_rules.py). `pair-check` is doctor with a
   target.
+A Qwen3.5 / Qwen3-Next model given as the draft is an MTP draft (its MTP block, or its MTP sidecar): checked by
+jobs/mtp_doctor.py.
 
 `doctor_fix` writes a repaired copy (dflash/rewrite.py through the engine: atomic, tensors byte-copied and
 verified), fixing only what the evidence supports: the mask id from the file's older key or the checkpoint,
@@ -116,6 +118,11 @@ class FixResult:
 
 
 def doctor(draft, *, target=None, hf=None, runtimes=None, n_max=None) -> DoctorReport:
+    from ggtools.jobs.mtp_doctor import is_mtp_draft, mtp_doctor
+    if is_mtp_draft(draft):         # a Qwen3.5 target or its MTP sidecar, to draft with MTP (jobs/mtp_doctor.py)
+        if hf:
+            raise DoctorError(f"{draft}: an MTP draft: --hf checks a DFlash drafter against its checkpoint")
+        return mtp_doctor(draft, target, runtimes)
     from ggtools.jobs.eagle3_doctor import eagle3_doctor, is_eagle3_draft
     if is_eagle3_draft(draft):      # an EAGLE3 drafter (jobs/eagle3_doctor.py)
         return eagle3_doctor(draft, target, hf, runtimes)

@@ -7,6 +7,7 @@ import numpy as np
 from ggtools.dflash.draftfile import DraftFile
 from ggtools.dflash.eagle3 import ARCH as EAGLE3, SPEC_TYPE, TARGET_HIDDEN, TARGET_LAYERS, is_eagle3_arch
 from ggtools.gguf import ShardSet
+from ggtools.hparam_rules.mtp import mtp_blocks
 from ggtools.jobs.errors import UsageError
 
 ARRAY_HEAD = 8
@@ -31,6 +32,7 @@ def inspect(path, *, tensors: str | None = None, kv: str | None = None, full_arr
         }
         out["totals"] = _totals(out["tensors"])
         out["drafter"] = drafter_summary(first)
+        out["mtp"] = mtp_summary(first, [t.name for f in files for t in f.tensors])
         return out
     finally:
         shards.close()
@@ -51,6 +53,17 @@ def drafter_summary(f) -> dict | None:
                          "confidence_head": d.has_confidence, "draft_vocab": d.draft_vocab,
                          "d2t": d.tensor("d2t") is not None}
     return out
+
+
+def mtp_summary(f, names) -> dict | None:
+    """A model's MTP (NextN) blocks: nextn_predict_layers, which blocks they are, their tensors, and whether the file
+    is an MTP sidecar (no trunk block); None without any. `validate` and `doctor` check them."""
+    blocks = mtp_blocks(f)
+    if blocks is None or not blocks.n_nextn:
+        return None
+    return {"nextn_predict_layers": blocks.n_nextn, "block_count": blocks.n_layer_all, "trunk_blocks": blocks.n_layer,
+            "blocks": list(blocks.ids), "sidecar": "blk.0.attn_norm.weight" not in names,
+            "tensors": [n for n in names if blocks.holds(n)]}
 
 
 def eagle3_summary(f) -> dict:

@@ -10,9 +10,11 @@ when even that block does not divide), byte for byte what llama-quantize writes 
 
 import os
 import re
+from dataclasses import replace
 
 from ggtools.engine import RunReport, preflight_disk, run_plan
 from ggtools.gguf import ShardSet
+from ggtools.hparam_rules.mtp import MTP_PART, MtpBlocks, mtp_blocks
 from ggtools.jobs.errors import UsageError
 from ggtools.jobs.valid_input import require_valid_model
 from ggtools.plan import Plan, ShardPlan, convert_action, copy_action
@@ -23,10 +25,12 @@ FALLBACKS = ("copy", "llama")   # rows --to cannot hold: kept as they are (requa
 
 
 def plan_requant_trunk(path, out_dir, *, src_type="q8_0", dst_type="q4_k", copy_patterns=(), only=None,
-                       fallback="copy") -> Plan:
+                       fallback="copy", keep_mtp=False) -> Plan:
     """The plan for every shard (or the 1-based shard numbers in `only`). Refuses (exit 2) what it cannot do
     and any input `ggtools validate` fails, before anything is written. fallback: what tensors whose rows --to's
-    block size does not divide become: "copy" (kept) or "llama" (llama-quantize's fallback type)."""
+    block size does not divide become: "copy" (kept) or "llama" (llama-quantize's fallback type). The tensors of an
+    MTP block are listed apart (TensorAction.part); they are treated as llama-quantize treats them (like the
+    trunk's), or, keep_mtp, byte-copied whatever their type."""
     if fallback not in FALLBACKS:
         raise UsageError("--fallback", f"expected one of {', '.join(FALLBACKS)}, not {fallback!r}")
     src_t, dst_t = _types(src_type, dst_type)
@@ -35,10 +39,11 @@ def plan_requant_trunk(path, out_dir, *, src_type="q8_0", dst_type="q4_k", copy_
         _check_out_dir(shards, out_dir)
         require_valid_model(shards)
         indices = _select(shards, only)
+        blocks = _mtp_blocks(shards.first, keep_mtp)
         plans = []
         for i in indices:
             f = shards.file(i)
-            actions = [_decide(t, src_t, dst_t, patterns, fallback) for t in f.tensors]
+            actions = [_in_part(_decide(t, src_t, dst_t, patterns, fallback), t, blocks, keep_mtp) for t in f.tensors]
             plans.append(ShardPlan(f.path, os.path.join(out_dir, os.path.basename(f.path)), actions, ggml_dims=True))
     return Plan("requant-trunk", plans, list(shards.paths))
 
@@ -82,6 +87,27 @@ def _decide(t, src_t, dst_t, patterns, fallback="copy"):
     if fallback == "copy":
         return copy_action(t, f"{why} → kept {t.type_name} (requant_trunk.c); --fallback llama: {llama.name}")
     return convert_action(t, llama, f"{why} → {llama.name} (llama-quantize's fallback)")
+
+
+def _mtp_blocks(first, keep_mtp) -> MtpBlocks | None:
+    """The model's MTP blocks (None: it has none); --keep-mtp without any is a usage error."""
+    blocks = mtp_blocks(first)
+    if blocks is not None and blocks.n_nextn:
+        return blocks
+    if keep_mtp:
+        raise UsageError("--keep-mtp", f"{first.path} has no MTP block ({first.architecture}.nextn_predict_layers is "
+                                       "absent or 0): nothing to keep")
+    return None
+
+
+def _in_part(action, t, blocks: MtpBlocks | None, keep_mtp):
+    """An MTP block's tensor listed apart: decided like the trunk's (as llama-quantize does), or with --keep-mtp
+    byte-copied whatever its type."""
+    if blocks is None or not blocks.holds(t.name):
+        return action
+    if keep_mtp:
+        action = copy_action(t, "MTP block (--keep-mtp): kept as it is")
+    return replace(action, part=MTP_PART)
 
 
 def _regex(pattern):
