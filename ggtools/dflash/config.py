@@ -123,15 +123,14 @@ def _target_ids(dc, c, where, num_target, n_layer, allow_guess, n: ConfigReader)
         if ids is None:
             continue
         if not isinstance(ids, list) or not ids:
-            raise CheckpointError(where, f"{ids!r} is not a non-empty list of layer ids", f"key '{n.place(key)}'")
+            n.refuse(key, f"{ids!r} is not a non-empty list of layer ids")
         ids = n.numbers(ids, key, LAYER_ID)
         if len(set(ids)) != len(ids):
-            raise CheckpointError(where, f"{ids}: a layer id appears twice", f"key '{n.place(key)}'")
+            n.refuse(key, f"{ids}: a layer id appears twice")
         if num_target is not None and max(ids) >= num_target:
-            raise CheckpointError(where, f"{ids}: id {max(ids)} is not a layer of a {num_target}-layer target "
-                                         f"(num_target_layers = {num_target}; ids run 0..{num_target - 1})",
-                                  f"key '{n.place(key)}'")
-        return list(ids), key
+            n.refuse(key, f"{ids}: id {max(ids)} is not a layer of a {num_target}-layer target (num_target_layers = "
+                          f"{num_target}; ids run 0..{num_target - 1})")
+        return ids, key
     if not allow_guess:
         raise CheckpointError(where, "missing: without it z-lab's build_target_layer_ids guess is used, which is "
                                      "wrong for many published drafters (z-lab/dflash#156); add the ids the "

@@ -27,7 +27,8 @@ from ggtools.dflash.profiles import (CONF_B, CONF_W, D2T, DSPARK_ARCHITECTURES, 
 from ggtools.dflash.safetensors import FLOAT_DTYPES
 
 FLAT, SPECULATORS = "DeepSpec", "speculators"
-AUX_LAYER_ID = Range(True, LAYER_ID.low + 1, LAYER_ID.high + 1, f"{LAYER_ID.why}, + 1")
+AUX_LAYER_ID = Range(True, LAYER_ID.low + 1, LAYER_ID.high + 1, "the layer ids + 1 of a model llama.cpp loads "
+                                                                 f"(LLAMA_MAX_LAYERS {int(LAYER_ID.high) + 1})")
 
 
 @dataclass(frozen=True)
