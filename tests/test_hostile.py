@@ -258,6 +258,7 @@ ROWS = [
     ("mtp/pair-check-no-mtp-target", ["pair-check", "{q35}", "{q35_mtp_sidecar}"], 0, [], None),
     ("mtp/doctor-lucebox", ["doctor", "{q35_mtp}", "--runtime", "lucebox"], 2, [], "lucebox does not draft with MTP"),
     ("mtp/doctor-hf", ["doctor", "{q35_mtp}", "--hf", "{hf}"], 2, [], "--hf checks a DFlash drafter"),
+    ("mtp/doctor-fix", ["doctor", "{q35_mtp}", "--fix", "-o", "{root}/f.gguf"], 2, [], "--fix repairs DFlash drafters"),
     # 6. non-finite values are never hidden
     ("nonfinite/quantize-nan-weights", ["quantize", "{nan_f32}", "-o", "{root}/q.gguf", *Q8], 2, [], "row 2"),
     ("nonfinite/quantize-nan-weights-allowed", ["quantize", "{nan_f32}", "-o", "{root}/q.gguf", *Q8,

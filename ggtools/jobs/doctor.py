@@ -276,6 +276,10 @@ def doctor_fix(draft, out, *, target=None, hf=None, to=None, runtimes=None, n_ma
                dry_run=False) -> FixResult:
     """Write the repaired (and, with `to`, moved) drafter to out, if it then passes every check; FixRefused (exit
     1, nothing written) when the evidence fixes nothing that fails, or the fixed file still fails a check."""
+    from ggtools.jobs.mtp_doctor import RECONVERT as MTP_RECONVERT, is_mtp_draft
+    if is_mtp_draft(draft):
+        raise DoctorError(f"{draft}: an MTP draft: --fix repairs DFlash drafters; an MTP block's values come from "
+                          f"its checkpoint: {MTP_RECONVERT}")
     from ggtools.jobs.eagle3_doctor import RECONVERT, is_eagle3_draft
     if is_eagle3_draft(draft):
         raise DoctorError(f"{draft}: an EAGLE3 drafter: --fix has nothing to rewrite in place (its values come from "
