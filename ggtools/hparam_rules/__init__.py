@@ -48,4 +48,5 @@ def model_violations(gguf, locate=None, mask_id: int | None = None) -> list[Viol
         keys = eagle3_violations(gguf)
     else:
         keys = target_violations(gguf)
-    return keys or tensor_shape_violations(gguf, locate) + mtp_tensor_violations(gguf, locate) + eagle3_tensor_violations(gguf, locate)
+    return keys or (tensor_shape_violations(gguf, locate) + mtp_tensor_violations(gguf, locate)
+                    + eagle3_tensor_violations(gguf, locate))
