@@ -10,6 +10,7 @@ and so are torch's in f32 (torch_backend/ggml_math.py); torch in bf16 / f16 is n
     model.kv.crop(n)                                     # roll back to n tokens
 
     drafter = Drafter("drafter.gguf", model)              # DFlash v1 / DFlash2, llama.cpp or lucebox profile
+    drafter = open_drafter("eagle3.gguf", model)          # any family: DFlash, DSpark, EAGLE3, MTP ("mtp": the target's)
     out = speculative_generate(model, drafter, drafter.new_kv(ring_cap=4096), ids, 64)   # = greedy output
     acceptance_stats([out.steps], drafter.block_size)    # the statistics, named as in stats.DEFINITIONS
     speculative_generate(..., settings=DraftSettings(tree_budget=22))   # verify a draft tree (DDTree, ddtree.py)
@@ -21,6 +22,7 @@ warming up, timing and measuring memory is the jobs' work (ggtools.jobs.run: run
 from ggtools.runtime.backends import numerics_note
 from ggtools.runtime.drafter import Drafter
 from ggtools.runtime.drafter.draft_kv import FullKV, RingKV
+from ggtools.runtime.drafter.families import open_drafter
 from ggtools.runtime.errors import ModelError
 from ggtools.runtime.greedy_decoding import continue_greedy, greedy
 from ggtools.runtime.model.hparams import HParams
@@ -33,4 +35,4 @@ from ggtools.runtime.tokenizer import Tokenizer, TokenizerError
 
 __all__ = ["DEFINITIONS", "DraftSettings", "Drafter", "FullKV", "HParams", "KVCache", "ModelError", "RingKV",
            "SpecOutput", "Step", "TargetModel", "Tokenizer", "TokenizerError", "acceptance_stats", "check_settings",
-           "continue_greedy", "greedy", "numerics_note", "speculative_generate", "tree_top_k"]
+           "continue_greedy", "greedy", "numerics_note", "open_drafter", "speculative_generate", "tree_top_k"]

@@ -36,7 +36,7 @@ NO_CONFIDENCE_HEAD = "DSpark draft has no confidence head: please set --spec-dra
 
 @dataclass
 class DraftSettings:
-    n_max: int | None = None     # drafts per step (default: the most a block gives, Drafter.max_drafts)
+    n_max: int | None = None     # drafts per step (default: default_n_max, the most a block gives or EAGLE3 / MTP's 3)
     cut: str = "none"            # "none" | "prob" | "margin" | "confidence"
     p_min: float = 0.0
     n_min: int = 0
@@ -50,6 +50,13 @@ def tree_top_k(drafter, settings: DraftSettings, n_max: int) -> int:
     if settings.tree_top_k is not None:
         return settings.tree_top_k
     return min(default_top_k(settings.tree_budget, n_max), drafter.tree_top_k_limit)
+
+
+def default_n_max(drafter) -> int:
+    """Drafts per step when --n-max is not given: a block drafter's max_drafts (the most its block gives, as llama.cpp
+    clamps n_max), an autoregressive drafter's default_drafts (llama.cpp's --spec-draft-n-max default; its chain has
+    no block). Test doubles that copy a drafter's max_drafts only get max_drafts."""
+    return getattr(drafter, "default_drafts", drafter.max_drafts)
 
 
 def check_settings(drafter, settings: DraftSettings) -> None:
@@ -91,7 +98,7 @@ def _check_tree(drafter, settings: DraftSettings) -> None:
                "selector's top_k), the other tokens have no probability" if drafter.selector else
                f"{drafter.path} drafts from a vocabulary of {limit} tokens")
         raise SettingsError(f"--tree-top-k {k}: must lie in 1..{limit}: {why}")
-    n_max = drafter.max_drafts if settings.n_max is None else settings.n_max
+    n_max = default_n_max(drafter) if settings.n_max is None else settings.n_max
     k = tree_top_k(drafter, settings, n_max)
     most = most_tree_nodes(k, n_max, budget)
     if budget > most:
@@ -136,7 +143,7 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
     """Greedy continuation of prompt_ids by up to n tokens, drafted by `drafter` with the draft KV `kv`.
     progress(k): called with the number of new tokens as they are committed."""
     s = settings or DraftSettings()
-    n_max = drafter.max_drafts if s.n_max is None else s.n_max
+    n_max = default_n_max(drafter) if s.n_max is None else s.n_max
     if not 0 <= n_max <= drafter.max_drafts:
         raise ValueError(f"n_max must lie in 0..{drafter.max_drafts} (the block size is {drafter.block_size})")
     top_k = None if s.tree_budget is None else tree_top_k(drafter, s, n_max)
@@ -159,7 +166,7 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
         drafts, tree = [], None if s.tree_budget is None else DraftTree.root_only()
         if n_drafts > 0:
             td = time.perf_counter()
-            kv.begin_step(committed, pending.reshape(len(pending), -1))
+            kv.begin_step(committed, pending.reshape(len(pending), -1), tokens=sequence(prompt_ids, out.tokens))
             if tree is None:
                 chain = drafter.draft(kv, anchor, n_drafts)
                 drafts = chain.tokens[:cut_length(chain, s.cut, s.p_min, s.n_min)]
@@ -191,6 +198,12 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
     out.decode_seconds = time.perf_counter() - t1
     out.draft_kv_bytes = kv.nbytes
     return out
+
+
+def sequence(prompt_ids, tokens) -> list[int]:
+    """The tokens so far, the anchor (tokens[-1], not yet in the target's cache) last: what an EAGLE3 / MTP draft KV
+    pairs with the features (a DFlash draft KV needs features only)."""
+    return [int(t) for t in prompt_ids] + tokens
 
 
 def accepted_rows(logits, drafts: list, tree: DraftTree | None) -> tuple[list[int], int]:

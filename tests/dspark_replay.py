@@ -59,7 +59,7 @@ class RecordingKV:
     def __init__(self, kv, recording: Recording):
         self.kv, self.recording = kv, recording
 
-    def begin_step(self, committed, features):
+    def begin_step(self, committed, features, tokens=None):
         first = committed - len(features)
         for i, row in enumerate(features):
             self.recording.features[first + i] = np.array(row, np.float32)

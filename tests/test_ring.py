@@ -120,7 +120,7 @@ class WindowRecompute:
     def reset(self):
         self.features, self.committed = {}, 0
 
-    def begin_step(self, committed, features):
+    def begin_step(self, committed, features, tokens=None):
         first = committed - len(features)
         self.features.update({first + i: row for i, row in enumerate(features)})
         lo = committed - min(committed, self.cap)

@@ -142,7 +142,7 @@ class NullKV:
     def reset(self):
         self.committed = 0
 
-    def begin_step(self, committed, features):
+    def begin_step(self, committed, features, tokens=None):
         self.committed = committed
 
 

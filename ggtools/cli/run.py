@@ -7,7 +7,7 @@ from ggtools.cli.backend_options import backend_options, runs_on
 from ggtools.cli.draft_options import draft_options, draft_options_given, draft_setup, tree_options
 from ggtools.cli.params import Count, FiniteFloatRange
 from ggtools.cli.render import emit_json, human_bytes
-from ggtools.jobs.run import DEFINITIONS, pair_warnings, run, run_speculative
+from ggtools.jobs.run import DEFINITIONS, MTP, pair_warnings, run, run_speculative
 
 MAX_TOKEN_ID = 2 ** 31 - 1  # llama_token is int32
 
@@ -25,6 +25,16 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
+class DraftPath(click.Path):
+    """An existing drafter file, or `mtp` (the target's own nextn block)."""
+
+    def __init__(self):
+        super().__init__(exists=True, dir_okay=False)
+
+    def convert(self, value, param, ctx):
+        return MTP if value == MTP else super().convert(value, param, ctx)
+
+
 def _progress_bar(total, as_json):
     """A bar of generated tokens on a terminal (long generations), else nothing."""
     return tqdm(total=total, unit="tok", desc="generate", leave=False, disable=as_json or not sys.stderr.isatty())
@@ -32,7 +42,10 @@ def _progress_bar(total, as_json):
 
 @click.command("run")
 @click.option("--target", required=True, type=click.Path(exists=True, dir_okay=False), help="Target GGUF (first shard of a split model).")
-@click.option("--draft", type=click.Path(exists=True, dir_okay=False), help="DFlash drafter GGUF (llama.cpp or lucebox profile): decode speculatively.")
+@click.option("--draft", type=DraftPath(), metavar="GGUF|mtp",
+              help="Drafter GGUF: DFlash / DFlash2 / DSpark (llama.cpp or lucebox profile), EAGLE3, or an MTP "
+                   "sidecar; 'mtp': the target's own MTP (nextn) block (a file named mtp: ./mtp). Decode "
+                   "speculatively.")
 @click.option("--prompt", help="Prompt text, tokenized with the GGUF's own vocabulary (special tokens parsed).")
 @click.option("--prompt-ids", help="Prompt as token ids, e.g. '1,415,2936' (any vocabulary).")
 @click.option("-n", "--n-predict", "n", default=64, show_default=True, type=Count(min=0), help="Tokens to generate.")
@@ -48,8 +61,8 @@ def _progress_bar(total, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut, p_min, n_min, tree_budget, tree_top_k,
             min_acceptance, no_baseline, threads, n_ctx, backend, device, dtype, ignore_eos, as_json):
-    """Greedily continue a prompt with a target model, alone or drafted by a DFlash or DSpark drafter; report speed,
-    memory and (with --draft) acceptance. numba runs it on the CPU (the default); --backend torch on the CPU or
+    """Greedily continue a prompt with a target model, alone or drafted by a DFlash, DSpark, EAGLE3 or MTP drafter;
+    report speed, memory and (with --draft) acceptance. numba runs it on the CPU (the default); --backend torch on the CPU or
     a CUDA GPU (--device cuda).
 
     With --draft the output equals target-only greedy decoding (checked against it, unless --no-baseline),
@@ -66,6 +79,8 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
       ggtools run --target target.gguf --draft drafter.gguf --prompt 'def main():' --backend torch --device cuda
       ggtools run --target target.gguf --draft dspark.gguf --prompt 'def main():' --cut confidence --p-min 0.5
       ggtools run --target target.gguf --draft drafter.gguf --prompt 'def main():' --tree-budget 22
+      ggtools run --target qwen35-with-mtp.gguf --draft mtp --prompt 'def main():' --n-max 3
+      ggtools run --target qwen3.gguf --draft eagle3.gguf --prompt 'def main():' --cut prob --p-min 0.2
     """
     if (prompt is None) == (prompt_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-ids")

@@ -29,11 +29,15 @@ from ggtools.jobs.limits import (check_draft_kv, check_threads, check_tree_verif
 from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, TargetModel, Tokenizer,
                              acceptance_stats, check_settings, continue_greedy, numerics_note, speculative_generate,
                              tree_top_k)
+from ggtools.runtime.drafter.autoregressive import AutoregressiveDrafter
+from ggtools.runtime.drafter.families import open_drafter
+from ggtools.runtime.drafter.mtp import TARGET_FILE as MTP
+from ggtools.runtime.speculative import default_n_max
 
 # DraftSettings (what run_speculative drafts with), DEFINITIONS (what each of a SpecRun's statistics means) and
 # numerics_note (whether a backend and dtype compute llama.cpp's arithmetic) are the runtime's, passed on here so
 # the CLI reaches the runtime only through jobs
-__all__ = ["DEFINITIONS", "DraftSettings", "RunError", "RunResult", "SpecRun", "TargetOnly", "measure_drafter",
+__all__ = ["DEFINITIONS", "DraftSettings", "MTP", "RunError", "RunResult", "SpecRun", "TargetOnly", "measure_drafter",
            "numerics_note", "pair_warnings", "run", "run_speculative", "warm_up"]
 
 
@@ -228,12 +232,13 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
                                                                         device=device, dtype=dtype)
     drafter = None
     try:
-        drafter = Drafter(draft, model, mask_id=mask_id)
+        drafter = open_drafter(draft, model, mask_id=mask_id)
         settings = settings or DraftSettings()
         check_settings(drafter, settings)
         tokenizer, ids, stop_ids = prepare_prompts(model, prompts, n, n_ctx, stop_at_eog)
         longest = max(map(len, ids)) + n
         check_draft_kv(drafter, ring_cap, kv_type, longest, model.ops.device)
+        check_whole_kv(drafter, ring_cap, longest)
         check_tree_verify(model, settings.tree_budget, longest)
         warm_up(model)
         reference = TargetOnly(model, ids, n, stop_ids, progress) if compare else None
@@ -247,6 +252,15 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
             drafter.close()
         if model is not target:
             model.close()
+
+
+def check_whole_kv(drafter, ring_cap: int | None, longest: int) -> None:
+    """Refuse a --ring-cap below the longest sequence for an EAGLE3 / MTP drafter: its decoder attends to every
+    committed position (llama.cpp keeps the draft context's whole KV), so a ring could only drop what it reads."""
+    if isinstance(drafter, AutoregressiveDrafter) and ring_cap is not None and ring_cap < longest:
+        raise UsageError(drafter.path, f"--ring-cap {ring_cap}: an {drafter.family.upper()} drafter attends to every "
+                                       f"committed position, and a sequence here reaches {longest} (prompt + -n): use "
+                                       "--full-kv or a --ring-cap of at least that")
 
 
 def pair_warnings(target) -> list[str]:
@@ -303,7 +317,7 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
             mismatches.append(i)
         on_prompt()
     generated = sum(len(o) for o in outputs)
-    n_max = drafter.max_drafts if settings.n_max is None else settings.n_max
+    n_max = default_n_max(drafter) if settings.n_max is None else settings.n_max
     target_tps = reference.tokens_per_second if reference else 0.0
     spec_tps = generated / t_spec if t_spec else 0.0
     hp = drafter.hp

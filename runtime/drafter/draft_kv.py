@@ -55,9 +55,10 @@ class DraftKV:
     def reset(self) -> None:
         self.committed = self.next_pos = 0
 
-    def begin_step(self, committed: int, features: np.ndarray) -> None:
+    def begin_step(self, committed: int, features: np.ndarray, tokens=None) -> None:
         """Make positions [lo, committed) visible; features: the rows of positions
-        [committed - len(features), committed), covering at least those not yet appended."""
+        [committed - len(features), committed), covering at least those not yet appended. tokens (the sequence so
+        far, which an EAGLE3 / MTP draft KV pairs with the features) are not needed by a DFlash context."""
         if committed <= 0:
             raise ValueError("a draft step needs at least one committed position")
         if self.next_pos > committed:
