@@ -10,7 +10,8 @@ cache is cropped back first), and the tensors of the piece that failed are scann
 NaN/inf values, NaN/inf scales, MXFP4's exponent 0xFF). Which tensors a piece reads is what its loader read
 (WeightFile.recording), never a list of names. When they are finite, every tensor the model read is scanned before
 the piece is said to overflow: a NaN whose effect shows only later (through a mix, or an activation that squashes
-inf, as tanh and sigmoid do) is still named.
+inf, as tanh and sigmoid do) is still named. Vectors (norms, biases, scales, score vectors) never get this far: read
+whole at load, they are refused there when not finite (WeightFile.vector), whether or not they reach the logits.
 """
 
 import numpy as np
@@ -79,7 +80,8 @@ def tensors_error(path, weights, piece: str, names, outcome: str) -> NonFiniteEr
         name, where = bad
         return NonFiniteError(f"{path}: tensor '{name}' holds NaN/inf (first at {where}), so {piece} gives NaN/inf: "
                               f"{outcome}")
-    bad = weights.nonfinite([n for n in weights.read_names if n not in names])
+    scanned = set(names)
+    bad = weights.nonfinite([n for n in weights.read_names if n not in scanned])
     if bad is not None:
         name, where = bad
         return NonFiniteError(f"{path}: tensor '{name}' holds NaN/inf (first at {where}), and {piece} gives NaN/inf: "
