@@ -349,19 +349,28 @@ def test_kimi_k3_residual_scores_are_named(kimi_k3_target, tmp_path, tensor, pie
 
 
 @pytest.mark.oracle
-def test_kimi_k3_mxfp4_exponent_0xff_is_named(kimi_k3_target, tmp_path):
+@pytest.mark.parametrize("layer", [1, 3, 5])
+def test_kimi_k3_expert_with_mxfp4_exponent_0xff_is_named(kimi_k3_target, tmp_path, layer):
+    """One routed expert's E8M0 exponents 0xFF, each expert in turn (Q8_0 trunk, MXFP4 experts): the trace runs the
+    residual bank as the forward does, so it routes to the same experts; it ran the layers without the bank, routed
+    elsewhere, found nothing and blamed the head ("the output norm and head gives NaN/inf although its tensors are
+    finite (an overflow)": layer 3, expert 0). An expert no token routes to leaves the logits finite."""
     from ggtools.runtime import TargetModel
     from ggtools.runtime.errors import NonFiniteError
     from tests.hostile_corpus import mxfp4_scales_0xff
-    tensor = "blk.3.ffn_down_exps.weight"
-    model = TargetModel(mxfp4_scales_0xff(kimi_k3_target.gguf["q8_0"], tmp_path / "m.gguf", tensor), threads=1)
-    try:
-        with pytest.raises(NonFiniteError) as e:
-            model.forward([1, 2, 3, 4, 5])
-    finally:
-        model.close()
-    assert (f"tensor '{tensor}' holds NaN/inf (first at block 0: MXFP4 exponent 0xFF), so layer 3 gives NaN/inf"
-            in str(e.value)), str(e.value)
+    tensor, named = f"blk.{layer}.ffn_down_exps.weight", 0
+    for expert in range(8):
+        model = TargetModel(mxfp4_scales_0xff(kimi_k3_target.gguf["q8_0"], tmp_path / "m.gguf", tensor, expert),
+                            threads=1)
+        try:
+            model.forward([1, 2, 3, 4, 5, 6, 7, 8])
+        except NonFiniteError as e:
+            assert (f"tensor '{tensor}' holds NaN/inf (first at block {expert * 512}: MXFP4 exponent 0xFF), so layer "
+                    f"{layer} gives NaN/inf" in str(e)), str(e)
+            named += 1
+        finally:
+            model.close()
+    assert named >= 6
 
 
 @pytest.mark.oracle
@@ -451,3 +460,21 @@ def poison_value(src, dst, tensor, value) -> str:
     """src with the first value of `tensor` set to value (hostile_corpus.poison at index 0)."""
     from tests.hostile_corpus import poison
     return poison(src, dst, tensor, value, index=0)
+
+
+def test_an_inf_logit_is_caught_before_dflash2s_softcap(drafters, tmp_path):
+    """DFlash2's softcap c * tanh(logit / c) turns a logit of +-inf into +-c: the head's logits are checked before it
+    (an inf in the drafter's own head drafted its token at every row instead)."""
+    from gguf import GGUFValueType as VT
+    from ggtools.runtime.errors import NonFiniteError
+    from tests.hostile_corpus import _with_dspark_heads
+    from tests.test_convert_support import rewrite_gguf
+    target, paths = drafters
+    head = np.random.default_rng(0).normal(0, 0.05, (2048, 128)).astype("<f4")
+    head[5, 0] = np.inf                                     # logit 5 = inf * h_0 + finite: +inf or -inf
+    capped = rewrite_gguf(paths["dflash2"], tmp_path / "capped.gguf",
+                          set_keys=[("dflash.final_logit_softcapping", VT.FLOAT32, 30.0, None)])
+    bad = _with_dspark_heads(str(capped), str(tmp_path / "bad.gguf"),
+                             tensors=[("output.weight", [128, 2048], 0, head.tobytes())])
+    with pytest.raises(NonFiniteError, match="tensor 'output.weight' holds NaN/inf .* the draft logits are not finite"):
+        _draft(target, bad)
