@@ -817,14 +817,18 @@ def dflash2_drafter(hf_dir, out, target) -> str:
 MXFP4_BLOCK = 17        # ggml-common.h block_mxfp4: one E8M0 exponent byte, then 16 bytes of 32 nibbles
 
 
-def mxfp4_scales_0xff(src, dst, tensor) -> str:
-    """A copy of src whose MXFP4 tensor has every block's E8M0 exponent set to 0xFF (NaN), its nibbles kept."""
+def mxfp4_scales_0xff(src, dst, tensor, expert=None) -> str:
+    """A copy of src whose MXFP4 tensor has every block's E8M0 exponent set to 0xFF (NaN), its nibbles kept; with
+    expert, only that expert's blocks (a stack ne [cols, rows, experts])."""
     from ggtools.gguf import GGUFFile
     data = bytearray(open(src, "rb").read())
     with GGUFFile(src) as f:
         t = f.tensor[tensor]
         assert t.type_name == "MXFP4"
         start, n = t.data_start, t.nbytes
+        if expert is not None:
+            n //= int(t.ne[2])
+            start += expert * n
     data[start:start + n:MXFP4_BLOCK] = b"\xff" * (n // MXFP4_BLOCK)
     return write(dst, bytes(data))
 
