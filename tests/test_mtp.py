@@ -21,6 +21,7 @@ from ggtools.jobs.doctor import doctor, pair_check
 from ggtools.jobs.inspect import inspect
 from ggtools.jobs.validate import validate
 from tests.mtp_files import TRUNK, sidecar_of, write_qwen35_mtp
+from tests.test_convert_support import rewrite_gguf
 
 KINDS = ("qwen35", "qwen35moe")
 MTP_BLOCK = {"qwen35": 6, "qwen35moe": 4}
@@ -301,18 +302,6 @@ def _two_blocks(src, dst, block):
     return str(dst)
 
 
-def _without(src, dst, name):
-    with GGUFFile(src) as f, GGUFWriter(str(dst)) as w:
-        for kv in f.kvs:
-            w.add_kv_record(kv)
-        kept = [t for t in f.tensors if t.name != name]
-        for t in kept:
-            w.add_tensor_info(t.name, t.ne, t.type_id, t.nbytes)
-        for t in kept:
-            w.write(f.tensor_data(t))
-    return str(dst)
-
-
 @pytest.mark.oracle
 def test_the_rules_say_what_libllama_does(mtp_targets, tmp_path):
     """Each MTP fault, reported by validate / doctor in the words libllama prints for it: two MTP blocks (it loads,
@@ -320,7 +309,7 @@ def test_the_rules_say_what_libllama_does(mtp_targets, tmp_path):
     from scripts.fixtures.mtp_targets import run_mtp_ops
     t = mtp_targets["qwen35"]
     two = _two_blocks(t("default"), tmp_path / "two.gguf", 6)
-    cut = _without(t("default"), tmp_path / "cut.gguf", "blk.6.nextn.eh_proj.weight")
+    cut = str(rewrite_gguf(t("default"), tmp_path / "cut.gguf", drop_tensors=["blk.6.nextn.eh_proj.weight"]))
     r_two, r_cut, r_none = run_mtp_ops([{"op": "mtp_context", "path": p, "load_mtp": True}
                                         for p in (two, cut, str(t("no-mtp")))])
     assert "QWEN35 MTP currently only supports a single MTP block" in r_two["error"], r_two
