@@ -17,7 +17,7 @@ liranringel's code. Weights are float32 and summed in lucebox's order; the heap 
 ancestor-only: row i sees the root, its ancestors and itself.
 
 After the target has verified the flattened tree, `follow_verified_tree` walks it from the root by the target's
-argmax at each row: the accepted path and the bonus token (lucebox's `follow_verified_tree`).
+token at each row (its argmax, or its sampler's draw): the accepted path and the bonus token (lucebox's `follow_verified_tree`).
 
 `top_k_log_probs` is lucebox's `extract_draft_topk` at temperature 1 (log-softmax of each row, its K largest,
 ties to the lower token id); `default_top_k` is lucebox's choice of K (8 when the budget exceeds the depth, else 1).
@@ -43,6 +43,12 @@ class DraftTree:
     @property
     def n_nodes(self) -> int:
         return len(self.tokens)
+
+    @classmethod
+    def chain(cls, tokens: list[int]) -> "DraftTree":
+        """A chain as a tree to walk: node i + 1 the only child of row i (no visibility: a chain is verified as one)."""
+        return cls(tokens=list(tokens), depths=list(range(1, len(tokens) + 1)), parents=list(range(-1, len(tokens))),
+                   children=[{t: i + 1} for i, t in enumerate(tokens)] + [{}], visibility=None)
 
     @classmethod
     def root_only(cls) -> "DraftTree":
@@ -141,16 +147,16 @@ def ancestor_visibility(parents) -> np.ndarray:
     return visible
 
 
-def follow_verified_tree(tree: DraftTree, posterior) -> tuple[list[int], int]:
-    """Walk the verified tree from the root: while the target's argmax at the current row (posterior[row]) is one
-    of its children, step to that child. Returns (the accepted rows, root first; the bonus token: the argmax at
-    the last accepted row)."""
+def follow_verified_tree(tree: DraftTree, target_token, stop_ids=()) -> tuple[list[int], int]:
+    """Walk the verified tree from the root: while the target's token at the current row (target_token(row): its
+    argmax, or its sampler's draw) is one of its children, step to that child; a stop token ends the walk. Returns
+    (the accepted rows, root first; the bonus token: the target's token at the last accepted row)."""
     row, accepted = 0, [0]
-    token = int(posterior[0])
-    while token in tree.children[row]:
+    token = target_token(row)
+    while token not in stop_ids and token in tree.children[row]:
         row = tree.children[row][token]
         accepted.append(row)
-        token = int(posterior[row])
+        token = target_token(row)
     return accepted, token
 
 

@@ -23,6 +23,7 @@ Temperature 0 is greedy decoding (the argmax), which the runtime does without a 
 """
 
 from collections import Counter, deque
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -90,7 +91,9 @@ class SamplingParams:
                      "penalty_present"):
             if not np.isfinite(getattr(self, name)):
                 raise SettingsError(f"--{_option(name)}: {getattr(self, name)} is not a finite number")
-        if self.penalty_repeat <= 0 or not np.isfinite(F32(1.0) / F32(self.penalty_repeat)):
+        with np.errstate(over="ignore"):
+            inverse = F32(1.0) / F32(self.penalty_repeat) if self.penalty_repeat else np.inf
+        if self.penalty_repeat <= 0 or not np.isfinite(inverse):
             raise SettingsError(f"--repeat-penalty {self.penalty_repeat}: penalty_repeat must be finite and greater "
                                 "than 0 (llama.cpp)")
         if self.penalty_last_n < 0:
@@ -271,11 +274,22 @@ class Sampler:
             return int(c.ids[0])
         return int(c.ids[_first_reaching(c.p, self.total(c) * r)])
 
-    def probability_of(self, logits, token: int) -> float:
-        """The probability that sample(logits) gives token (0 when the chain cuts it), without drawing."""
+    def probabilities(self, logits) -> np.ndarray:
+        """The probability that sample(logits) gives each token (0 where the chain cuts it), float64, without
+        drawing."""
         c = self.distribution(logits)
-        where = np.flatnonzero(c.ids == token)
-        return float(c.p[where[0]] / self.total(c)) if where.size else 0.0
+        out = np.zeros(len(logits), np.float64)
+        out[c.ids] = c.p / self.total(c)
+        return out
+
+    @contextmanager
+    def trial(self):
+        """Accept tokens for a while (what-if distributions: the penalties' history), then forget them."""
+        saved = self.history.copy()
+        try:
+            yield self
+        finally:
+            self.history = saved
 
     # the chain's steps, named as llama.cpp's samplers
 

@@ -1,11 +1,13 @@
-"""Speculative decoding at temperature 0 (reference §10): the drafter proposes, the target verifies.
+"""Speculative decoding (reference §10): the drafter proposes, the target verifies.
 
-    prefill the target on the prompt with the drafter's feature taps; anchor = its argmax
+    prefill the target on the prompt with the drafter's feature taps; anchor = its argmax (or its sampler's draw)
     each step:  draft KV takes the newly committed positions' features (begin_step)
                 drafter drafts up to n_max tokens from [anchor, MASK ...] (n_max + 1 rows; n_max rows for an
                 anchor-first DSpark drafter, whose anchor row drafts too); an early cut may offer fewer
                 the target verifies [anchor, drafts] in one batch (stepwise: each row as a one-token step)
-                acc = leading drafts equal to the target's argmax one row earlier; bonus = argmax at row acc
+                acc = leading drafts equal to the target's token one row earlier; bonus = its token at row acc
+                (the target's token: its argmax at temperature 0, else its sampler's draw, row by row along
+                the path: llama.cpp's exact-match rule, one draw per committed token)
                 commit anchor + acc drafts; crop the target cache; the bonus is the next anchor
     stop at a stop token (kept) or after n tokens; the last blocks shrink to fit n (z-lab)
 
@@ -15,19 +17,20 @@ target verifies the flattened tree in one batch (each row seeing its own path on
 target's argmax from the root (follow_verified_tree), and the cache keeps that path (kv.keep_path).
 
 Verification rows are bit-identical to one-token steps (a tree's rows to one-token steps along their paths) and
-prefill is the same call as plain greedy decoding's, so the output equals `greedy(target, prompt, n)` exactly,
-whatever the drafter proposes.
+prefill is the same call as plain decoding's, so the output equals `greedy(target, prompt, n)` exactly (with a
+sampler: `greedy(target, prompt, n, sampler=...)` with the same seed), whatever the drafter proposes. A sampled
+chain's step also records its expected acceptance (expected_acceptance.py).
 """
 
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ggtools.runtime.ddtree import DraftTree, build_tree, default_top_k, follow_verified_tree, most_tree_nodes
 from ggtools.runtime.drafter.chain import cut_length
 from ggtools.runtime.drafter.draft_kv import DraftKV
 from ggtools.runtime.errors import SettingsError
+from ggtools.runtime.expected_acceptance import ExpectedAcceptance, expected_acceptance
+from ggtools.runtime.greedy_decoding import next_token
 
 
 # llama.cpp's refusal of p_min > 0 for a DSpark drafter without a confidence head (common/speculative.cpp)
@@ -125,6 +128,7 @@ class Step:
     drafted: int                 # drafts offered for verification (a tree's nodes)
     accepted: int                # of them accepted (excluding the bonus; capped at a stop)
     produced: int                # tokens committed this step (accepted + bonus, capped at a stop)
+    expected: ExpectedAcceptance | None = None   # sampled chains: the expected accepted drafts (expected_acceptance)
 
 
 @dataclass
@@ -139,9 +143,11 @@ class SpecOutput:
 
 
 def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_ids=(),
-                         settings: DraftSettings | None = None, progress=None) -> SpecOutput:
-    """Greedy continuation of prompt_ids by up to n tokens, drafted by `drafter` with the draft KV `kv`.
-    progress(k): called with the number of new tokens as they are committed."""
+                         settings: DraftSettings | None = None, progress=None, sampler=None) -> SpecOutput:
+    """The continuation of prompt_ids by up to n tokens, drafted by `drafter` with the draft KV `kv`: greedy, or
+    sampled by `sampler` (the target's draw at each verified row, llama.cpp's exact-match rule; the output is then
+    plain sampled decoding's with the same seed). progress(k): called with the number of new tokens as they are
+    committed."""
     s = settings or DraftSettings()
     n_max = default_n_max(drafter) if s.n_max is None else s.n_max
     if not 0 <= n_max <= drafter.max_drafts:
@@ -157,26 +163,33 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
     t1 = time.perf_counter()
     out.prompt_seconds = t1 - t0
     committed, pending = len(prompt_ids), features     # pending: features not yet in the draft KV
-    out.tokens.append(int(np.argmax(logits[-1])))
+    for token in prompt_ids if sampler is not None else ():
+        sampler.accept(token)
+    out.tokens.append(next_token(logits[-1], sampler))
     if progress:
         progress(1)
     while len(out.tokens) < n and out.tokens[-1] not in stop_ids:
         anchor = out.tokens[-1]
         n_drafts = min(n_max, n - len(out.tokens))
-        drafts, tree = [], None if s.tree_budget is None else DraftTree.root_only()
+        drafts, draft_rows, tree = [], None, None if s.tree_budget is None else DraftTree.root_only()
         if n_drafts > 0:
             td = time.perf_counter()
             kv.begin_step(committed, pending.reshape(len(pending), -1), tokens=sequence(prompt_ids, out.tokens))
             if tree is None:
                 chain = drafter.draft(kv, anchor, n_drafts)
                 drafts = chain.tokens[:cut_length(chain, s.cut, s.p_min, s.n_min)]
+                if sampler is not None and chain.rows is not None:      # the drafter's distributions
+                    draft_rows = chain.rows[:len(drafts)]
             else:
                 tree = build_tree(*drafter.draft_top_k(kv, anchor, n_drafts, top_k), s.tree_budget)
                 drafts = tree.tokens
             out.draft_seconds += time.perf_counter() - td
         as_tree = {} if tree is None else {"tree": tree.parents}
         logits, features = target.forward([anchor] + drafts, taps=drafter.taps, logits="all", stepwise=True, **as_tree)
-        rows, bonus = accepted_rows(logits, drafts, tree)
+        expected = None
+        if sampler is not None and tree is None:
+            expected = expected_acceptance(sampler, logits, drafts, draft_rows)
+        rows, bonus = accepted_rows(logits, drafts, tree, sampler, stop_ids)
         new = [drafts[r - 1] for r in rows[1:]] + [bonus]
         new = new[:n - len(out.tokens)]
         stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
@@ -185,7 +198,7 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
         out.tokens += new
         if progress:
             progress(len(new))
-        out.steps.append(Step(drafted=len(drafts), accepted=len(new) - 1, produced=len(new)))
+        out.steps.append(Step(drafted=len(drafts), accepted=len(new) - 1, produced=len(new), expected=expected))
         committed += len(new)
         rows = rows[:len(new)]           # the anchor and the accepted drafts the cache keeps (the bonus is not in it)
         if tree is None:
@@ -206,14 +219,11 @@ def sequence(prompt_ids, tokens) -> list[int]:
     return [int(t) for t in prompt_ids] + tokens
 
 
-def accepted_rows(logits, drafts: list, tree: DraftTree | None) -> tuple[list[int], int]:
-    """The verified batch's accepted rows (row 0, the anchor, first; row i + 1 is draft i) and the bonus token: a
-    chain's longest prefix of drafts equal to the target's argmax one row earlier, or a tree's path by the target's
-    argmax from the root."""
-    posterior = np.argmax(logits, axis=1)
-    if tree is not None:
-        return follow_verified_tree(tree, posterior)
-    acc = 0
-    while acc < len(drafts) and drafts[acc] == posterior[acc]:
-        acc += 1
-    return list(range(acc + 1)), int(posterior[acc])
+def accepted_rows(logits, drafts: list, tree: DraftTree | None, sampler=None, stop_ids=()) -> tuple[list[int], int]:
+    """The verified batch's accepted rows (row 0, the anchor, first; row i + 1 is draft i) and the bonus token: the
+    path from the root along which the target's token at each row (its argmax, or its sampler's draw, drawn row by row
+    as the path goes: one draw per committed token) is the next draft, a chain's or a tree's; a stop token ends it."""
+    def target_token(row: int) -> int:
+        return next_token(logits[row], sampler)
+
+    return follow_verified_tree(tree or DraftTree.chain(drafts), target_token, stop_ids)

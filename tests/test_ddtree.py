@@ -144,9 +144,9 @@ def test_follow_verified_tree():
     tree.tokens, tree.depths, tree.parents = [10, 11, 12, 20, 21, 30], [1, 1, 1, 2, 2, 3], [-1, 0, 0, 0, 1, 3, 4]
     tree.children = [{10: 1, 11: 2, 12: 3}, {20: 4}, {}, {21: 5}, {30: 6}, {}, {}]
     posterior = np.array([12, 99, 98, 21, 77, 55, 66])
-    assert follow_verified_tree(tree, posterior) == ([0, 3, 5], 55)
-    assert follow_verified_tree(tree, np.array([10, 20, 0, 0, 30, 0, 44])) == ([0, 1, 4, 6], 44)
-    assert follow_verified_tree(tree, np.array([13, 0, 0, 0, 0, 0, 0])) == ([0], 13)
+    assert follow_verified_tree(tree, lambda r: int(posterior[r])) == ([0, 3, 5], 55)
+    assert follow_verified_tree(tree, [10, 20, 0, 0, 30, 0, 44].__getitem__) == ([0, 1, 4, 6], 44)
+    assert follow_verified_tree(tree, [13, 0, 0, 0, 0, 0, 0].__getitem__) == ([0], 13)
 
 
 # ---- libstdc++'s heap: a C++ transcription of the algorithm, compiled ---------------------------------------------

@@ -130,15 +130,15 @@ def test_uniform_doubles_equal_the_cpp_library(tmp_path):
     assert got == want
 
 
-def test_probability_of_is_the_draws_frequency():
-    """probability_of(token) against the frequency of token over 20000 seeded draws: within 4.5 standard errors
+def test_probabilities_are_the_draws_frequencies():
+    """probabilities(row)[token] against the frequency of token over 20000 seeded draws: within 4.5 standard errors
     (a false alarm about 1 run in 150000)."""
     row = _rows(5, 1, scale=1.0)[0]
     params = SamplingParams(temp=0.9)
     probe = Sampler(params, N_VOCAB)
     c = probe.distribution(row)
     token = int(c.ids[1])
-    p = probe.probability_of(row, token)
+    p = probe.probabilities(row)[token]
     sampler = Sampler(params.with_options(seed=123), N_VOCAB)
     draws = 20000
     hits = sum(sampler.sample(row) == token for _ in range(draws))

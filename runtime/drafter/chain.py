@@ -37,6 +37,8 @@ class DraftChain:
     p: list[float]          # probability of each chosen draft (see module docstring)
     margin: list[float]     # top1 - top2 logit (v1) or lattice score (DFlash2)
     confidence: list[float] | None = None   # DSpark's confidence head, per draft (None: no head)
+    rows: np.ndarray | None = None          # the logits each draft was chosen from (n, n_vocab), -inf where a
+                                            # drafter never proposes (DFlash2: outside its candidates)
 
 
 def _confidence(values: np.ndarray, chosen: float, top_k: int | None = None) -> tuple[float, float]:
@@ -52,7 +54,7 @@ def chain_v1(logits: np.ndarray) -> DraftChain:
     top = np.sort(np.partition(logits, -k, axis=1)[:, -k:], axis=1).astype(np.float64)
     p = 1.0 / np.exp(top - top[:, -1:]).sum(axis=1)
     margin = top[:, -1] - top[:, -2] if k > 1 else np.full(len(top), np.inf)
-    return DraftChain(tokens.tolist(), p.tolist(), margin.tolist())
+    return DraftChain(tokens.tolist(), p.tolist(), margin.tolist(), rows=logits)
 
 
 def top_candidates(row: np.ndarray, k: int) -> np.ndarray:
@@ -80,13 +82,15 @@ class Selector:
 
     def walk(self, logits: np.ndarray, hidden, anchor: int) -> DraftChain:
         tokens, ps, margins = [], [], []
-        for cand, scores in self.lattice(logits, hidden, anchor):
+        rows = np.full(np.shape(logits), -np.inf, np.float32)
+        for row, (cand, scores) in zip(rows, self.lattice(logits, hidden, anchor)):
             j = int(np.argmax(scores))
             p, margin = _confidence(scores, scores[j])
             tokens.append(int(cand[j]))
             ps.append(p)
             margins.append(margin)
-        return DraftChain(tokens, ps, margins)
+            row[cand] = scores
+        return DraftChain(tokens, ps, margins, rows=rows)
 
     def lattice(self, logits: np.ndarray, hidden, anchor: int):
         """The walk's rows: per drafting row, (its candidates, their scores given the token chosen at the row
