@@ -14,8 +14,7 @@ def greedy(model: TargetModel, prompt_ids, n: int, stop_ids=(), sampler=None) ->
     Returns (generated ids, "length" or "end-of-generation")."""
     logits, _ = model.forward(prompt_ids, logits="last")
     if sampler is not None:
-        for token in prompt_ids:
-            sampler.accept(token)
+        sampler.accept_tokens(prompt_ids)
     return continue_greedy(model, logits, n, stop_ids, sampler=sampler)
 
 

@@ -29,17 +29,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numba import njit
 
+from ggtools.hparam_rules.sampling import ALIASES, CANONICAL
 from ggtools.runtime.errors import SettingsError
 
 F32 = np.float32
 EXACT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 
-# llama.cpp's sampler names (common_sampler_types_from_names): canonical names, their kebab-case and no-dash forms,
-# and three aliases
-CANONICAL = ("dry", "top_k", "top_p", "top_n_sigma", "typ_p", "min_p", "temperature", "xtc", "infill", "penalties",
-             "adaptive_p")
-ALIASES = {**{n.replace("_", "-"): n for n in CANONICAL if "_" in n}, **{n.replace("_", ""): n for n in CANONICAL},
-           "nucleus": "top_p", "temp": "temperature", "typ": "typ_p", **{n: n for n in CANONICAL}}
 DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 UNSUPPORTED = {"infill": "the infill sampler (fill-in-the-middle)",
                "adaptive_p": "the adaptive-p sampler (it replaces dist)"}
@@ -76,6 +71,12 @@ class SamplingParams:
     seed: int = 0
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
     suppress: tuple[int, ...] = ()           # tokenizer.ggml.suppress_tokens: logit bias -inf
+    # what ggtools' runtime does not run, taken from a model's general.sampling.* keys only to refuse them
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
 
     @property
     def greedy(self) -> bool:
@@ -104,12 +105,19 @@ class SamplingParams:
         for name in self.samplers:
             if name in UNSUPPORTED:
                 raise SettingsError(f"sampler sequence: {UNSUPPORTED[name]} is not supported by ggtools' runtime")
+        if self.mirostat:
+            raise SettingsError(f"mirostat {self.mirostat} (general.sampling.mirostat): mirostat sampling is not "
+                                "supported by ggtools' runtime; pass --mirostat 0")
+        if self.xtc_probability > 0 and "xtc" in self.samplers:
+            raise SettingsError(f"xtc_probability {self.xtc_probability:g} (general.sampling.xtc_probability): the "
+                                "XTC sampler is not supported by ggtools' runtime; pass --xtc-probability 0")
 
     def as_dict(self) -> dict:
         return {"temp": self.temp, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
                 "typ_p": self.typ_p, "top_n_sigma": self.top_n_sigma, "repeat_last_n": self.penalty_last_n,
                 "repeat_penalty": self.penalty_repeat, "frequency_penalty": self.penalty_freq,
-                "presence_penalty": self.penalty_present, "seed": self.seed, "samplers": ";".join(self.samplers)}
+                "presence_penalty": self.penalty_present, "seed": self.seed, "samplers": ";".join(self.samplers),
+                "chain": self.describe()}
 
     def describe(self) -> str:
         """The active chain in one line, as a user reads it (disabled steps left out)."""
@@ -244,6 +252,11 @@ class Sampler:
     def accept(self, token: int) -> None:
         if self.params.penalty_last_n:
             self.history.append(int(token))
+
+    def accept_tokens(self, tokens) -> None:
+        """A prompt's tokens, into the penalties' history (llama-server accepts the prompt before sampling)."""
+        for token in tokens:
+            self.accept(token)
 
     def candidates(self, logits) -> Candidates:
         """The chain's input: every token with its logit (the suppressed tokens at -inf: llama.cpp's logit bias)."""

@@ -163,8 +163,8 @@ def speculative_generate(target, drafter, kv: DraftKV, prompt_ids, n: int, stop_
     t1 = time.perf_counter()
     out.prompt_seconds = t1 - t0
     committed, pending = len(prompt_ids), features     # pending: features not yet in the draft KV
-    for token in prompt_ids if sampler is not None else ():
-        sampler.accept(token)
+    if sampler is not None:
+        sampler.accept_tokens(prompt_ids)
     out.tokens.append(next_token(logits[-1], sampler))
     if progress:
         progress(1)

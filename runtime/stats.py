@@ -1,8 +1,8 @@
 """Acceptance statistics of speculative runs, with the names and definitions of reference §11.
 
-`acceptance_stats(runs, block)` takes each sequence's steps (speculative.Step: drafted, accepted, produced)
-and the verified block length (n_max + 1); `DEFINITIONS` says what every number means, so reports can
-print the definition beside the value.
+`acceptance_stats(runs, block)` takes each sequence's steps (speculative.Step: drafted, accepted, produced, and for a
+sampled chain its expected acceptance) and the verified block length (n_max + 1); `DEFINITIONS` says what every
+number means, so reports can print the definition beside the value.
 """
 
 DEFINITIONS = {
@@ -23,6 +23,16 @@ DEFINITIONS = {
     "accepted_per_step": "accepted_tokens / steps",
     "avg_commit_per_step": "generated tokens / steps (lucebox avg_commit)",
 }
+# sampled decoding (temperature > 0) only: what the steps' drafts are worth on average over the target's draws
+EXPECTED_DEFINITIONS = {
+    "expected_acceptance_rate": "sum over steps of the expected accepted drafts under llama.cpp's exact-match rule "
+                                "(the target's draw equals the draft: P(draft) per position) / drafted_tokens",
+    "expected_mean_accepted_length_incl_bonus": "1 + the expected accepted drafts (exact match) / steps",
+    "expected_acceptance_rate_rejection": "the same under rejection sampling (vLLM, SGLang: sum of min(P, Q) per "
+                                          "position, Q the drafter's distribution through the same sampler chain) / "
+                                          "drafted_tokens",
+}
+DEFINITIONS = DEFINITIONS | EXPECTED_DEFINITIONS
 
 
 def acceptance_stats(runs: list, block: int) -> dict:
@@ -49,4 +59,17 @@ def acceptance_stats(runs: list, block: int) -> dict:
         "verified_per_step": sum(1 + s.drafted for s in steps) / n if n else 0.0,
         "accepted_per_step": accepted / n if n else 0.0,
         "avg_commit_per_step": sum(s.produced for s in steps) / n if n else 0.0,
-    }
+    } | _expected(steps, drafted)
+
+
+def _expected(steps, drafted: int) -> dict:
+    """The expected-acceptance statistics, where every step of a sampled chain recorded them."""
+    if not steps or any(s.expected is None for s in steps):
+        return {}
+    exact = sum(s.expected.exact_match for s in steps)
+    out = {"expected_acceptance_rate": exact / drafted if drafted else 0.0,
+           "expected_mean_accepted_length_incl_bonus": 1 + exact / len(steps)}
+    if all(s.expected.rejection is not None for s in steps):
+        rejection = sum(s.expected.rejection for s in steps)
+        out["expected_acceptance_rate_rejection"] = rejection / drafted if drafted else 0.0
+    return out

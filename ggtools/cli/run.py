@@ -7,6 +7,7 @@ from ggtools.cli.backend_options import backend_options, runs_on
 from ggtools.cli.draft_options import draft_options, draft_options_given, draft_setup, tree_options
 from ggtools.cli.params import Count, FiniteFloatRange
 from ggtools.cli.render import emit_json, human_bytes
+from ggtools.cli.sampling_options import sampling_options, sampling_setup
 from ggtools.jobs.run import DEFINITIONS, MTP, pair_warnings, run, run_speculative
 
 MAX_TOKEN_ID = 2 ** 31 - 1  # llama_token is int32
@@ -51,6 +52,7 @@ def _progress_bar(total, as_json):
 @click.option("-n", "--n-predict", "n", default=64, show_default=True, type=Count(min=0), help="Tokens to generate.")
 @draft_options
 @tree_options(many=False)
+@sampling_options(many=False)
 @click.option("--min-acceptance", type=FiniteFloatRange(0, 1), help="Exit 1 when acceptance (accepted/drafted) is below this.")
 @click.option("--no-baseline", is_flag=True, help="Skip target-only decoding (no speedup, no output check).")
 @click.option("--threads", type=Count(min=1), help="CPU threads (default: all cores; at most 4 per core).")
@@ -60,14 +62,16 @@ def _progress_bar(total, as_json):
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at an end-of-generation token.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut, p_min, n_min, tree_budget, tree_top_k,
-            min_acceptance, no_baseline, threads, n_ctx, backend, device, dtype, ignore_eos, as_json):
-    """Greedily continue a prompt with a target model, alone or drafted by a DFlash, DSpark, EAGLE3 or MTP drafter;
-    report speed, memory and (with --draft) acceptance. numba runs it on the CPU (the default); --backend torch on the CPU or
-    a CUDA GPU (--device cuda).
+            temp, seed, min_acceptance, no_baseline, threads, n_ctx, backend, device, dtype, ignore_eos, as_json,
+            **chain):
+    """Continue a prompt with a target model, greedily or sampled (--temp), alone or drafted by a DFlash, DSpark,
+    EAGLE3 or MTP drafter; report speed, memory and (with --draft) acceptance. numba runs it on the CPU (the
+    default); --backend torch on the CPU or a CUDA GPU (--device cuda).
 
-    With --draft the output equals target-only greedy decoding (checked against it, unless --no-baseline),
-    and every acceptance statistic is printed with its definition. Exit 1 when the outputs differ or the
-    acceptance is below --min-acceptance.
+    With --draft the output equals target-only decoding (checked against it, unless --no-baseline): greedy, or at
+    --temp T > 0 sampled with llama.cpp's sampler chain and seed, a draft accepted while the target's draw equals
+    it (llama.cpp's rule); every acceptance statistic is printed with its definition, and at T > 0 the expected
+    acceptance too. Exit 1 when the outputs differ or the acceptance is below --min-acceptance.
 
     \b
     Examples:
@@ -81,17 +85,19 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
       ggtools run --target target.gguf --draft drafter.gguf --prompt 'def main():' --tree-budget 22
       ggtools run --target qwen35-with-mtp.gguf --draft mtp --prompt 'def main():' --n-max 3
       ggtools run --target qwen3.gguf --draft eagle3.gguf --prompt 'def main():' --cut prob --p-min 0.2
+      ggtools run --target target.gguf --draft drafter.gguf --prompt 'def main():' --temp 0.8 --seed 42
     """
     if (prompt is None) == (prompt_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-ids")
     ids = _parse_ids(prompt_ids) if prompt_ids is not None else None
+    sampling = dict(temp=temp, sampling=sampling_setup([temp], **chain), seed=seed)
     if draft is None:
         if draft_options_given(ring_cap, full_kv, n_max, cut, tree_budget, tree_top_k) or min_acceptance is not None:
             raise click.UsageError("--ring-cap, --full-kv, --n-max, --cut, --tree-budget, --tree-top-k and "
                                    "--min-acceptance need --draft")
         with _progress_bar(n, as_json) as bar:
             result = run(target, prompt=prompt, prompt_ids=ids, n=n, threads=threads, stop_at_eog=not ignore_eos,
-                         n_ctx=n_ctx, progress=bar.update, backend=backend, device=device, dtype=dtype)
+                         n_ctx=n_ctx, progress=bar.update, backend=backend, device=device, dtype=dtype, **sampling)
         _show_target_only(result, as_json)
         return
     ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min, tree_budget, tree_top_k)
@@ -103,7 +109,7 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
         result = run_speculative(target, draft, [prompt if ids is None else ids], n, ring_cap=ring_cap,
                                  settings=settings, threads=threads, stop_at_eog=not ignore_eos,
                                  compare=not no_baseline, n_ctx=n_ctx, progress=bar.update, backend=backend,
-                                 device=device, dtype=dtype)
+                                 device=device, dtype=dtype, **sampling)
     failures = _failures(result, min_acceptance, no_baseline)
     if as_json:
         if failures:
@@ -118,7 +124,7 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
 def _failures(result, min_acceptance, no_baseline) -> list[str]:
     out = []
     if not no_baseline and not result.outputs_match_target:
-        out.append("speculative output differs from target-only greedy decoding")
+        out.append(f"speculative output differs from target-only {decoding(result)}")
     if min_acceptance is not None and result.acceptance_rate < min_acceptance:
         out.append(f"acceptance {result.acceptance_rate:.3f} is below --min-acceptance {min_acceptance}")
     return out
@@ -134,6 +140,7 @@ def _show_target_only(result, as_json):
                f"{result.generate_tokens_per_second:.1f} tok/s", err=True)
     click.echo(f"memory: RSS {human_bytes(result.rss_bytes)}, peak {human_bytes(result.peak_rss_bytes)}; "
                f"{runs_on(result)}", err=True)
+    click.echo(f"decoding: {decoding(result)}", err=True)
 
 
 def _show_speculative(r, failures):
@@ -144,7 +151,7 @@ def _show_speculative(r, failures):
               f"draft tree of {r.settings['tree_budget']} nodes, top-K {r.settings['tree_top_k']} (DDTree: 'drafted' "
               "counts its nodes)")
     err(f"drafter: {r.draft} ({r.profile} profile, {r.drafter_kind}), draft KV {r.draft_kv}, "
-        f"n_max {r.settings['n_max']}, {verify}; {runs_on(r)}")
+        f"n_max {r.settings['n_max']}, {verify}; {runs_on(r)}; {decoding(r)}")
     for name, value in r.stats.items():
         shown = "[" + ", ".join(f"{v:.3f}" for v in value) + "]" if isinstance(value, list) else (
             f"{value:.4f}" if isinstance(value, float) else str(value))
@@ -158,6 +165,13 @@ def _show_speculative(r, failures):
     err(f"  draft KV: {human_bytes(r.draft_kv_bytes)} ({r.draft_kv}); a full draft KV for this sequence: "
         f"{human_bytes(r.draft_kv_bytes_full)}")
     if r.target_only_tokens_per_second:
-        err(f"  output {'equals' if r.outputs_match_target else 'DIFFERS from'} target-only greedy decoding")
+        err(f"  output {'equals' if r.outputs_match_target else 'DIFFERS from'} target-only {decoding(r)}")
     for f in failures:
         err(f"FAIL: {f}")
+
+
+def decoding(result) -> str:
+    """How the tokens were chosen: greedy, or the sampler chain and its seed (to replay the run)."""
+    if result.sampling is None:
+        return "greedy decoding"
+    return f"sampled decoding ({result.sampling['chain']}; replay with --seed {result.sampling['seed']})"

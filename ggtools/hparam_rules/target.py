@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ggtools.hparam_rules.keys import FLAG_TYPES, LLAMA_MAX_LAYERS, RUNTIME, Keys
 from ggtools.hparam_rules.kimi_k3 import kimi_k3_rules
+from ggtools.hparam_rules.sampling import sampling_violations
 from ggtools.hparam_rules.mtp import nextn_rules
 from ggtools.hparam_rules.violation import Violation
 
@@ -76,7 +77,7 @@ def target_violations(f) -> list[Violation]:
         _delta_net(k, n_layer_all)
     if spec.kda:
         kimi_k3_rules(k, n_head_kv, head_dim, n_rot, n_ff)
-    return k.violations
+    return k.violations + sampling_violations(f)
 
 
 def _layers(k: Keys, required: bool) -> int | None:

@@ -26,12 +26,14 @@ from ggtools.environment import check_environment
 from ggtools.jobs.errors import JobError, UsageError
 from ggtools.jobs.limits import (check_draft_kv, check_threads, check_tree_verify, longest_token_bytes,
                                  too_long_to_fit)
+from ggtools.jobs.sampling import new_seed, sampling_params
 from ggtools.runtime import (DEFINITIONS, DraftSettings, Drafter, ModelError, TargetModel, Tokenizer,
                              acceptance_stats, check_settings, continue_greedy, numerics_note, speculative_generate,
                              tree_top_k)
 from ggtools.runtime.drafter.autoregressive import AutoregressiveDrafter
 from ggtools.runtime.drafter.families import open_drafter
 from ggtools.runtime.drafter.mtp import TARGET_FILE as MTP
+from ggtools.runtime.sampling import Sampler, SamplingParams
 from ggtools.runtime.speculative import default_n_max
 
 # DraftSettings (what run_speculative drafts with), DEFINITIONS (what each of a SpecRun's statistics means) and
@@ -61,6 +63,7 @@ class RunResult:
     backend: str = "numba"       # "numba" | "torch"
     device: str = "cpu"
     dtype: str = "f32"           # the compute dtype
+    sampling: dict | None = None  # the sampler chain and seed (SamplingParams.as_dict); None: greedy
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,10 +90,12 @@ def check_context(model: TargetModel, n_prompt: int, n: int, n_ctx: int | None =
 
 def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads: int | None = None,
         stop_at_eog: bool = True, n_ctx: int | None = None, progress=None, backend: str = "numba",
-        device: str | None = None, dtype: str | None = None) -> RunResult:
-    """Load a target GGUF, greedily continue a prompt (text or token ids), and measure it. n_ctx: the most
-    tokens allowed (default: the model's context length); progress(k): k new tokens generated; backend, device
-    and dtype choose what runs it (TargetModel)."""
+        device: str | None = None, dtype: str | None = None, temp: float = 0.0, sampling: dict | None = None,
+        seed: int | None = None) -> RunResult:
+    """Load a target GGUF, continue a prompt (text or token ids) greedily (temp 0) or sampled at `temp` (sampling:
+    the user's sampler options, SamplingParams fields; seed None: a random one, reported), and measure it. n_ctx:
+    the most tokens allowed (default: the model's context length); progress(k): k new tokens generated; backend,
+    device and dtype choose what runs it (TargetModel)."""
     if (prompt is None) == (prompt_ids is None):
         raise ValueError("give exactly one of prompt and prompt_ids")
     check_environment()
@@ -99,12 +104,14 @@ def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads
     try:
         tokenizer, [ids], stop_ids = prepare_prompts(model, [prompt if prompt is not None else prompt_ids], n, n_ctx,
                                                      stop_at_eog)
+        params = sampling_params(model, sampling or {}, temp, new_seed() if seed is None else seed)
+        sampler = new_sampler(model, params, ids)
         warm_up(model)
 
         t0 = time.perf_counter()
         logits, _ = model.forward(ids, logits="last")
         t1 = time.perf_counter()
-        generated, stop = continue_greedy(model, logits, n, stop_ids, progress)
+        generated, stop = continue_greedy(model, logits, n, stop_ids, progress, sampler=sampler)
         t2 = time.perf_counter()
         steps = max(0, len(generated) - 1)
         return RunResult(
@@ -113,9 +120,19 @@ def run(target, prompt: str | None = None, prompt_ids=None, n: int = 64, threads
             prompt_seconds=t1 - t0, generate_seconds=t2 - t1,
             prompt_tokens_per_second=len(ids) / (t1 - t0),
             generate_tokens_per_second=steps / (t2 - t1) if steps else 0.0,
-            **rss_fields(), threads=model.threads, **backend_fields(model))
+            **rss_fields(), threads=model.threads, **backend_fields(model),
+            sampling=params.as_dict() if params else None)
     finally:
         model.close()
+
+
+def new_sampler(model: TargetModel, params: SamplingParams | None, prompt=None) -> Sampler | None:
+    """A fresh sampler (None for greedy decoding), the prompt's tokens accepted into it."""
+    if params is None:
+        return None
+    sampler = Sampler(params, model.n_vocab)
+    sampler.accept_tokens(prompt or [])
+    return sampler
 
 
 def prepare_prompts(model: TargetModel, prompts: list, n: int, n_ctx: int | None, stop_at_eog: bool):
@@ -205,6 +222,7 @@ class SpecRun:
     dtype: str = "f32"
     family: str = "dflash"          # "dflash" | "dflash2" | "dspark"
     drafter_kind: str = ""          # what drafts, in words (Drafter.kind)
+    sampling: dict | None = None    # the sampler chain and seed (SamplingParams.as_dict); None: greedy
 
     @property
     def acceptance_rate(self) -> float:
@@ -218,10 +236,11 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
                     settings: DraftSettings | None = None, kv_type: str = "f16", threads: int | None = None,
                     stop_at_eog: bool = True, compare: bool = True, mask_id: int | None = None,
                     n_ctx: int | None = None, progress=None, backend: str = "numba", device: str | None = None,
-                    dtype: str | None = None) -> SpecRun:
+                    dtype: str | None = None, temp: float = 0.0, sampling: dict | None = None,
+                    seed: int | None = None) -> SpecRun:
     """target, draft: GGUF paths (or a loaded TargetModel for target); prompts: texts (tokenized with the
-    target's vocabulary) or lists of token ids. compare: also run target-only greedy decoding (reference
-    tokens and speed). n_ctx: the most tokens a sequence may reach (default: the target's context length);
+    target's vocabulary) or lists of token ids. temp, sampling, seed: as `run` (each prompt decoded with a sampler
+    of that seed). compare: also run target-only decoding (reference tokens and speed). n_ctx: the most tokens a sequence may reach (default: the target's context length);
     progress(k): k new tokens decoded (both decodings count). backend, device, dtype: what runs the pair
     (TargetModel; the drafter runs on the target's backend)."""
     if not prompts:
@@ -236,14 +255,15 @@ def run_speculative(target, draft, prompts: list, n: int = 64, *, ring_cap: int 
         settings = settings or DraftSettings()
         check_settings(drafter, settings)
         tokenizer, ids, stop_ids = prepare_prompts(model, prompts, n, n_ctx, stop_at_eog)
+        params = sampling_params(model, sampling or {}, temp, new_seed() if seed is None else seed)
         longest = max(map(len, ids)) + n
         check_draft_kv(drafter, ring_cap, kv_type, longest, model.ops.device)
         check_whole_kv(drafter, ring_cap, longest)
         check_tree_verify(model, settings.tree_budget, longest)
         warm_up(model)
-        reference = TargetOnly(model, ids, n, stop_ids, progress) if compare else None
+        reference = TargetOnly(model, ids, n, stop_ids, progress, params) if compare else None
         measured = measure_drafter(model, drafter, ids, n, ring_cap=ring_cap, settings=settings, kv_type=kv_type,
-                                   stop_ids=stop_ids, reference=reference, progress=progress)
+                                   stop_ids=stop_ids, reference=reference, progress=progress, sampling=params)
         if tokenizer:
             measured.texts = [tokenizer.decode(o) for o in measured.outputs]
         return measured
@@ -273,18 +293,20 @@ def pair_warnings(target) -> list[str]:
 
 
 class TargetOnly:
-    """Target-only greedy decoding of each prompt (the reference tokens and speed), decoded the first time it is
-    asked for and kept."""
+    """Target-only decoding of each prompt (the reference tokens and speed), greedy or with a sampler of `sampling`,
+    decoded the first time it is asked for and kept."""
 
-    def __init__(self, model: TargetModel, prompts: list, n: int, stop_ids, progress=None):
+    def __init__(self, model: TargetModel, prompts: list, n: int, stop_ids, progress=None,
+                 sampling: SamplingParams | None = None):
         self.model, self.prompts, self.n, self.stop_ids, self.progress = model, prompts, n, stop_ids, progress
+        self.sampling = sampling
         self.outputs: list[list | None] = [None] * len(prompts)
         self.seconds = [0.0] * len(prompts)
 
     def output(self, i: int) -> list:
         if self.outputs[i] is None:
             self.outputs[i], self.seconds[i] = _target_only(self.model, self.prompts[i], self.n, self.stop_ids,
-                                                            self.progress)
+                                                            self.progress, self.sampling)
         return self.outputs[i]
 
     @property
@@ -296,10 +318,10 @@ class TargetOnly:
 
 def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int, *, ring_cap: int | None,
                     settings: DraftSettings, kv_type: str = "f16", stop_ids=(), reference: TargetOnly | None = None,
-                    on_prompt=lambda: None, progress=None) -> SpecRun:
-    """Decode every prompt (token ids) speculatively, each checked against `reference` (None: no check, no
-    target-only speed); on_prompt() after each, progress(k) as tokens come. The drafter's kernels are compiled
-    first, outside the timing."""
+                    on_prompt=lambda: None, progress=None, sampling: SamplingParams | None = None) -> SpecRun:
+    """Decode every prompt (token ids) speculatively, greedily or each with a fresh sampler of `sampling`, each
+    checked against `reference` (None: no check, no target-only speed); on_prompt() after each, progress(k) as
+    tokens come. The drafter's kernels are compiled first, outside the timing."""
     kv = drafter.new_kv(ring_cap, kv_type)
     speculative_generate(model, drafter, kv, prompts[0][:8], min(n, 2 * drafter.block_size), stop_ids, settings)
     runs, outputs, mismatches = [], [], []
@@ -307,7 +329,8 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
     longest = 0
     for i, prompt in enumerate(prompts):
         expected = reference.output(i) if reference else None
-        out = speculative_generate(model, drafter, kv, prompt, n, stop_ids, settings, progress)
+        out = speculative_generate(model, drafter, kv, prompt, n, stop_ids, settings, progress,
+                                   sampler=new_sampler(model, sampling))
         t_spec += out.decode_seconds
         t_draft += out.draft_seconds
         runs.append(out.steps)
@@ -333,13 +356,14 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
         draft_seconds_share=t_draft / t_spec if t_spec else 0.0, draft_kv_bytes=kv.nbytes,
         draft_kv_bytes_full=full.bytes_for(longest), threads=model.threads, mismatches=mismatches,
         tau_per_prompt=[acceptance_stats([steps], n_max + 1)["tau_zlab"] for steps in runs], family=drafter.family,
-        drafter_kind=drafter.kind, **backend_fields(model))
+        drafter_kind=drafter.kind, **backend_fields(model), sampling=sampling.as_dict() if sampling else None)
 
 
-def _target_only(model, prompt, n, stop_ids, progress=None) -> tuple[list, float]:
-    """Plain greedy decoding; seconds from the end of prefill, as speculative_generate times it."""
+def _target_only(model, prompt, n, stop_ids, progress=None, sampling=None) -> tuple[list, float]:
+    """Plain decoding; seconds from the end of prefill, as speculative_generate times it."""
     model.kv.clear()
+    sampler = new_sampler(model, sampling, prompt)
     logits, _ = model.forward(prompt, logits="last")
     t = time.perf_counter()
-    tokens, _ = continue_greedy(model, logits, n, stop_ids, progress)
+    tokens, _ = continue_greedy(model, logits, n, stop_ids, progress, sampler=sampler)
     return tokens, time.perf_counter() - t
