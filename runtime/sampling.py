@@ -90,8 +90,11 @@ class SamplingParams:
         """llama.cpp's own refusals (common_sampler_init) and the values the chain cannot mean."""
         for name in ("temp", "top_p", "min_p", "typ_p", "top_n_sigma", "penalty_repeat", "penalty_freq",
                      "penalty_present"):
-            if not np.isfinite(getattr(self, name)):
-                raise SettingsError(f"--{_option(name)}: {getattr(self, name)} is not a finite number")
+            value = getattr(self, name)
+            with np.errstate(over="ignore"):
+                if not np.isfinite(F32(value)):
+                    raise SettingsError(f"--{_option(name)}: {value} is not a finite 32-bit float (llama.cpp reads "
+                                        "it as a float)")
         with np.errstate(over="ignore"):
             inverse = F32(1.0) / F32(self.penalty_repeat) if self.penalty_repeat else np.inf
         if self.penalty_repeat <= 0 or not np.isfinite(inverse):

@@ -382,6 +382,12 @@ HPARAM_VARIANTS = {
     "d_mask_i32": ("drafter", [("tokenizer.ggml.mask_token_id", I32_KV, -1, None)]),
     "d_block0": ("drafter", [("dflash.block_size", U32, 0, None)]),
     "d_base_nan": ("drafter", [("dflash.rope.freq_base", F32_KV, NAN, None)]),
+    # issue 42: a model's sampling defaults (general.sampling.*) are model-file rules too
+    "t_sampling_top_p_str": ("target", [("general.sampling.top_p", STR, "0.9", None)]),
+    "t_sampling_temp_nan": ("target", [("general.sampling.temp", F32_KV, NAN, None)]),
+    "t_sampling_sequence": ("target", [("general.sampling.sequence", STR, "top_k;bogus", None)]),
+    "q35_sampling_top_k_huge": ("q35", [("general.sampling.top_k", VT.UINT64, 2 ** 40, None)]),
+    "oss_suppress_f32": ("oss", [("tokenizer.ggml.suppress_tokens", VT.ARRAY, [1.0, 2.0], F32_KV)]),
 }
 
 

@@ -418,8 +418,13 @@ IDS = ["1,2", "-1", "5000", "2048", "99999999999999999999", "1,,2", "\udcff", "1
 DRAFTING = {"--ring-cap": INTS, "--n-max": INTS, "--p-min": FLOATS, "--n-min": INTS, "--threads": INTS, "-n": INTS,
             # issue 39 (Trust III) A: a draft tree's budget and ranks (accept: a list, "4," + each value)
             "--tree-budget": INTS + ["4," + v for v in INTS], "--tree-top-k": INTS}
+# issue 42: the sampler's options (accept: --temp is a list)
+SAMPLING = {"--top-k": INTS, "--top-p": FLOATS, "--min-p": FLOATS, "--typical": FLOATS, "--top-nsigma": FLOATS,
+            "--repeat-penalty": FLOATS, "--repeat-last-n": INTS, "--seed": INTS,
+            "--samplers": TEXTS + ["top_k;temp", "bogus", "infill", ";", "TOP-K;Nucleus"]}
 OPTIONS = {
-    "run": DRAFTING | {"--min-acceptance": FLOATS, "--prompt": TEXTS, "--prompt-ids": IDS},
+    "run": DRAFTING | SAMPLING | {"--min-acceptance": FLOATS, "--prompt": TEXTS, "--prompt-ids": IDS,
+                                  "--temp": FLOATS},
     "accept": DRAFTING | {"--max-drop": FLOATS, "--min-tau": FLOATS, "--baseline": TEXTS},
 }
 
@@ -608,7 +613,10 @@ HOSTILE_VALUES = [
 ABSENT_KEYS = ["nextn_predict_layers", "attention.scale", "rope.scaling.type", "rope.scaling.factor",
                "rope.freq_base_swa", "expert_count", "expert_used_count", "attention.sliding_window",
                "attention.sliding_window_pattern", "rope.dimension_sections", "attention.recurrent_layers",
-               "full_attention_interval", "rope.dimension_count", "attention.causal", "embedding_scale"]
+               "full_attention_interval", "rope.dimension_count", "attention.causal", "embedding_scale",
+               # issue 42: the model's sampling defaults (whole keys)
+               "general.sampling.top_k", "general.sampling.top_p", "general.sampling.temp",
+               "general.sampling.sequence", "general.sampling.penalty_last_n", "tokenizer.ggml.suppress_tokens"]
 
 
 @pytest.fixture(scope="module")
@@ -637,7 +645,9 @@ def mutate_hparams(path, rng) -> tuple[str, list, list]:
     """(what, keys set, keys dropped): one key of the model (or one it lacks) set to a boundary value of its own
     type (half the time) or of another, or dropped."""
     arch, keys = hparam_keys(path)
-    key = pick(rng, sorted(keys)) if rng.random() < 0.8 else f"{arch}.{pick(rng, ABSENT_KEYS)}"
+    absent = pick(rng, ABSENT_KEYS)
+    absent = absent if absent.startswith(("general.", "tokenizer.")) else f"{arch}.{absent}"
+    key = pick(rng, sorted(keys)) if rng.random() < 0.8 else absent
     if key in keys and rng.random() < 0.12:
         return f"drop {key}", [], [key]
     own = [entry for entry in HOSTILE_VALUES if key in keys and entry[:2] == keys[key]]

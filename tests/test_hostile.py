@@ -413,6 +413,14 @@ ROWS = [
      "(5000 digits) is more than 2147483647"),
     *[(f"bounds/demo{option}-400-digits", ["demo", "--skip-requant", option, "9" * 400], 2, [],
        "(400 digits) is more than 2147483647") for option in ("--ring-cap", "-n", "--threads", "--rounds")],
+    # issue 42: sampling options that cannot mean anything, refused before anything runs
+    ("sampling/run-chain-option-at-temp-0", [*RUN, "--top-k", "5"], 2, [], "needs --temp above 0"),
+    ("sampling/run-temp-beyond-float", [*RUN, "--temp", "1e308"], 2, [], "is not a finite 32-bit float"),
+    ("sampling/run-unknown-sampler", [*RUN, "--temp", "1", "--samplers", "top_k;bogus"], 2, [],
+     "unknown sampler 'bogus'"),
+    ("sampling/run-draft-unsupported-sampler", [*RUN_DRAFT, "{drafter}", "--temp", "1", "--samplers", "infill"], 2,
+     [], "not supported by ggtools' runtime"),
+    ("sampling/run-seed-of-a-random-seed", [*RUN, "--temp", "1", "--seed", "4294967295"], 2, [], "--seed"),
     # 10. a gate that cannot fail is refused: NaN compares false with everything
     ("gate/run-min-acceptance-nan", [*RUN, "--draft", "{drafter}", "--min-acceptance", "nan"], 2, [], "finite"),
     ("gate/run-p-min-nan", [*RUN, "--draft", "{drafter}", "--cut", "prob", "--p-min", "nan"], 2, [], "finite"),

@@ -161,7 +161,8 @@ def test_sampler_names_refused(text, said):
 @pytest.mark.parametrize("options, said", [
     ({"penalty_repeat": 0.0}, "penalty_repeat must be finite and greater than 0"),
     ({"penalty_repeat": 1e-39}, "penalty_repeat must be finite and greater than 0"),
-    ({"temp": float("nan")}, "--temp: nan is not a finite number"),
+    ({"temp": float("nan")}, "--temp: nan is not a finite 32-bit float"),
+    ({"top_p": 1e300}, "--top-p: 1e[+]300 is not a finite 32-bit float"),
     ({"seed": 4294967295}, "--seed 4294967295: must lie in 0..4294967294"),
     ({"penalty_last_n": -1}, "--repeat-last-n -1")])
 def test_settings_llama_cpp_refuses_are_refused(options, said):
