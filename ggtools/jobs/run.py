@@ -223,6 +223,7 @@ class SpecRun:
     family: str = "dflash"          # "dflash" | "dflash2" | "dspark"
     drafter_kind: str = ""          # what drafts, in words (Drafter.kind)
     sampling: dict | None = None    # the sampler chain and seed (SamplingParams.as_dict); None: greedy
+    decode_seconds: float = 0.0     # speculative decode time of all prompts (each after its prefill)
 
     @property
     def acceptance_rate(self) -> float:
@@ -356,7 +357,8 @@ def measure_drafter(model: TargetModel, drafter: Drafter, prompts: list, n: int,
         draft_seconds_share=t_draft / t_spec if t_spec else 0.0, draft_kv_bytes=kv.nbytes,
         draft_kv_bytes_full=full.bytes_for(longest), threads=model.threads, mismatches=mismatches,
         tau_per_prompt=[acceptance_stats([steps], n_max + 1)["tau_zlab"] for steps in runs], family=drafter.family,
-        drafter_kind=drafter.kind, **backend_fields(model), sampling=sampling.as_dict() if sampling else None)
+        drafter_kind=drafter.kind, **backend_fields(model), sampling=sampling.as_dict() if sampling else None,
+        decode_seconds=t_spec)
 
 
 def _target_only(model, prompt, n, stop_ids, progress=None, sampling=None) -> tuple[list, float]:
