@@ -3,6 +3,8 @@
 Used by every plan that changes tensor types, so ggtools leaves exactly the tensors llama.cpp leaves.
 """
 
+from ggtools.gguf.writer import ggml_dims
+
 NEVER_SUBSTRINGS = (
     "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel", "per_layer_model_proj",
     "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight", "indexer.q_proj.weight",
@@ -18,10 +20,7 @@ NEVER_NAMES = ("position_embd.weight", "token_types.weight")
 
 def never_quantized(name: str, ne) -> str | None:
     """Why llama-quantize would copy this tensor unchanged whatever the target type, or None."""
-    n_dims = len(ne)
-    while n_dims > 1 and ne[n_dims - 1] == 1:
-        n_dims -= 1
-    if n_dims < 2:
+    if len(ggml_dims(ne)) < 2:
         return "1-D tensor: never quantized"
     if not name.endswith("weight"):
         return "name does not end in 'weight': never quantized"

@@ -69,12 +69,6 @@ def refuse(problems: list[Problem], what: str):
         raise GGUFError(bad[0].path, f"{what}: {bad[0].rule}{more}", where=bad[0].where)
 
 
-def require_valid(shards: ShardSet):
-    """Refuse (exit 2) a model that `ggtools validate` would fail: every file's rules and the set's."""
-    shards.require_complete()
-    refuse([p for f in shards.files for p in check_file(f)] + check_set(shards), "refusing an invalid input")
-
-
 def _check_kvs(f):
     out, seen = [], {}
     for kv in f.kvs:

@@ -39,13 +39,14 @@ from ggtools.dflash.profiles import LLAMACPP, LUCEBOX, PROFILES, ROLE_TYPES
 from ggtools.dflash.rewrite import DrafterRewrite, move, repair
 from ggtools.dflash.source_check import expected_values, source_findings
 from ggtools.dflash.target import OpenTarget, TargetInfo
-from ggtools.engine import rewrite_shard
+from ggtools.engine import planned_header, rewrite_shard
 from ggtools.gguf import ShardSet
 from ggtools.gguf.check import check_file, check_set
 from ggtools.gguf.outputs import check_output, copy_file, temporary_directory
 from ggtools.hparam_rules import model_violations
 from ggtools.hparam_rules.tensor_shapes import locator
 from ggtools.jobs.errors import JobError
+from ggtools.jobs.planned_output import refuse_invalid_output
 from ggtools.plan import Plan, ShardPlan
 
 RUNTIMES = (LLAMACPP.runtime, LUCEBOX.runtime, "ggtools")
@@ -361,8 +362,13 @@ def _plan(d: DraftFile, rw: DrafterRewrite, out, inputs) -> Plan:
 
 
 def _write(d: DraftFile, rw: DrafterRewrite, out, force, dry_run, inputs) -> Plan:
+    """gguf-layout's output, checked by validate's rules before anything is written (its tensors are copies: the
+    rules read the source's bytes)."""
     plan = _plan(d, rw, out, inputs)
     check_output(out, plan.inputs, force=True)
+    shard = plan.shards[0]
+    sources = {a.name: a.source for a in shard.tensors}
+    refuse_invalid_output(planned_header(shard, d.file), lambda name: bytes(d.file.tensor_data(sources[name])))
     if not dry_run:
         rewrite_shard(plan.shards[0], force=force, inputs=inputs)
     return plan

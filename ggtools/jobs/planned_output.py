@@ -15,8 +15,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ggtools.gguf import GGUFFile, TensorInfo
-from ggtools.gguf.check import Problem, check_file, errors, refuse
-from ggtools.jobs.validate import dspark_problems, hparam_problems
+from ggtools.gguf.check import refuse
+from ggtools.jobs.validate import file_problems
 
 REFUSAL = "refusing to write an output that ggtools validate would fail"     # patch's words for its own check
 
@@ -37,16 +37,6 @@ class PlannedFile(GGUFFile):
     def tensor_data(self, t: TensorInfo | str) -> np.ndarray:
         name = t if isinstance(t, str) else t.name
         return np.frombuffer(self.tensor_bytes(name), np.uint8)
-
-
-def file_problems(f: GGUFFile) -> list[Problem]:
-    """What `ggtools validate` (without --deep) reports for one file: the container rules, the model-file rules, and,
-    when those hold, a DSpark drafter's loader rules."""
-    problems = check_file(f)
-    problems += hparam_problems(f, {p.where for p in problems})
-    if not errors(problems):
-        problems += dspark_problems(f, {p.where for p in problems})
-    return problems
 
 
 def refuse_invalid_output(header: GGUFFile, tensor_bytes: Callable[[str], bytes]):

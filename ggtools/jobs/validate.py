@@ -14,7 +14,7 @@ from ggtools.dflash.loaders import dspark_findings
 from ggtools.dflash.profiles import LLAMACPP
 from ggtools.errors import located
 from ggtools.gguf import GGUFError, GGUFFile, ShardSet
-from ggtools.gguf.check import Problem, check_file, check_set
+from ggtools.gguf.check import Problem, check_file, check_set, errors
 from ggtools.gguf.hashing import hash_file
 from ggtools.gguf.inputs import parse_json, read_text
 from ggtools.gguf.outputs import check_output, write_bytes
@@ -123,17 +123,24 @@ def _check_one(path, deep, want_hashes, shards=None) -> FileReport:
         return report
     with f:
         report.size, report.n_tensors = f.file_size, len(f.tensors)
-        report.problems = check_file(f)
-        report.problems += hparam_problems(f, {p.where for p in report.problems}, _set_tensors(shards))
-        intact = not any(p.severity == "error" for p in report.problems)
-        if intact:
-            report.problems += dspark_problems(f, {p.where for p in report.problems})
+        report.problems = file_problems(f, _set_tensors(shards))
+        intact = not errors(report.problems)
         if deep and intact:
             report.problems += deep_scan(f)
             report.deep_bytes = sum(t.nbytes for t in f.tensors)
         if want_hashes:
             report.sha256, report.tensor_sha256 = hash_file(f, tensors=intact)
     return report
+
+
+def file_problems(f: GGUFFile, locate=None) -> list[Problem]:
+    """What validate (without --deep) reports for one file: the container rules, the model-file rules (tensors found
+    through locate: a set's shards), and, when those hold, a DSpark drafter's loader rules."""
+    problems = check_file(f)
+    problems += hparam_problems(f, {p.where for p in problems}, locate)
+    if not errors(problems):
+        problems += dspark_problems(f, {p.where for p in problems})
+    return problems
 
 
 def _set_tensors(shards):
