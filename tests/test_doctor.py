@@ -102,7 +102,7 @@ def _cases():
             (f"{A}.attention.sliding_window", VT.UINT32, 16, None)])), "sliding_window", "llama.cpp",
             f"array key not found in model: {A}.attention.sliding_window_pattern"),
         "tensors/missing": (lambda w: doctor(broken(w, "v1", "notensor", drop_tensors=["blk.1.ffn_up.weight"])),
-                            "tensors", "llama.cpp", "missing tensor 'blk.1.ffn_up.weight'"),
+                            "tensors", "llama.cpp", "check_tensor_dims: tensor 'blk.1.ffn_up.weight' not found"),
         "tensors/extra": (lambda w: doctor(broken(w, "v2", "extra", drop_tensors=["selector_hidden.weight"])),
                           "tensors", "llama.cpp", None),
         "tokenizer": (lambda w: doctor(broken(w, "v1", "notok", drop_keys=[
@@ -200,7 +200,7 @@ def _cases():
             (f"{A}.has_confidence_head", VT.BOOL, False, None)])), "confidence_head", "llama.cpp",
             "DSpark draft has no confidence head: please set --spec-draft-p-min 0"),
         "dspark/markov_w2": (lambda w: doctor(broken(w, "ds", "ds-now2", drop_tensors=["markov_w2.weight"])),
-                             "dspark", "llama.cpp", "missing tensor 'markov_w2.weight'"),
+                             "dspark", "llama.cpp", "check_tensor_dims: tensor 'markov_w2.weight' not found"),
         "dspark/heads-without-w1": (lambda w: doctor(broken(w, "ds", "ds-now1", drop_tensors=["markov_w1.weight"])),
                                     "dspark", "llama.cpp", "done_getting_tensors: wrong number of tensors; expected "
                                                            "28, got 25"),

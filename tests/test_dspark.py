@@ -139,7 +139,7 @@ BROKEN = {   # name: (source, edits, the problem's place, a fragment of its rule
     "conf-flag-true": ("ds", dict(drop_tensors=["conf_proj.weight", "conf_proj.bias"]), "DSpark confidence_head",
                        "no conf_proj tensors"),
     "no-markov-w1": ("ds", dict(drop_tensors=["markov_w1.weight"]), "DSpark dspark", "wrong number of tensors"),
-    "no-markov-w2": ("ds", dict(drop_tensors=["markov_w2.weight"]), "DSpark dspark", "missing tensor 'markov_w2"),
+    "no-markov-w2": ("ds", dict(drop_tensors=["markov_w2.weight"]), "DSpark dspark", "check_tensor_dims: tensor 'markov_w2"),
     "d2t-no-head": ("dsred", dict(drop_tensors=["output.weight"]), "DSpark d2t", "model.d2t->ne[0] == n_draft_vocab"),
     "no-mask": ("ds", dict(drop_keys=["tokenizer.ggml.mask_token_id"]), "DSpark mask_token_id", "invalid token[1]"),
     "lb-no-w2": ("dslb", dict(drop_tensors=["dflash.dspark.markov.w2"]), "DSpark dspark",

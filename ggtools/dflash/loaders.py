@@ -144,7 +144,7 @@ def _llamacpp_tensors(d: DraftFile) -> list[Finding]:
         t = f.tensor.get(name)
         check = "dspark" if name in dspark else "tensors"
         if t is None:
-            out.append(_llama(check, f"tensor {name} is missing", f"missing tensor '{name}'", reconvert))
+            out.append(_llama(check, f"tensor {name} is missing", f"check_tensor_dims: tensor '{name}' not found", reconvert))
         elif ne is not None and _ne4(t.ne) != _ne4(ne):
             out.append(_wrong_shape(name, ne, t.ne, check))
     for name, ne in optional.items():
