@@ -343,7 +343,10 @@ class GGUFFile:
             if self._mmap is not None:
                 self._mmap.close()
         except BufferError:
-            pass      # numpy views still alive; the map is released with them
+            pass      # numpy views still alive: the map (and the descriptor it holds) goes with the last of them
+        self._mmap = self.buf = None      # not with this file, which its KVs keep in a reference cycle until a GC
+        for kv in self.kvs:
+            kv.__dict__.pop("value", None)   # a decoded array is a view of the map
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
