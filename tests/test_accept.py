@@ -116,7 +116,7 @@ def test_broken_drafters_fail_and_are_named(work, tmp_path):
     assert fails[1].startswith("FAIL: layers-4-4.gguf: tau ") and "below the baseline's" in fails[1]
     assert "2 of 4 drafter(s) failed: mask-0.gguf, layers-4-4.gguf" in fails[2]
     md = report.read_text()
-    assert "# ggtools accept: FAIL" in md and "| drafter | acceptance | tau | Δtau |" in md
+    assert "# ggtools accept: FAIL" in md and "| drafter | family | acceptance | tau | Δtau |" in md
     assert md.count("| FAIL |") == 2 and md.count("| pass |") == 2
     assert "- mask-0.gguf: tau" in md and "## τ per prompt" in md
 
@@ -231,7 +231,8 @@ def test_usage_errors_in_one_line(args, said):
     assert r.exit_code == 2 and said in r.stderr and r.stderr.count("\n") == 1, r.output
 
 
-@pytest.mark.parametrize("case, said", [("target", "target.gguf: architecture 'qwen3' is not a DFlash drafter"),
+@pytest.mark.parametrize("case, said", [("target", "target.gguf: qwen3.nextn_predict_layers is absent or 0: context "
+                                                  "type MTP requested but model doesn't contain MTP layers"),
                                         ("n-max", "drafter-f16.gguf: --n-max 8: the drafter's block of 8 drafts "
                                                   "at most 7 tokens per step")])
 def test_drafters_that_cannot_draft_are_named(work, case, said):

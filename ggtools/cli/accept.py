@@ -6,20 +6,23 @@ from ggtools.cli.backend_options import backend_options
 from ggtools.cli.draft_options import draft_options, draft_setup, tree_options
 from ggtools.cli.params import Count, FiniteFloatRange
 from ggtools.cli.render import emit_json, table
+from ggtools.cli.sampling_options import sampling_options, sampling_setup
 from ggtools.gguf.outputs import same_file
 from ggtools.jobs.accept import DEFAULT_MAX_DROP, accept, input_files
 from ggtools.jobs.accept_plot import check_plot_path, write_plot
-from ggtools.jobs.accept_report import (ALIGN, HEADERS, TREE_ALIGN, TREE_HEADERS, check_destination, definition_lines,
-                                        failure_lines, setting_line, summary_rows, tree_definition_lines, tree_rows,
-                                        verdict_line, write_markdown)
+from ggtools.jobs.accept_report import (ALIGN, TEMP_ALIGN, TEMP_HEADERS, TREE_ALIGN, TREE_HEADERS, by_temperature,
+                                        check_destination, definition_lines, failure_lines, setting_line,
+                                        summary_headers, summary_rows, temperature_definition_lines, temperature_rows,
+                                        tree_definition_lines, tree_rows, verdict_line, write_markdown)
 
 
 @click.command("accept")
 @click.option("--target", required=True, type=click.Path(), metavar="GGUF",
               help="Target GGUF (first shard of a split model).")
-@click.option("--draft", "drafts", multiple=True, required=True, type=click.Path(), metavar="GGUF|DIR",
-              help="Drafter GGUF, or an HF DFlash checkpoint directory (converted on the fly, llama.cpp profile, "
-                   "into a temporary file). Repeat for each variant.")
+@click.option("--draft", "drafts", multiple=True, required=True, type=click.Path(), metavar="GGUF|DIR|mtp",
+              help="Drafter GGUF (DFlash, DFlash2, DSpark, EAGLE3, an MTP sidecar), an HF DFlash / DSpark / EAGLE3 "
+                   "checkpoint directory (converted on the fly, llama.cpp profile, into a temporary file), or 'mtp': "
+                   "the target's own MTP block (a file named mtp: ./mtp). Repeat for each variant.")
 @click.option("--prompts", type=click.Path(), metavar="FILE", help="Prompts: JSONL ({\"prompt\": ...} or {\"prompt_ids\": [...]}, optional \"id\") or "
               "plain text, one prompt per blank-line-separated paragraph (default: the built-in set of 12).")
 @click.option("-n", "--n-predict", "n", default=64, show_default=True, type=Count(min=2),
@@ -30,6 +33,7 @@ from ggtools.jobs.accept_report import (ALIGN, HEADERS, TREE_ALIGN, TREE_HEADERS
 @click.option("--min-tau", type=FiniteFloatRange(min=0), help="Fail a drafter whose tau is below this.")
 @draft_options
 @tree_options(many=True)
+@sampling_options(many=True)
 @click.option("--threads", type=Count(min=1), help="CPU threads (default: all cores; at most 4 per core).")
 @backend_options
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at an end-of-generation token.")
@@ -39,14 +43,20 @@ from ggtools.jobs.accept_report import (ALIGN, HEADERS, TREE_ALIGN, TREE_HEADERS
 @click.option("--force", is_flag=True, help="Overwrite an existing --report or --plot file.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, full_kv, n_max, cut, p_min, n_min,
-            tree_budgets, tree_top_k, threads, backend, device, dtype, ignore_eos, as_json, report, plot, force, quiet):
-    """Acceptance gate: decode a prompt set with each drafter against the target and judge every drafter
-    against a baseline. Every output is checked against target-only greedy decoding, which runs once per
-    prompt for all drafters.
+            tree_budgets, tree_top_k, temps, seed, seeds, threads, backend, device, dtype, ignore_eos, as_json, report,
+            plot, force, quiet, **chain):
+    """Acceptance gate: decode a prompt set with each drafter (DFlash, DSpark, EAGLE3, MTP side by side) against
+    the target and judge every drafter against a baseline. Every output is checked against target-only greedy
+    decoding, which runs once per prompt for all drafters.
+
+    With --temp T,T..., each drafter is measured at each temperature: greedy at 0, sampled with --seeds N seeds
+    above 0 (llama.cpp's sampler chain; a draft accepted while the target's draw equals it), every output checked
+    against target-only sampled decoding with the same seed; tau and acceptance are reported as mean and min..max
+    over the seeds, beside the expected acceptance under llama.cpp's exact-match rule and under rejection sampling.
 
     Exit 1, naming each failing drafter and the number that failed, when a drafter's tau (z-lab's) falls more
-    than --max-drop below the baseline's, is below --min-tau, or its output differs from greedy; exit 2 for
-    bad input.
+    than --max-drop below the baseline's (at the same temperature), is below --min-tau, or its output differs from
+    target-only decoding; exit 2 for bad input.
 
     \b
     Examples:
@@ -57,10 +67,13 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
       ggtools accept --target target.gguf --draft drafter-f16.gguf --draft drafter-q4-mix.gguf --backend torch \\
           --device cuda:0 --dtype bf16
       ggtools accept --target target.gguf --draft drafter.gguf --draft dspark.gguf --tree-budget 4,22,64
+      ggtools accept --target qwen35.gguf --draft dflash.gguf --draft dspark.gguf --draft eagle3.gguf --draft mtp
+      ggtools accept --target target.gguf --draft a.gguf --draft b.gguf --temp 0,0.6,1.0 --seeds 3 --seed 42
     """
     if tree_top_k is not None and not tree_budgets:
         raise click.UsageError("--tree-top-k needs --tree-budget")
     ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min, tree_top_k=tree_top_k)
+    sampling = sampling_setup(temps, **chain)
     inputs = input_files(target, drafts, prompts)
     if report:
         check_destination(report, "--report", inputs, force=force)
@@ -71,7 +84,7 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
     result = accept(target, list(drafts), prompts=prompts, n=n, baseline=baseline, max_drop=max_drop, min_tau=min_tau,
                     ring_cap=ring_cap, settings=settings, threads=threads,
                     stop_at_eog=not ignore_eos, progress=not quiet, backend=backend, device=device, dtype=dtype,
-                    tree_budgets=tree_budgets or [])
+                    tree_budgets=tree_budgets or [], temps=temps, seeds=seeds, seed=seed, sampling=sampling)
     if report:
         write_markdown(result, report, inputs, force=force)
     if plot:
@@ -88,13 +101,18 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
 def _show(result):
     click.echo(setting_line(result))
     click.echo()
-    click.echo(table(summary_rows(result), HEADERS, ALIGN))
+    click.echo(table(summary_rows(result), summary_headers(result), ALIGN))
     click.echo()
+    if by_temperature(result):
+        click.echo("By temperature (τ and acceptance: mean over the seeds, min..max):")
+        click.echo(table(temperature_rows(result), TEMP_HEADERS, TEMP_ALIGN))
+        click.echo()
     if result.tree_budgets:
         click.echo("Draft tree (DDTree) beside each drafter's chain:")
         click.echo(table(tree_rows(result), TREE_HEADERS, TREE_ALIGN))
         click.echo()
-    for line in definition_lines() + (tree_definition_lines() if result.tree_budgets else []):
+    for line in definition_lines(result) + (temperature_definition_lines() if by_temperature(result) else []) + (
+            tree_definition_lines() if result.tree_budgets else []):
         click.echo(f"  {line}")
     click.echo()
     for line in failure_lines(result):

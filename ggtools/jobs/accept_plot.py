@@ -1,6 +1,7 @@
 """The figure of an acceptance gate (`ggtools accept --plot`): per-position acceptance curves, one line per
-drafter, and τ per prompt; with tree budgets, each drafter's AL by tree budget beside its chain's. matplotlib is the
-optional extra `ggtools[plot]`."""
+drafter, and τ per prompt (at the first temperature); with tree budgets, each drafter's AL by tree budget beside its
+chain's; with several temperatures, each drafter's τ against the temperature (the mean over the seeds, bars from the
+least to the most). matplotlib is the optional extra `ggtools[plot]`."""
 
 import importlib.util
 import os
@@ -25,19 +26,22 @@ def check_plot_path(path, inputs=(), *, force=False) -> None:
 def write_plot(report: AcceptReport, path, inputs=(), *, force=False) -> None:
     from matplotlib.figure import Figure
 
-    trees = bool(report.tree_budgets)
-    fig = Figure(figsize=(15 if trees else 11, 4.2), layout="constrained")
-    panels = fig.subplots(1, 3 if trees else 2, width_ratios=[1, 1.6, 1] if trees else [1, 1.6])
+    extra = [panel for panel, wanted in ((_plot_trees, bool(report.tree_budgets)),
+                                         (_plot_temperatures, len(report.temperatures) > 1)) if wanted]
+    fig = Figure(figsize=(11 + 4 * len(extra), 4.2), layout="constrained")
+    panels = fig.subplots(1, 2 + len(extra), width_ratios=[1, 1.6] + [1] * len(extra))
     curves, per_prompt = panels[0], panels[1]
-    if trees:
-        _plot_trees(panels[2], report)
+    for plot, axes in zip(extra, panels[2:]):
+        plot(axes, report)
     for d in report.drafters:
-        rate = d.run.stats["per_position_accept_rate"]
+        first = d.by_temperature[0]
+        rate = first.per_position_accept_rate
         curves.plot(range(1, len(rate) + 1), rate, marker="o", label=d.name)
-        per_prompt.plot(range(len(report.prompts)), d.run.tau_per_prompt, marker="o", label=d.name)
-    curves.set(title="acceptance by draft position", xlabel="draft position", ylabel="steps accepting it",
+        per_prompt.plot(range(len(report.prompts)), first.tau_per_prompt, marker="o", label=d.name)
+    at = "" if report.temperatures == [0] else f" (T {report.temperatures[0]:g})"
+    curves.set(title="acceptance by draft position" + at, xlabel="draft position", ylabel="steps accepting it",
                ylim=(0, 1.02))
-    per_prompt.set(title="τ (z-lab) per prompt", ylabel="τ")
+    per_prompt.set(title="τ (z-lab) per prompt" + at, ylabel="τ")
     per_prompt.set_xticks(range(len(report.prompts)), [p.id for p in report.prompts], rotation=45, ha="right",
                           fontsize="small")
     curves.legend(fontsize="small")
@@ -58,3 +62,14 @@ def _plot_trees(axes, report: AcceptReport) -> None:
              ylabel="mean accepted length incl. bonus")
     axes.set_xscale("log", base=2)
     axes.set_xticks(report.tree_budgets, [str(b) for b in report.tree_budgets])
+
+
+def _plot_temperatures(axes, report: AcceptReport) -> None:
+    """τ against the temperature, one line per drafter: the mean over the seeds, bars from the least to the most."""
+    for d in report.drafters:
+        points = sorted(d.by_temperature, key=lambda t: t.temp)
+        means = [t.tau.mean for t in points]
+        below = [max(0.0, m - t.tau.min) for m, t in zip(means, points)]     # a mean may round past an end
+        above = [max(0.0, t.tau.max - m) for m, t in zip(means, points)]
+        axes.errorbar([t.temp for t in points], means, yerr=[below, above], marker="o", capsize=3, label=d.name)
+    axes.set(title="τ by temperature", xlabel="temperature", ylabel="τ (bars: min..max over the seeds)")
