@@ -13,12 +13,15 @@ import pytest
 from click.testing import CliRunner
 
 from ggtools.cli import main
+from ggtools.errors import GGToolsError
 from ggtools.jobs import accept as accept_job
+from ggtools.jobs.accept_temperatures import MAX_SEED, seed_list
 from ggtools.jobs.accept_report import sparkline
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.demo import build_drafters, demo_data, held_out_prompts
 from ggtools.jobs.run import TargetOnly
 from ggtools.runtime import TargetModel, Tokenizer, greedy
+from ggtools.runtime.sampling import Sampler, SamplingParams
 
 TARGET = str(demo_data() / "target.gguf")
 EOS = 2046
@@ -287,3 +290,246 @@ def test_default_set_four_variants_equal_run_draft(work):
             single = json.loads(single.stdout)
             assert d["run"]["tau_per_prompt"][i] == single["stats"]["tau_zlab"], (d["name"], p["id"])
             assert d["run"]["outputs"][i] == single["outputs"][0]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# drafter families side by side (issue 41 part 6): DFlash, DSpark and EAGLE3 on the demo target, MTP (the target's
+# own block and its sidecar) on a tiny Qwen3.5 target
+
+
+def _target_only(target, prompts, n, stop=(), params=None) -> list[list[int]]:
+    """Target-only decoding of each prompt, greedy or with a fresh sampler of params (the runtime's, libllama's chain
+    bit for bit: tests/test_sampled_decoding.py)."""
+    model = TargetModel(str(target), threads=1)
+    out = []
+    for ids in prompts:
+        model.kv.clear()
+        out.append(greedy(model, ids, n, stop, sampler=params and Sampler(params, model.n_vocab))[0])
+    model.close()
+    return out
+
+
+def test_families_side_by_side(work, eagle3_demo, tmp_path):
+    """DFlash v1, DSpark, EAGLE3 (llama.cpp's conversion, and its HF directory converted on the fly by the
+    family-detecting converter) in one table: each its family's own n_max, its output the target's greedy decoding,
+    drafts and drafting milliseconds per step."""
+    _, paths, prompts, chosen = work
+    report = tmp_path / "families.md"
+    r = _accept(*_drafts(paths, "f16", "dspark f16"), "--draft", str(eagle3_demo["ref"]), "--draft",
+                str(eagle3_demo["hf_dir"]), "--prompts", prompts, "-n", str(N), "--max-drop", "0.9", "--json",
+                "--report", str(report))
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    drafters = out["drafters"]
+    assert [d["family"] for d in drafters] == ["dflash", "dspark", "eagle3", "eagle3"]
+    assert [d["source"] for d in drafters] == ["gguf", "gguf", "gguf", "hf"]
+    assert [d["run"]["settings"]["n_max"] for d in drafters] == [7, 8, 3, 3]    # llama.cpp's EAGLE3 default: 3
+    want = _target_only(TARGET, [ids for _, ids in chosen], N, {EOS})
+    for d in drafters:
+        assert d["run"]["outputs"] == want and d["run"]["outputs_match_target"], d["name"]
+        first, stats = d["by_temperature"][0], d["run"]["stats"]
+        assert first["drafts_per_step"] == stats["drafted_tokens"] / stats["steps"]
+        assert first["draft_ms_per_step"] == pytest.approx(
+            1000 * d["run"]["draft_seconds_share"] * d["run"]["decode_seconds"] / stats["steps"]) and \
+            first["draft_ms_per_step"] > 0
+    gguf, hf = drafters[2], drafters[3]
+    assert hf["bytes"] == os.path.getsize(eagle3_demo["ref"])      # the same file as llama.cpp's converter writes
+    assert hf["run"]["stats"] == gguf["run"]["stats"]
+    md = report.read_text()
+    assert "| drafter | family | acceptance | tau | Δtau | mean len | drafts/step | draft ms/step |" in md
+    for row in ("| drafter-f16.gguf (baseline) | DFlash v1 |", "| drafter-dspark-anchor-f16.gguf | DSpark |",
+                "| demo-eagle3-f16.gguf | EAGLE3 |", "| demo-eagle3/ | EAGLE3 |"):
+        assert row in md
+
+
+MTP_PROMPTS = [[1, 415, 29, 88, 301, 7], [5, 9, 200, 17, 33, 44, 100, 12, 640]]
+
+
+def _ids_file(path, prompts) -> str:
+    path.write_text("".join(json.dumps({"prompt_ids": ids}) + "\n" for ids in prompts))
+    return str(path)
+
+
+def test_mtp_block_beside_its_sidecar(mtp_targets, tmp_path):
+    """`--draft mtp` (the target's own block) and the converter's --mtp sidecar of the same model draft alike; the
+    block's bytes are its tensors' in the target (gguf-py's reader)."""
+    import gguf
+    t = mtp_targets["qwen35"]
+    target = t("default", "f16")
+    r = _accept("--target", str(target), "--draft", "mtp", "--draft", str(t("mtp", "f16")), "--prompts",
+                _ids_file(tmp_path / "ids.jsonl", MTP_PROMPTS), "-n", "16", "--json")
+    assert r.exit_code == 0, r.output
+    own, sidecar = json.loads(r.stdout)["drafters"]
+    assert (own["name"], own["family"], own["source"]) == ("mtp", "mtp", "target")
+    assert (sidecar["family"], sidecar["source"]) == ("mtp", "gguf")
+    want = _target_only(target, MTP_PROMPTS, 16)
+    for d in (own, sidecar):
+        assert d["run"]["outputs"] == want and d["run"]["settings"]["n_max"] == 3
+    assert own["run"]["stats"] == sidecar["run"]["stats"]
+    reader = gguf.GGUFReader(target)
+    trunk = reader.fields["qwen35.block_count"].contents() - reader.fields["qwen35.nextn_predict_layers"].contents()
+    assert own["bytes"] == sum(int(x.n_bytes) for x in reader.tensors if x.name.startswith(f"blk.{trunk}."))
+
+
+def test_mtp_on_a_target_without_one_is_refused(mtp_targets, tmp_path):
+    r = _accept("--target", str(mtp_targets["qwen35"]("no-mtp", "f16")), "--draft", "mtp", "--prompts",
+                _ids_file(tmp_path / "ids.jsonl", MTP_PROMPTS), "-n", "8")
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+    assert r.stderr.startswith("error: mtp: ") and \
+        "context type MTP requested but model doesn't contain MTP layers" in r.stderr       # llama.cpp's words
+
+
+# ----------------------------------------------------------------------------------------------------------
+# temperatures (issue 42 part 4)
+
+TEMPS = ["--temp", "0,0.8", "--seeds", "2", "--seed", "11"]
+
+
+@pytest.fixture(scope="module")
+def sampled(work, tmp_path_factory):
+    _, paths, prompts, _ = work
+    plot = tmp_path_factory.mktemp("plot") / "temps.png"
+    r = _accept(*_drafts(paths, "f16", "q2_k"), "--prompts", prompts, "-n", str(N), *TEMPS, "--json", "--plot",
+                str(plot))
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout), plot
+
+
+def test_sampled_outputs_equal_target_only_sampled_decoding(work, sampled):
+    chosen = [ids for _, ids in work[3]]
+    out, _ = sampled
+    greedy_outputs = _target_only(TARGET, chosen, N, {EOS})
+    want = {seed: _target_only(TARGET, chosen, N, {EOS}, SamplingParams(temp=0.8, seed=seed)) for seed in (11, 12)}
+    assert want[11] != greedy_outputs and want[11] != want[12]
+    at0, at8 = out["by_temperature"]
+    assert (at0["temp"], at0["seeds"], at0["reference_outputs"]) == (0, [], [greedy_outputs])
+    assert (at8["temp"], at8["seeds"], at8["reference_outputs"]) == (0.8, [11, 12], [want[11], want[12]])
+    for d in out["drafters"]:
+        greedy_at, sampled_at = d["by_temperature"]
+        assert greedy_at["runs"][0]["outputs"] == greedy_outputs and greedy_at["runs"][0]["sampling"] is None
+        for seed, run in zip((11, 12), sampled_at["runs"]):
+            assert run["outputs"] == want[seed] and run["outputs_match_target"], (d["name"], seed)
+            assert (run["sampling"]["temp"], run["sampling"]["seed"]) == (0.8, seed)
+
+
+def test_temperature_fields(sampled):
+    out, plot = sampled
+    assert out["temperatures"] == [0, 0.8] and out["seeds"] == [11, 12] and out["verdict"] == "pass"
+    assert "temp 0.8" in out["sampling"]["chain"]
+    base = out["drafters"][0]["by_temperature"]
+    for d in out["drafters"]:
+        assert d["run"] == d["by_temperature"][0]["runs"][0]        # the summary is the first temperature's
+        for at, base_at in zip(d["by_temperature"], base):
+            runs = at["runs"]
+            taus = [r["stats"]["tau_zlab"] for r in runs]
+            rates = [r["stats"]["acceptance_rate"] for r in runs]
+            assert at["tau"] == {"mean": sum(taus) / len(taus), "min": min(taus), "max": max(taus)}
+            assert at["acceptance"] == {"mean": sum(rates) / len(rates), "min": min(rates), "max": max(rates)}
+            assert at["delta_tau"] == at["tau"]["mean"] - base_at["tau"]["mean"]     # the baseline at the same T
+            if at["temp"] == 0:
+                assert at["expected_acceptance"] is None and at["expected_acceptance_rejection"] is None
+                continue
+            for field, stat in (("expected_acceptance", "expected_acceptance_rate"),
+                                ("expected_acceptance_rejection", "expected_acceptance_rate_rejection")):
+                values = [r["stats"][stat] for r in runs]
+                assert at[field] == pytest.approx(sum(values) / len(values)) and 0 < at[field] < 1
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from matplotlib.image import imread
+    assert imread(plot).shape[1] >= 1400            # a third panel: τ by temperature (two panels: 1100 pixels)
+
+
+def test_one_prompt_at_a_temperature_equals_run(work, tmp_path):
+    """accept at T 0.8 with seed 11 on one prompt: every statistic (the expected acceptance too) and the output equal
+    `ggtools run --draft --temp 0.8 --seed 11` on that prompt."""
+    _, paths, _, chosen = work
+    ids = chosen[0][1]
+    r = _accept(*_drafts(paths, "f16"), "--prompts", _ids_file(tmp_path / "one.jsonl", [ids]), "-n", str(N),
+                "--temp", "0.8", "--seed", "11", "--json")
+    assert r.exit_code == 0, r.output
+    mine = json.loads(r.stdout)["drafters"][0]["run"]
+    single = CliRunner().invoke(main, ["run", "--target", TARGET, "--threads", "1", "--draft", paths["f16"],
+                                       "--prompt-ids", ",".join(map(str, ids)), "-n", str(N), "--temp", "0.8",
+                                       "--seed", "11", "--json"])
+    assert single.exit_code == 0, single.output
+    single = json.loads(single.stdout)
+    assert mine["stats"] == single["stats"] and mine["outputs"] == single["outputs"]
+    assert "expected_acceptance_rate" in mine["stats"]
+
+
+def test_gate_per_temperature(work):
+    """--min-tau between the drafters' τ at T 0 and at T 0.8 fails every drafter at T 0.8 only, naming it; a drafter
+    whose drafts are bad (mask id 0) fails --max-drop against the baseline at T 0."""
+    _, paths, prompts, _ = work
+    r = _accept(*_drafts(paths, "f16", "q2_k", "mask-0"), "--prompts", prompts, "-n", str(N), *TEMPS, "--json")
+    out = json.loads(r.stdout)
+    good = out["drafters"][:2]
+    assert min(d["by_temperature"][0]["tau"]["mean"] for d in good) > \
+        max(d["by_temperature"][1]["tau"]["mean"] for d in good) + 0.2
+    assert r.exit_code == 1 and out["failed"] == ["mask-0.gguf"]
+    mask = out["drafters"][2]
+    assert mask["failures"][0].startswith("at T 0, tau ") and "below the baseline's" in mask["failures"][0]
+    floor = (min(d["by_temperature"][0]["tau"]["mean"] for d in good)
+             + max(d["by_temperature"][1]["tau"]["mean"] for d in good)) / 2
+    r = _accept(*_drafts(paths, "f16", "q2_k"), "--prompts", prompts, "-n", str(N), *TEMPS, "--min-tau", f"{floor:.4f}")
+    assert r.exit_code == 1
+    fails = [line for line in r.stderr.splitlines() if line.startswith("FAIL: ")]
+    assert len(fails) == 3, r.stderr
+    for line, name in zip(fails, ("drafter-f16.gguf", "drafter-q2_k.gguf")):
+        assert line.startswith(f"FAIL: {name}: at T 0.8, tau ") and f"is below --min-tau {floor:.4f}" in line
+    assert "By temperature" in r.stdout and sum(line.startswith("drafter-") and "11..12" in line
+                                                   for line in r.stdout.splitlines()) == 2
+
+
+def test_sampled_output_that_differs_fails_at_its_temperature(work, monkeypatch):
+    """A sampled reference with one token changed fails every drafter at T 0.8, each seed named; greedy passes."""
+    _, paths, prompts, _ = work
+    real = TargetOnly.output
+
+    def changed(self, i):
+        tokens = real(self, i)
+        return tokens if self.sampling is None else tokens[:-1] + [(tokens[-1] + 1) % 2046]
+
+    monkeypatch.setattr(TargetOnly, "output", changed)
+    r = _accept(*_drafts(paths, "f16"), "--prompts", prompts, "-n", str(N), *TEMPS, "--json")
+    out = json.loads(r.stdout)
+    assert r.exit_code == 1 and out["drafters"][0]["failures"] == [
+        f"at T 0.8, output differs from target-only sampled decoding (seed {seed}) on 3 of 3 prompts"
+        for seed in (11, 12)]
+    assert out["drafters"][0]["by_temperature"][0]["failures"] == []
+
+
+def test_random_seed_is_reported_and_replays(work, tmp_path):
+    _, paths, _, chosen = work
+    args = [*_drafts(paths, "f16"), "--prompts", _ids_file(tmp_path / "one.jsonl", [chosen[0][1]]), "-n", "12",
+            "--temp", "0.9", "--seeds", "2", "--json"]
+    drawn = _accept(*args)
+    assert drawn.exit_code == 0, drawn.output
+    drawn = json.loads(drawn.stdout)
+    seeds = drawn["seeds"]
+    assert len(seeds) == 2 and seeds[1] == seeds[0] + 1
+    replay = json.loads(_accept(*args, "--seed", str(seeds[0])).stdout)
+    assert replay["seeds"] == seeds
+    assert replay["by_temperature"][0]["reference_outputs"] == drawn["by_temperature"][0]["reference_outputs"]
+
+
+def test_seed_list():
+    assert seed_list(5, 3) == [5, 6, 7]
+    drawn = seed_list(None, 1000)
+    assert drawn == list(range(drawn[0], drawn[0] + 1000)) and drawn[-1] <= MAX_SEED
+    assert seed_list(MAX_SEED - 2, 3)[-1] == MAX_SEED
+    with pytest.raises(GGToolsError, match=f"--seed: {MAX_SEED - 1} with --seeds 3: the seeds"):
+        seed_list(MAX_SEED - 1, 3)
+
+
+def test_trees_are_measured_greedily_beside_temperatures(work, tmp_path):
+    _, paths, _, chosen = work
+    one = _ids_file(tmp_path / "one.jsonl", [chosen[0][1]])
+    r = _accept(*_drafts(paths, "f16"), "--prompts", one, "-n", "12", "--temp", "0.8,0", "--seed", "3",
+                "--tree-budget", "4", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)["drafters"][0]
+    assert d["run"]["sampling"]["temp"] == 0.8                # the first temperature's
+    tree = d["trees"][0]["run"]
+    assert tree["sampling"] is None and tree["outputs"] == _target_only(TARGET, [chosen[0][1]], 12, {EOS})
+    chain = d["by_temperature"][1]["runs"][0]
+    assert d["trees"][0]["delta_tau"] == tree["stats"]["tau_zlab"] - chain["stats"]["tau_zlab"]
