@@ -346,7 +346,8 @@ class GGUFFile:
             pass      # numpy views still alive: the map (and the descriptor it holds) goes with the last of them
         self._mmap = self.buf = None      # not with this file, which its KVs keep in a reference cycle until a GC
         for kv in self.kvs:
-            kv.__dict__.pop("value", None)   # a decoded array is a view of the map
+            if isinstance(kv.__dict__.get("value"), np.ndarray):
+                del kv.__dict__["value"]     # a decoded array is a view of the map
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

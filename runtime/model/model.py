@@ -63,7 +63,7 @@ class TargetModel:
         self.path = str(path)
         self.arch = arch_of(w.meta)
         self.token_embd = w.matrix("token_embd.weight")
-        self.hp = hp = read_hparams(w.meta, n_vocab=self.token_embd.n_rows, arch_entry=self.arch)
+        self.hp = hp = read_hparams(w.meta, n_vocab=self.token_embd.n_rows, arch_entry=self.arch, locate=w.locate)
         # the tensors each piece of the forward reads (as its loader read them), in forward order: what the
         # non-finite check scans when that piece gives NaN/inf (nonfinite.py)
         self.piece_tensors = {EMBEDDING: ["token_embd.weight"]}
