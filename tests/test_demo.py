@@ -9,7 +9,8 @@ from click.testing import CliRunner
 
 from ggtools.cli import main
 from ggtools.jobs.demo import demo_data, held_out_prompts
-from ggtools.runtime import Tokenizer
+from ggtools.runtime import TargetModel, Tokenizer, greedy
+from ggtools.runtime.sampling import Sampler, SamplingParams
 from ggtools.gguf import GGUFFile
 
 
@@ -26,11 +27,14 @@ def test_demo_json(tmp_path):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     names = [v["name"] for v in out["variants"]]
-    assert names == ["f16, full KV", "f16", "q8_0", "q4-mix", "q2_k", "dspark f16"]
-    assert out["variants"][-1]["run"]["family"] == "dspark" and out["variants"][-1]["run"]["settings"]["n_max"] == 8
+    assert names == ["f16, full KV", "f16", "q8_0", "q4-mix", "q2_k", "dspark f16", "f16, T 0.8"]
+    assert out["variants"][-2]["run"]["family"] == "dspark" and out["variants"][-2]["run"]["settings"]["n_max"] == 8
     for v in out["variants"]:
         assert v["checks"] == "validate --deep ok, pair-check ok"
         assert v["run"]["outputs_match_target"] and v["run"]["prompts"] == 2
+    for v in out["variants"][:-1]:
+        assert v["run"]["sampling"] is None
+    _check_sampled_row(out["variants"][-1], out["variants"][1])
     ring, full = out["variants"][1]["run"], out["variants"][0]["run"]
     assert ring["draft_kv"] == "ring:64" and full["draft_kv"] == "full"
     assert ring["draft_kv_bytes"] < full["draft_kv_bytes"]
@@ -40,6 +44,22 @@ def test_demo_json(tmp_path):
     assert 0 < requant["bytes_out"] < requant["bytes_in"]
     shards = [sorted(f for f in os.listdir(tmp_path / d) if f.endswith(".gguf")) for d in ("moe", "moe-q4k")]
     assert shards[0] == shards[1] and len(shards[0]) == 3
+
+
+def _check_sampled_row(sampled, f16):
+    """The f16 drafter at T 0.8, seed 42: its outputs are target-only sampled decoding with that seed (not greedy)."""
+    run = sampled["run"]
+    assert (run["sampling"]["temp"], run["sampling"]["seed"]) == (0.8, 42) and run["draft"] == f16["run"]["draft"]
+    assert run["draft_kv"] == "ring:64" and run["outputs_match_target"] and "expected_acceptance_rate" in run["stats"]
+    model = TargetModel(str(demo_data() / "target.gguf"), threads=1)
+    tokenizer = Tokenizer.from_gguf(model.weights.meta)
+    want = []
+    for _, ids in held_out_prompts(tokenizer, 2):
+        model.kv.clear()
+        want.append(greedy(model, ids, 24, tokenizer.eog, sampler=Sampler(SamplingParams(temp=0.8, seed=42),
+                                                                         model.n_vocab))[0])
+    model.close()
+    assert run["outputs"] == want and want != f16["run"]["outputs"]
 
 
 def test_demo_refuses_a_work_dir_of_an_earlier_demo_without_force(tmp_path):
@@ -59,5 +79,5 @@ def test_demo_default(tmp_path):
     r = CliRunner().invoke(main, ["demo", "--work-dir", str(tmp_path)])
     assert r.exit_code == 0, r.output
     for text in ("drafter", "acceptance", "tau", "speedup", "draft KV", "f16, full KV", "q4-mix", "q2_k",
-                 "2. requant-trunk", "all good"):
+                 "f16, T 0.8", "chain and seed 42", "2. requant-trunk", "all good"):
         assert text in r.output

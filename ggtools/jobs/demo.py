@@ -5,7 +5,8 @@ embedded target GGUF for tokenizer and checks), quantized (q8_0, q4-mix, q2_k), 
 so is the shipped DSpark drafter, converted to f16),
 then every variant decodes a few held-out prompts speculatively with the draft-KV ring (f16 also with a full
 draft KV), each against target-only decoding of the same prompts in the same run (jobs/accept.py's `measure`,
-as `ggtools accept`). The prompts are windows of standard-library modules the pair never trained on
+as `ggtools accept`); the f16 drafter also decodes them sampled (T 0.8, seed 42: SAMPLED), against target-only
+sampled decoding with the same seed. The prompts are windows of standard-library modules the pair never trained on
 (demo_pair.json: corpus.held_out, eval.prompts).
 
 The second part writes a small Kimi-like MoE shard set (samples.py), validates it, requantizes its Q8_0 trunk to
@@ -30,6 +31,7 @@ from ggtools.environment import check_environment
 from ggtools.gguf import GGUFFile
 from ggtools.gguf.outputs import copy_file, make_dir
 from ggtools.jobs.accept import Candidate, measure
+from ggtools.jobs.accept_temperatures import Decoding
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.doctor import pair_check
 from ggtools.jobs.errors import JobError, UsageError
@@ -38,12 +40,14 @@ from ggtools.jobs.quantize import plan_quantize, quantize
 from ggtools.jobs.requant import plan_requant_trunk, requant_trunk
 from ggtools.jobs.validate import validate
 from ggtools.jobs.run import SpecRun
+from ggtools.jobs.sampling import sampling_params
 from ggtools.runtime import DraftSettings, TargetModel, Tokenizer, numerics_note
 from ggtools.samples import write_moe_set
 
 SCHEMES = ("q8_0", "q4-mix", "q2_k")
 DSPARK = "dspark-anchor"        # a trained DSpark drafter for the same target (docs/dspark.md)
 PROMPT_TOKENS = 128
+SAMPLED = (0.8, 42)             # the sampled row: the f16 drafter at this temperature, with this seed
 ENTRIES = ("drafter", "moe", "moe-q4k")     # what the demo writes into its work directory
 
 
@@ -58,7 +62,8 @@ class Variant:
     bytes: int
     checks: str                     # "validate ok, pair-check ok" or what failed
     run: SpecRun | None = None      # the round with the fastest speculative decoding
-    speedup: float = 0.0            # its tok/s over the fastest target-only decoding of the whole demo
+    speedup: float = 0.0            # its tok/s over the fastest target-only decoding of the whole demo (the sampled
+                                    # row: of target-only sampled decoding with its seed)
 
 
 @dataclass
@@ -159,21 +164,33 @@ def run_demo(work_dir, *, prompts: int = 6, n: int = 64, ring_cap: int = 64, thr
             f"{model.ops.name} backend on {model.ops.device} ({model.ops.dtype}"
             f"{'; ' + note if (note := numerics_note(model.ops.name, model.ops.dtype)) else ''}), "
             f"{threads} thread(s), {rounds} rounds; every output is checked against target-only greedy decoding "
-            "(once per prompt and round, shared by the variants)")
+            f"(once per prompt and round, shared by the variants); f16 also sampled at T {SAMPLED[0]:g}, seed "
+            f"{SAMPLED[1]}, against target-only sampled decoding with that seed")
         f16 = variants[0]
         report.variants = [Variant("f16, full KV", f16.path, f16.bytes, f16.checks)] + variants
         candidates = [Candidate(v.name, v.path, None if v.name.endswith("full KV") else ring_cap)
                       for v in report.variants]
-        m = measure(model, candidates, [ids for _, ids in chosen], n, settings=DraftSettings(), stop_ids=tokenizer.eog,
+        prompt_ids = [ids for _, ids in chosen]
+        m = measure(model, candidates, prompt_ids, n, settings=DraftSettings(), stop_ids=tokenizer.eog,
                     rounds=rounds)
         report.target_tokens_per_second = m.target_tokens_per_second
         for v, run in zip(report.variants, m.runs):
-            v.run, v.speedup = run, run.speculative_tokens_per_second / m.target_tokens_per_second
-            log(f"  {v.name}: acceptance {v.run.acceptance_rate:.3f}, tau {v.run.stats['tau_zlab']:.2f}, "
-                f"speedup {v.speedup:.2f}x")
+            _measured(v, run, m.target_tokens_per_second, log)
+        temp, seed = SAMPLED
+        sampled = Variant(f"f16, T {temp:g}", f16.path, f16.bytes, f16.checks)
+        s = measure(model, [Candidate(sampled.name, f16.path, ring_cap)], prompt_ids, n, settings=DraftSettings(),
+                    stop_ids=tokenizer.eog, rounds=rounds,
+                    decodings=[Decoding(temp, seed, sampling_params(model, {}, temp, seed))])
+        _measured(sampled, s.runs[0], s.target_tokens_per_second, log)
+        report.variants.append(sampled)
         return report
     finally:
         model.close()
+
+
+def _measured(v: Variant, run: SpecRun, target_tps: float, log) -> None:
+    v.run, v.speedup = run, run.speculative_tokens_per_second / target_tps
+    log(f"  {v.name}: acceptance {run.acceptance_rate:.3f}, tau {run.stats['tau_zlab']:.2f}, speedup {v.speedup:.2f}x")
 
 
 def build_drafters(work: Path, target: str, log=lambda line: None, force: bool = True) -> list[Variant]:
