@@ -60,8 +60,7 @@ from ggtools.runtime.kernels.simd import (HALF_WIDTH_512, HAVE_AVX2, HAVE_AVX512
 MIN_ROWS_PER_TASK = 16     # a multiple of 8: repacked matrices are dotted 8 weight rows at a time
 # about two tasks per thread, so each thread streams long runs of weight rows. Claimed in turn, 16-row tasks
 # interleave the threads' reads and defeat the hardware prefetcher: on the 2-core VM a decode step's matmuls ran
-# slower on 2 threads than on 1, and a 16-row batch's matmuls took 31 ms against 27.7 (docs/runtime.md,
-# "Threads and the native anchor"; the ninth pass)
+# slower on 2 threads than on 1, and a 16-row batch's matmuls took 31 ms against 27.7
 TASKS_PER_THREAD = 2
 MAX_ROWS_PER_TASK = 256    # a multiple of 8 (a task's rows are rounded up to 8)
 

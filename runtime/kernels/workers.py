@@ -381,8 +381,7 @@ _pool: Workers | None = None
 # a polling worker joins within a microsecond, but from Python a split matmul also took a one-token step off its
 # one-call path: at 2^16 the tiny qwen3moe Q8_0 target's 2-thread step took 1.7-2.4x its 1-thread time, at 2^18
 # the same time. Inside a one-call path (matmul.plan_rows posts from numba) 2^16 measured best: the tiny targets'
-# 2-thread steps 8-16 % faster than at 2^18, 2^14-2^15 no better (docs/runtime.md, "Sharing matmuls from inside
-# the one-call paths")
+# 2-thread steps 8-16 % faster than at 2^18, 2^14-2^15 no better
 MATMUL_MIN_WORK = 1 << 18
 ATTENTION_MIN_WORK = 1 << 18
 ONE_CALL_MIN_WORK = 1 << 16     # inside a one-call path (matmul.plan_rows; decided at load)
