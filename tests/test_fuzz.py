@@ -427,6 +427,9 @@ OPTIONS = {
                                   "--temp": FLOATS},
     "accept": DRAFTING | {"--max-drop": FLOATS, "--min-tau": FLOATS, "--baseline": TEXTS},
 }
+# issue 42 part 4 (test_accept.py's class): accept's temperatures (a list, "0," + each value) and seeds per temperature
+OPTIONS["accept"] |= SAMPLING | {"--temp": FLOATS + ["0," + v for v in FLOATS] + ["0.5,0.5", "0,0.8,1"],
+                                 "--seeds": INTS}
 
 
 @pytest.fixture(scope="module")
@@ -445,7 +448,7 @@ def command_cases(d):
     bases = {"run": ["run", "--target", str(d / "target.gguf"), "--draft", str(d / "drafter.gguf"), "--prompt-ids",
                      "1,2", "-n", "4", "--cut", "prob"],
              "accept": ["accept", "--target", str(d / "target.gguf"), "--draft", str(d / "drafter.gguf"), "--prompts",
-                        str(d / "two.jsonl"), "-n", "2", "-q"]}
+                        str(d / "two.jsonl"), "-n", "2", "-q", "--temp", "0,0.8", "--seed", "5"]}
     for i in range(COMMAND_CASES):
         name = ("run", "accept")[i % 2]
         args = list(bases[name])
@@ -556,7 +559,7 @@ def test_prompt_file_mutations(pair, tmp_path):
 
 STOP_POINTS = {     # command -> functions its run passes through (one is stalled and the signal sent there)
     "accept": (["accept", "--target", "{target}", "--draft", "{hf}", "-n", "2", "-q", "--report", "{out}/r.md"],
-               ["ggtools.jobs.accept:convert_dflash", "ggtools.jobs.accept:TargetModel", "ggtools.jobs.accept:measure",
+               ["ggtools.jobs.accept:convert_drafter", "ggtools.jobs.accept:TargetModel", "ggtools.jobs.accept:measure",
                 "ggtools.jobs.accept:load_prompts", "ggtools.jobs.accept_report:write_bytes",
                 "ggtools.gguf.outputs:AtomicOutput.commit", "ggtools.jobs.accept:temporary_directory"]),
     "gguf-layout": (["convert", "gguf-layout", "{drafter}", "--to", "lucebox", "-o", "{out}/l.gguf"],

@@ -6,7 +6,7 @@ from ggtools.cli.backend_options import backend_options
 from ggtools.cli.draft_options import draft_options, draft_setup, tree_options
 from ggtools.cli.params import Count, FiniteFloatRange
 from ggtools.cli.render import emit_json, table
-from ggtools.cli.sampling_options import sampling_options, sampling_setup
+from ggtools.cli.sampling_options import sampling_options, sampling_setup, temperature_list
 from ggtools.gguf.outputs import same_file
 from ggtools.jobs.accept import DEFAULT_MAX_DROP, accept, input_files
 from ggtools.jobs.accept_plot import check_plot_path, write_plot
@@ -73,6 +73,7 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
     if tree_top_k is not None and not tree_budgets:
         raise click.UsageError("--tree-top-k needs --tree-budget")
     ring_cap, settings = draft_setup(ring_cap, full_kv, n_max, cut, p_min, n_min, tree_top_k=tree_top_k)
+    temps = temperature_list(temps)
     sampling = sampling_setup(temps, **chain)
     inputs = input_files(target, drafts, prompts)
     if report:

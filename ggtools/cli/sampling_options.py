@@ -51,9 +51,10 @@ def sampling_options(many: bool):
     """The options (run: one --temp and --seed; accept, many=True: --temp T,T... and --seeds N)."""
     options = [
         click.option("--temp", "temps" if many else "temp", type=TemperatureList() if many else FiniteFloatRange(min=0),
-                     default="0" if many else 0.0, show_default=True,
-                     help=("Sampling temperatures, e.g. 0,0.6,1.0: each drafter is measured at each (0: greedy)."
-                           if many else "Sampling temperature (0: greedy decoding, llama.cpp's --temp otherwise).")),
+                     default=["0"] if many else 0.0, show_default=True, multiple=many,
+                     help=("Sampling temperatures, e.g. 0,0.6,1.0 (or --temp 0 --temp 0.6): each drafter is measured "
+                           "at each (0: greedy)." if many else
+                           "Sampling temperature (0: greedy decoding, llama.cpp's --temp otherwise).")),
         click.option("--seed", type=Count(min=0, max=MAX_SEED),
                      help="RNG seed of the target's sampler (default: a random one, always reported)"
                           + (": the first of --seeds consecutive seeds." if many else ".")),
@@ -82,6 +83,16 @@ def sampling_options(many: bool):
             f = option(f)
         return f
     return decorate
+
+
+def temperature_list(groups) -> list[float]:
+    """accept's --temp values, each option's list in turn (--temp 0 --temp 0.6 is --temp 0,0.6); a temperature given
+    twice is refused."""
+    temps = [t for group in groups for t in group]
+    twice = next((t for i, t in enumerate(temps) if t in temps[:i]), None)
+    if twice is not None:
+        raise UsageError("--temp", f"{twice:g}: a temperature given twice")
+    return temps
 
 
 def sampling_setup(temps, **given) -> dict:
