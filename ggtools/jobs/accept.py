@@ -35,7 +35,7 @@ from ggtools.jobs.accept_temperatures import (GREEDY, Decoding, TargetOnlyAt, Te
                                              decodings as temperature_decodings, judge_temperature, seed_list,
                                              target_only_results, temperature_results)
 from ggtools.jobs.convert_drafter import convert_drafter
-from ggtools.jobs.errors import JobError, UsageError
+from ggtools.jobs.errors import JobError
 from ggtools.jobs.limits import check_draft_kv, check_new_tokens, check_threads, check_tree_verify
 from ggtools.jobs.prompt_set import Prompt, load_prompts
 from ggtools.jobs.run import MTP, SpecRun, TargetOnly, check_whole_kv, load_tokenizer, measure_drafter, warm_up

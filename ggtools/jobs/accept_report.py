@@ -200,7 +200,8 @@ def definition_lines(report: AcceptReport | None = None) -> list[str]:
              "= greedy: every output equals target-only greedy decoding",
              "accept by position = " + DEFINITIONS["per_position_accept_rate"] + ", bars from 0 to 1"]
     if sampled:
-        lines.insert(1, f"at T {report.temperatures[0]:g}, the first temperature: the means over the seeds")
+        lines.insert(0, f"the table is at T {report.temperatures[0]:g} (the first temperature): each figure the mean "
+                        "over the seeds")
     return lines
 
 
