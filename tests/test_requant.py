@@ -214,19 +214,21 @@ def test_refuses_to_overwrite_and_to_write_over_the_input(moe_set, tmp_path):
     assert result.exit_code == 2 and "input's directory" in result.output
 
 
-def test_copied_tensor_mismatch_fails_verification(moe_set, tmp_path, monkeypatch):
-    """If the bytes written for a copy differ from the source, the shard fails loudly."""
-    from ggtools.gguf import writer
-    real = writer.GGUFWriter.copy_from
+def test_copied_tensor_written_out_of_place_fails_verification(moe_set, tmp_path, monkeypatch):
+    """If a copy's bytes do not land where the output's header places the tensor, the shard fails loudly (the single
+    pass hashes what it writes; verification proves it wrote it where a reader looks)."""
+    from ggtools.engine import output
+    real = output.ShardOutput.tensor_sink
 
-    def corrupting_copy(self, fd, off, n):
-        real(self, fd, off, n)
-        self._fh.flush()
-        os.pwrite(self._fh.fileno(), b"\x01", self._pos - 1)
+    def misplaced(self, name):
+        sink = real(self, name)
+        if "_exps" in name:
+            sink.offset += self.layout.alignment
+        return sink
 
-    monkeypatch.setattr(writer.GGUFWriter, "copy_from", corrupting_copy)
+    monkeypatch.setattr(output.ShardOutput, "tensor_sink", misplaced)
     result = CliRunner().invoke(main, ["requant-trunk", moe_set[0], "-o", str(tmp_path), "-q", "-j", "1"])
-    assert result.exit_code == 1 and "differs from the source" in result.output
+    assert result.exit_code == 1 and "was not written where the output's header places it" in result.output
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".gguf")]    # verified before the rename
 
 

@@ -17,14 +17,37 @@ from ggtools.cli import signals
 from ggtools.cli.params import require_unicode_text
 from ggtools.cli.render import json_text, printable
 from ggtools.errors import GGToolsError
-from ggtools.gguf.outputs import remove_pending
+from ggtools.cli import gguf_constants
 
-# command name -> module under ggtools.cli defining `command`; imported only when that command runs (or for
-# --help), so `ggtools inspect` does not load numba and the runtime
+# command name -> module under ggtools.cli defining `command`; imported only when that command runs or shows its
+# own help, so `ggtools --help` imports no command and `ggtools inspect` neither numba nor the runtime
 COMMANDS = {"inspect": "inspect", "validate": "validate", "convert": "convert", "doctor": "doctor",
             "pair-check": "pair", "patch": "patch", "quantize": "quantize", "requant-trunk": "requant_trunk",
             "run": "run", "accept": "accept",
             "demo": "demo"}
+
+# command name -> the first sentence of its help, which `ggtools --help` lists (tests/test_startup.py holds
+# them to the commands' own help)
+SUMMARIES = {
+    "inspect": "Show metadata, tensors and per-type totals of a GGUF file or a whole shard set.",
+    "validate": "Check GGUF files and shard sets against every rule llama.cpp applies, and the ones it misses.",
+    "convert": "Convert checkpoints to GGUF.",
+    "doctor": "Find every known fault of a DFlash drafter GGUF: for each, its severity, the runtimes it breaks, what "
+              "each shows (quoted as it prints it) and the command that fixes it.",
+    "pair-check": "Check a DFlash drafter GGUF against its target GGUF: `ggtools doctor DRAFT --target TARGET`, under "
+                  "its old name.",
+    "patch": "Edit metadata of a GGUF file or shard set; tensors are byte-copied, only shard 1 is rewritten.",
+    "quantize": "Quantize a GGUF (drafter or model) with a scheme and per-tensor overrides, bit-exact with "
+                "llama-quantize's reference quantizers.",
+    "requant-trunk": "Requantize only the --from tensors (the Q8_0 trunk) of a model; MXFP4 experts, F32 norms and "
+                     "every other tensor are byte-copied and proven unchanged.",
+    "run": "Continue a prompt with a target model, greedily or sampled (--temp), alone or drafted by a DFlash, "
+           "DSpark, EAGLE3 or MTP drafter; report speed, memory and (with --draft) acceptance. numba runs it on the "
+           "CPU (the default); --backend torch on the CPU or a CUDA GPU (--device cuda).",
+    "accept": "Acceptance gate: decode a prompt set with each drafter (DFlash, DSpark, EAGLE3, MTP side by side) "
+              "against the target and judge every drafter against a baseline.",
+    "demo": "Run the main jobs end to end on the embedded demo pair, with no downloads.",
+}
 
 
 INTERRUPTED = 130
@@ -40,7 +63,15 @@ class Group(click.Group):
     def get_command(self, ctx, name):
         if name not in COMMANDS:
             return None
+        gguf_constants.install()        # before the command's modules import gguf-py
         return require_unicode_text(importlib.import_module(f"ggtools.cli.{COMMANDS[name]}").command)
+
+    def format_commands(self, ctx, formatter):
+        """The command list of `ggtools --help`, as click writes it, from SUMMARIES: no command is imported."""
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [(name, click.utils.make_default_short_help(SUMMARIES[name], limit)) for name in COMMANDS]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def parse_args(self, ctx, args):
         ctx.meta["ggtools.json"] = "--json" in args
@@ -56,7 +87,7 @@ class Group(click.Group):
                 raise
             except (Exception, KeyboardInterrupt) as e:
                 stop.closing = True
-                remove_pending()
+                _remove_pending()
                 if ctx.obj and ctx.obj.get("debug"):
                     raise
                 message, code = describe_failure(e)
@@ -67,9 +98,16 @@ class Group(click.Group):
                 fail(ctx, message, code)
             if stop.signum is not None:         # a signal whose exception was swallowed (signals.py) came late
                 stop.closing = True
-                remove_pending()
+                _remove_pending()
                 fail(ctx, signals.interrupted(stop.signum), signals.exit_code(stop.signum))
             return result
+
+
+def _remove_pending():
+    """Remove the temporary files the command registered (gguf/outputs.py; none if it never loaded that module)."""
+    outputs = sys.modules.get("ggtools.gguf.outputs")
+    if outputs is not None:
+        outputs.remove_pending()
 
 
 def describe_failure(e: BaseException) -> tuple[str, int]:

@@ -49,6 +49,7 @@ class ShardJob:
     verify: bool
     allow_nonfinite: bool
     replace: bool = True            # an output that appeared after the start may be replaced (--force, --resume)
+    threads: int = 1                # cores the run's conversions may use, all workers together
 
 
 def worker_count(jobs: int | None, n_shards: int) -> int:
@@ -58,14 +59,15 @@ def worker_count(jobs: int | None, n_shards: int) -> int:
 
 
 def run_plan(plan: Plan, *, jobs=None, resume=False, force=False, verify=True, allow_nonfinite=False,
-             progress=None, resumable=True, make_dirs=False, record=True) -> RunReport:
+             progress=None, resumable=True, make_dirs=False, record=True, threads=None) -> RunReport:
     """Write every shard of the plan (with resume, those not finished yet). jobs: shards in parallel processes
-    (None: worker_count's default); resumable: whether the command offers --resume (what the messages
+    (None: worker_count's default); threads: the cores the conversions may use, shared among the workers
+    running at any moment (None: every CPU); resumable: whether the command offers --resume (what the messages
     suggest); make_dirs: make missing output directories (removed again if the run fails before writing
     into them); record: keep the resume manifest (without one nothing can be resumed, so a serial run
     stops at the first failed shard)."""
     job = ShardJob(manifest.path_for(plan) if record else None, list(plan.inputs), verify, allow_nonfinite,
-                   replace=force or resume)
+                   replace=force or resume, threads=threads or os.cpu_count() or 1)
     entries = manifest.read_entries(job.manifest) if record else {}
     todo, skipped = [], []
     for shard in plan.shards:
@@ -147,7 +149,7 @@ def _execute(plan, todo, jobs, job, bars, report):
         if jobs == 1:
             for i, shard in enumerate(todo):
                 try:
-                    finished(shard, run_shard(shard, fingerprints[i], job, bars.callback(i)))
+                    finished(shard, run_shard(shard, fingerprints[i], job, bars.callback(i), lambda: job.threads))
                 except GGToolsError as e:
                     if not job.manifest:
                         raise
@@ -163,15 +165,16 @@ def _execute(plan, todo, jobs, job, bars, report):
                           max(e.exit_code for _, e in errors))
 
 
-def run_shard(shard: ShardPlan, fingerprint: str, job: ShardJob, on_bytes) -> ShardResult:
-    """Write one shard (rewritten, or copied whole when verbatim) and record it in the manifest."""
+def run_shard(shard: ShardPlan, fingerprint: str, job: ShardJob, on_bytes, threads) -> ShardResult:
+    """Write one shard (rewritten, or copied whole when verbatim) and record it in the manifest; threads(): the
+    cores its conversions may use now."""
     source = source_identity(shard.src) if job.manifest else None
     if shard.verbatim:
         result = copy_shard(shard, force=job.replace, inputs=job.inputs)
         on_bytes(shard.bytes_in)
     else:
         result = rewrite_shard(shard, force=job.replace, verify=job.verify, inputs=job.inputs,
-                               allow_nonfinite=job.allow_nonfinite, on_bytes=on_bytes)
+                               allow_nonfinite=job.allow_nonfinite, on_bytes=on_bytes, threads=threads)
     if job.manifest:
         described = result if result.digest else describe_output(shard.dst)
         manifest.record(job.manifest, os.path.basename(shard.dst), manifest.entry(fingerprint, source, described),
@@ -183,7 +186,7 @@ def _parallel(todo, fingerprints, jobs, job, bars, finished, errors):
     """One worker process per shard, at most `jobs` at a time; messages come back on one queue."""
     ctx = multiprocessing.get_context("fork" if _fork_is_safe() else "spawn")
     messages = ctx.Queue()
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    n_running = ctx.Value("i", 0, lock=False)     # read by the workers: a worker alone converts on every core
     waiting, running = list(range(len(todo))), {}
 
     def handle(kind, i, payload):
@@ -191,6 +194,7 @@ def _parallel(todo, fingerprints, jobs, job, bars, finished, errors):
             bars.update(i, payload)
             return
         running.pop(i).join()
+        n_running.value = len(running)
         if kind == "done":
             finished(todo[i], ShardResult(**payload))
         else:
@@ -200,8 +204,9 @@ def _parallel(todo, fingerprints, jobs, job, bars, finished, errors):
         while waiting or running:
             while waiting and len(running) < jobs:
                 i = waiting.pop(0)
-                running[i] = ctx.Process(target=_worker, args=(messages, i, todo[i], fingerprints[i], job, threads),
+                running[i] = ctx.Process(target=_worker, args=(messages, i, todo[i], fingerprints[i], job, n_running),
                                          daemon=True)
+                n_running.value = len(running)
                 _start_holding_signals(running[i])
             try:
                 handle(*messages.get(timeout=1))
@@ -254,15 +259,14 @@ def _start_holding_signals(process):
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
-def _worker(messages, index, shard, fingerprint, job, threads):
+def _worker(messages, index, shard, fingerprint, job, n_running):
     global _worker_stopping
     for s in STOP_SIGNALS:
         signal.signal(s, _interrupt)
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)     # one held since the start arrives now
-        import numba
-        numba.set_num_threads(threads)
-        result = run_shard(shard, fingerprint, job, lambda n: messages.put(("bytes", index, n)))
+        result = run_shard(shard, fingerprint, job, lambda n: messages.put(("bytes", index, n)),
+                           lambda: max(1, job.threads // max(1, n_running.value)))
         messages.put(("done", index, asdict(result)))
     except GGToolsError as e:
         messages.put(("error", index, (str(e), e.exit_code)))

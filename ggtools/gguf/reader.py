@@ -5,6 +5,7 @@ offset. Rules a well-formed file must also follow (duplicates, offsets, sizes...
 Large arrays are skipped over and decoded on first access.
 """
 
+import itertools
 import mmap
 import os
 import struct
@@ -76,6 +77,19 @@ class KV:
         if self.elem_type == VT.STRING:
             return list(_iter_strings(buf, pos, self.count))
         arr = np.frombuffer(buf, dtype=NUMPY_DTYPE[self.elem_type], count=self.count, offset=pos)
+        return arr.astype(bool) if self.elem_type == VT.BOOL else arr
+
+    def head(self, n: int):
+        """The first n elements of an array as `value` gives them, decoding no more (a 262k-token vocabulary's
+        first few for a listing); the value itself for other types."""
+        if not self.is_array or n >= self.count:
+            return self.value
+        if "value" in self.__dict__:
+            return self.value[:n]
+        pos = self.value_start + 12
+        if self.elem_type == VT.STRING:
+            return list(itertools.islice(_iter_strings(self.file.buf, pos, self.count), n))
+        arr = np.frombuffer(self.file.buf, dtype=NUMPY_DTYPE[self.elem_type], count=n, offset=pos)
         return arr.astype(bool) if self.elem_type == VT.BOOL else arr
 
 

@@ -95,11 +95,9 @@ def _compile(pattern, option):
 
 def describe_kv(k, full_arrays=False) -> dict:
     d = {"key": k.key, "type": k.type_label}
-    value = k.value
+    value = k.value if full_arrays else k.head(ARRAY_HEAD)
     if k.is_array:
         d["count"] = k.count
-        if not full_arrays:
-            value = value[:ARRAY_HEAD]
     d["value"] = json_value(value)
     return d
 

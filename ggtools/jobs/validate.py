@@ -18,7 +18,7 @@ from ggtools.gguf.check import Problem, check_file, check_set, errors
 from ggtools.gguf.hashing import hash_file
 from ggtools.gguf.inputs import parse_json, read_text
 from ggtools.gguf.outputs import check_output, write_bytes
-from ggtools.gguf.scan import scan_tensor
+from ggtools.gguf.scan import RowScan, scan_tensors
 from ggtools.hparam_rules import model_violations
 from ggtools.hparam_rules.tensor_shapes import locator, shape_refused
 from ggtools.jobs.errors import JobError
@@ -125,11 +125,13 @@ def _check_one(path, deep, want_hashes, shards=None) -> FileReport:
         report.size, report.n_tensors = f.file_size, len(f.tensors)
         report.problems = file_problems(f, _set_tensors(shards))
         intact = not errors(report.problems)
-        if deep and intact:
-            report.problems += deep_scan(f)
+        deep = deep and intact
+        if want_hashes:         # the deep scan rides on the hashing's read: every byte read once
+            scan = _row_scan() if deep else None
+            report.sha256, report.tensor_sha256 = hash_file(f, tensors=intact, on_chunk=scan and scan.feed)
+        if deep:
+            report.problems += deep_scan(f, scan if want_hashes else None)
             report.deep_bytes = sum(t.nbytes for t in f.tensors)
-        if want_hashes:
-            report.sha256, report.tensor_sha256 = hash_file(f, tensors=intact)
     return report
 
 
@@ -182,13 +184,23 @@ def hparam_problems(f: GGUFFile, reported=(), locate=None) -> list[Problem]:
             for v in model_violations(f, locate) if v.where not in reported]
 
 
-def deep_scan(f: GGUFFile) -> list[Problem]:
-    """Row-data rules (ggml_validate_row_data): finite fp16 scales, finite floats, MXFP4 scale != 0xFF."""
-    from ggtools.quants import check_row_data
+def _row_scan() -> RowScan:
+    from ggtools.quants import check_row_data       # numba: only for --deep
+    return RowScan(check_row_data)
 
+
+def deep_scan(f: GGUFFile, scan: RowScan | None = None) -> list[Problem]:
+    """Row-data rules (ggml_validate_row_data): finite fp16 scales, finite floats, MXFP4 scale != 0xFF. scan: one
+    that has seen every tensor's bytes already (fed by another pass over them); without it the tensors are read
+    once, in file order, the check of each chunk overlapping the read of the next."""
+    if scan is None:
+        scan = _row_scan()
+        found = scan_tensors(f, f.tensors, scan.check)
+    else:
+        found = {t.name: scan.result(t) for t in f.tensors}
     out = []
     for t in f.tensors:
-        n_bad, first = scan_tensor(f, t, check_row_data)
+        n_bad, first = found[t.name]
         if n_bad:
             unit = "value" if t.block[0] == 1 else "block"
             out.append(Problem(f.path, f"tensor '{t.name}'", f"{n_bad} invalid {t.type_name} {unit}s, first at "

@@ -12,7 +12,7 @@ Knows blocks, not files. See docs/quants.md.
 - rowcheck.py     what ggml_validate_row_data rejects (validate --deep)
 """
 
-from .rows import CHUNK_VALUES, dequantize, iter_row_chunks, quantize, requantize
+from .rows import CHUNK_VALUES, dequantize, iter_row_chunks, quantize, requantize, use_threads
 from .errors import QuantError
 from .registry import (block_size, can_quantize, fallback_type, has_dequantizer, has_quantizer,
                        parse_qtype, row_bytes, type_size)
@@ -21,5 +21,5 @@ from .rowcheck import RowCheck, can_check_row_data, check_row_data
 __all__ = [
     "CHUNK_VALUES", "QuantError", "RowCheck", "block_size", "can_check_row_data", "can_quantize", "check_row_data",
     "dequantize", "fallback_type", "has_dequantizer", "has_quantizer", "iter_row_chunks",
-    "parse_qtype", "quantize", "requantize", "row_bytes", "type_size",
+    "parse_qtype", "quantize", "requantize", "row_bytes", "type_size", "use_threads",
 ]

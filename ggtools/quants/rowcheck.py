@@ -15,6 +15,7 @@ from numba import njit, prange
 from .errors import QuantError
 from .floatbits import JIT
 from .registry import parse_qtype, type_size
+from .rows import launch
 
 # field kinds
 HALF, FLOAT, E8M0, IQ1M_SCALE = 0, 1, 2, 3
@@ -159,12 +160,12 @@ def check_row_data(qtype, data) -> RowCheck:
     counts = np.zeros((nitems + CHUNK - 1) // CHUNK, np.int64)
     firsts = np.full(counts.size, -1, np.int64)
     if t == T.F64:
-        _bad_doubles(raw.view(np.float64), counts, firsts)
+        launch(_bad_doubles, raw.view(np.float64), counts, firsts)
     elif t in FLOAT_MASKS:
         dtype, mask = FLOAT_MASKS[t]
-        _bad_values(raw.view(dtype), dtype(mask), counts, firsts)
+        launch(_bad_values, raw.view(dtype), dtype(mask), counts, firsts)
     elif t in FIELDS:
-        _bad_blocks(raw, tsize, np.array(FIELDS[t], np.int64), counts, firsts)
+        launch(_bad_blocks, raw, tsize, np.array(FIELDS[t], np.int64), counts, firsts)
     else:
         raise QuantError(f"ggml cannot validate {t.name} data")
     hit = firsts[firsts >= 0]

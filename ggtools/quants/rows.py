@@ -14,7 +14,7 @@ CHUNK_VALUES = 1 << 22  # float32 values per requantize chunk: 16 MiB of scratch
 _LAUNCH_LOCK = threading.Lock()
 
 
-def _launch(kernel, src, dst):
+def launch(kernel, *args):
     """Run a parallel kernel. numba's fallback "workqueue" threading layer cannot run kernels
     from two Python threads at once, so launches are serialized when it may be in use (the
     omp and tbb layers are thread-safe)."""
@@ -23,10 +23,20 @@ def _launch(kernel, src, dst):
     except ValueError:  # no parallel kernel has run yet
         shared_ok = False
     if shared_ok:
-        kernel(src, dst)
-        return
+        return kernel(*args)
     with _LAUNCH_LOCK:
-        kernel(src, dst)
+        return kernel(*args)
+
+
+def use_threads(n: int) -> int:
+    """Kernels launched from the calling Python thread use n threads (at most the cores numba has;
+    numba's count is per calling thread, so e.g. a thread that scans while another converts can
+    keep to one core). Returns the count it replaces."""
+    before = numba.get_num_threads()
+    n = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+    if n != before:         # the first launch after a change costs extra: change only when needed
+        numba.set_num_threads(n)
+    return before
 
 
 def iter_row_chunks(nrows: int, n_per_row: int, chunk_values: int = CHUNK_VALUES) -> Iterator[slice]:
@@ -69,7 +79,7 @@ def quantize(qtype, x, out=None) -> np.ndarray:
     rows = _float_rows(x)
     nrows, n = rows.shape
     y = _out_array(out, (nrows, row_bytes(t, n)), np.uint8)
-    _launch(kernel, rows.reshape(-1), y.reshape(-1))
+    launch(kernel, rows.reshape(-1), y.reshape(-1))
     return y
 
 
@@ -105,7 +115,7 @@ def dequantize(qtype, data, n_per_row=None, out=None) -> np.ndarray:
     kernel = dequantize_kernel(t)
     rows, n = _byte_rows(t, data, n_per_row)
     values = _out_array(out, (rows.shape[0], n), np.float32)
-    _launch(kernel, rows.reshape(-1), values.reshape(-1))
+    launch(kernel, rows.reshape(-1), values.reshape(-1))
     return values
 
 
