@@ -17,14 +17,11 @@ import json
 import os
 import platform
 import shutil
-import time
-from pathlib import Path
 
-import numpy as np
 import torch
 
-from scripts.demo_pair.common import (EOS_TOKEN, MASK_TOKEN, OUT_DIR, SEED, TARGET_LAYER_IDS, WORK_DIR, corpus_files,
-                                      read_text, seed_everything)
+from scripts.demo_pair.common import EOS_TOKEN, MASK_TOKEN, OUT_DIR, SEED, TARGET_LAYER_IDS, WORK_DIR
+from scripts.demo_pair.stages import run_stages, self_distillation_data
 
 THREADS = 1
 STAGES = ["data", "anchor", "speculators", "eval", "write"]
@@ -63,24 +60,12 @@ def _target():
 def stage_data(state):
     """Greedy continuations of training-text prompts by the demo target plus plain training windows; one frozen
     target pass gives the feature taps and the target's argmax at every position (drafter.py's recipe)."""
-    from scripts.demo_pair.drafter import greedy_continuations, target_features
-    from scripts.demo_pair.target import random_windows
-    tok, eos, _ = _tokenizer()
-    train, _ = corpus_files()
-    stream = []
-    for p in train:
-        stream += tok.encode(read_text(p)).ids + [eos]
-    tokens = np.array(stream, dtype=np.int32)
+    from scripts.demo_pair.drafter import target_features
+    _, eos, _ = _tokenizer()
     target = _target()
-    gen = torch.Generator().manual_seed(SEED + 11)
-    d = DATA
-    prompts = random_windows(tokens, d["n_generated"], d["prompt_len"], gen)
-    generated = greedy_continuations(target, prompts, d["new_tokens"])
-    text = random_windows(tokens, d["n_text"], d["seq_len"], gen)
-    seqs = torch.cat([generated, text])
+    seqs = self_distillation_data(target, DATA, eos, SEED + 11, log)
     feats, preds = target_features(target, seqs, TARGET_LAYER_IDS)
     torch.save({"seqs": seqs, "feats": feats, "preds": preds}, WORK / "data.pt")
-    log(f"data: {len(seqs)} sequences x {seqs.shape[1]} tokens")
 
 
 def _train(name, state):
@@ -181,17 +166,7 @@ def main():
         TRAIN.update(steps=3)
         EVAL.update(prompts=2, new_tokens=16)
     torch.set_num_threads(THREADS)
-    WORK.mkdir(parents=True, exist_ok=True)
-    state_path = WORK / "state.json"
-    state = json.loads(state_path.read_text()) if state_path.exists() and args.start != "data" else {}
-    for name in STAGES[STAGES.index(args.start):STAGES.index(args.stop) + 1]:
-        t0, c0 = time.time(), time.process_time()
-        seed_everything(SEED)
-        globals()[f"stage_{name}"](state)
-        state.setdefault("seconds", {})[name] = round(time.time() - t0, 1)
-        state.setdefault("cpu_seconds", {})[name] = round(time.process_time() - c0, 1)
-        log(f"== {name}: {state['seconds'][name]} s")
-        state_path.write_text(json.dumps(state, indent=1))
+    run_stages(globals(), STAGES, args.start, args.stop, WORK, log)
 
 
 if __name__ == "__main__":

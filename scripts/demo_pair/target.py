@@ -29,9 +29,10 @@ def lr_at(step, steps, peak, warmup):
 
 
 def train_target(tokens: np.ndarray, *, steps: int, batch: int, seq_len: int, lr: float, seed: int,
-                 log=print) -> Qwen3ForCausalLM:
+                 log=print, make_model=None) -> Qwen3ForCausalLM:
+    """make_model(): another causal LM to train the same way (default: the demo's Qwen3 target)."""
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(target_config())
+    model = make_model() if make_model else Qwen3ForCausalLM(target_config())
     model.train()
     gen = torch.Generator().manual_seed(seed)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
