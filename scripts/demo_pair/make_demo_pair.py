@@ -307,6 +307,8 @@ gpt2 BPE vocabulary ({meta["tokenizer"]["vocab_size"]} tokens, pre-tokenizer qwe
 | `drafter/` | DFlash v1 drafter (z-lab `DFlashDraftModel`, bf16 safetensors): {d["layers"]} layer{"s" if d["layers"] != 1 else ""}, block size \
 {d["block_size"]}, target_layer_ids {d["target_layer_ids"]}, mask_token_id {d["mask_token_id"]} |
 | `tokenizer.json` | the same BPE for Hugging Face `tokenizers` (cross-checks) |
+| `eagle3/`, `eagle3.json` | EAGLE3 drafter of `target.gguf` (`LlamaForCausalLMEagle3`, bf16 safetensors): one layer, draft vocabulary 512 (d2t), taps [1, 2, 3]; made by `scripts/demo_pair/make_eagle3_drafter.py` |
+| `qwen35-mtp/`, `qwen35-mtp.gguf`, `qwen35-mtp.json` | a Qwen3.5 target (hidden 64, a Gated DeltaNet and a gated attention layer) with a trained MTP block (`--draft mtp`): bf16 HF checkpoint (its tokenizer: `tokenizer.json`) and llama.cpp's conversion of it; made by `scripts/demo_pair/make_qwen35_mtp.py` |
 
 Prompts are raw Python source, token ids with no BOS and no template; EOS / stop token
 `<|endoftext|>` = {meta["tokenizer"]["eos_token_id"]}, mask `<|mask|>` = {meta["tokenizer"]["mask_token_id"]}.
