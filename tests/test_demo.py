@@ -27,14 +27,20 @@ def test_demo_json(tmp_path):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     names = [v["name"] for v in out["variants"]]
-    assert names == ["f16, full KV", "f16", "q8_0", "q4-mix", "q2_k", "dspark f16", "f16, T 0.8"]
-    assert out["variants"][-2]["run"]["family"] == "dspark" and out["variants"][-2]["run"]["settings"]["n_max"] == 8
+    assert names == ["f16, full KV", "f16", "q8_0", "q4-mix", "q2_k", "dspark f16", "eagle3 f16", "f16, T 0.8",
+                     "mtp (qwen35-mtp.gguf)"]
+    runs = {v["name"]: v["run"] for v in out["variants"]}
+    for name, family, n_max, kv in (("dspark f16", "dspark", 8, "ring:64"), ("eagle3 f16", "eagle3", 3, "full"),
+                                    ("mtp (qwen35-mtp.gguf)", "mtp", 3, "full")):
+        assert (runs[name]["family"], runs[name]["settings"]["n_max"], runs[name]["draft_kv"]) == (family, n_max, kv)
+    assert runs["mtp (qwen35-mtp.gguf)"]["target"].endswith("qwen35-mtp.gguf")
     for v in out["variants"]:
-        assert v["checks"] == "validate --deep ok, pair-check ok"
+        assert v["checks"] == ("validate --deep ok (its MTP block)" if v["name"].startswith("mtp") else
+                               "validate --deep ok, pair-check ok")
         assert v["run"]["outputs_match_target"] and v["run"]["prompts"] == 2
-    for v in out["variants"][:-1]:
-        assert v["run"]["sampling"] is None
-    _check_sampled_row(out["variants"][-1], out["variants"][1])
+    for v in out["variants"]:
+        assert (v["run"]["sampling"] is None) == (v["name"] != "f16, T 0.8")
+    _check_sampled_row(out["variants"][-2], out["variants"][1])
     ring, full = out["variants"][1]["run"], out["variants"][0]["run"]
     assert ring["draft_kv"] == "ring:64" and full["draft_kv"] == "full"
     assert ring["draft_kv_bytes"] < full["draft_kv_bytes"]

@@ -9,7 +9,7 @@ from ggtools.cli.params import Count
 from ggtools.cli.plan_view import show_plan
 from ggtools.cli.render import emit_json, human_bytes, table
 from ggtools.gguf.outputs import temporary_directory
-from ggtools.jobs.demo import SAMPLED, check_request, check_work_dir, requant_demo, run_demo
+from ggtools.jobs.demo import MTP_TARGET, SAMPLED, check_request, check_work_dir, requant_demo, run_demo
 
 
 @click.command("demo")
@@ -34,9 +34,11 @@ def command(work_dir, force, prompts, n, ring_cap, threads, backend, device, dty
 
     \b
     1. The embedded DFlash drafter (HF format) is converted for its embedded qwen3 target (llama.cpp
-       profile), quantized (q8_0, q4-mix, q2_k), validated and pair-checked; each variant then decodes
-       held-out prompts speculatively with the draft-KV ring, against target-only decoding in the same run; the
-       f16 drafter also sampled (T 0.8, seed 42), against target-only sampled decoding with that seed.
+       profile), quantized (q8_0, q4-mix, q2_k), validated and pair-checked, beside the embedded DSpark and
+       EAGLE3 drafters; each variant then decodes held-out prompts speculatively with the draft-KV ring (EAGLE3:
+       its whole KV), against target-only decoding in the same run; the f16 drafter also sampled (T 0.8, seed
+       42), against target-only sampled decoding with that seed; and an embedded Qwen3.5 target drafts with its
+       own MTP block.
     2. requant-trunk on a small Kimi-like MoE shard set (Q8_0 trunk -> Q4_K, experts byte-copied).
 
     Exit 1 if a check fails or a speculative output differs from target-only decoding.
@@ -89,7 +91,9 @@ def _show_table(report):
                f"KV holds {human_bytes(first.draft_kv_bytes_full)} for the longest sequence).")
     click.echo("   = target: every output equals target-only decoding of the same prompts: greedy, or for "
                f"f16, T {SAMPLED[0]:g}, sampled\n   with llama.cpp's chain and seed {SAMPLED[1]} (a draft accepted "
-               "while the target's draw equals it; its speedup is over\n   target-only sampled decoding).")
+               "while the target's draw equals it; its speedup is over\n   target-only sampled decoding). The mtp "
+               f"row is {MTP_TARGET}, a Qwen3.5 target with a trained MTP block, drafting\n   with its own block "
+               "(its speedup over its own target-only decoding).")
     click.echo("   The demo target (1.25 M parameters) sits in the CPU cache, so every verified row costs arithmetic\n"
                "   instead of sharing one weight read: expect speedups on targets whose step is bound by weight\n"
                "   bandwidth (docs/speculative.md), not here.\n")

@@ -2,11 +2,12 @@
 
 The HF drafter shipped in ggtools/data/demo is copied to a work directory, converted (llama.cpp profile, the
 embedded target GGUF for tokenizer and checks), quantized (q8_0, q4-mix, q2_k), validated and pair-checked (and
-so is the shipped DSpark drafter, converted to f16),
+so are the shipped DSpark drafter, converted to f16, and the shipped EAGLE3 drafter, converted by convert drafter),
 then every variant decodes a few held-out prompts speculatively with the draft-KV ring (f16 also with a full
 draft KV), each against target-only decoding of the same prompts in the same run (jobs/accept.py's `measure`,
 as `ggtools accept`); the f16 drafter also decodes them sampled (T 0.8, seed 42: SAMPLED), against target-only
-sampled decoding with the same seed. The prompts are windows of standard-library modules the pair never trained on
+sampled decoding with the same seed; and the shipped Qwen3.5 target with a trained MTP block (MTP_TARGET) decodes
+them drafting with its own block, against its own target-only decoding. The prompts are windows of standard-library modules the pair never trained on
 (demo_pair.json: corpus.held_out, eval.prompts).
 
 The second part writes a small Kimi-like MoE shard set (samples.py), validates it, requantizes its Q8_0 trunk to
@@ -30,9 +31,10 @@ from ggtools.engine.errors import Interrupted
 from ggtools.environment import check_environment
 from ggtools.gguf import GGUFFile
 from ggtools.gguf.outputs import copy_file, make_dir
-from ggtools.jobs.accept import Candidate, measure
+from ggtools.jobs.accept import MTP, Candidate, drafter_bytes, measure
 from ggtools.jobs.accept_temperatures import Decoding
 from ggtools.jobs.convert import convert_dflash
+from ggtools.jobs.convert_drafter import convert_drafter
 from ggtools.jobs.doctor import pair_check
 from ggtools.jobs.errors import JobError, UsageError
 from ggtools.jobs.limits import check_draft_kv, check_threads
@@ -46,6 +48,8 @@ from ggtools.samples import write_moe_set
 
 SCHEMES = ("q8_0", "q4-mix", "q2_k")
 DSPARK = "dspark-anchor"        # a trained DSpark drafter for the same target (docs/dspark.md)
+EAGLE3 = "eagle3"               # a trained EAGLE3 drafter for the same target (docs/eagle3.md)
+MTP_TARGET = "qwen35-mtp.gguf"  # a Qwen3.5 target with a trained MTP block (docs/mtp.md), the same vocabulary
 PROMPT_TOKENS = 128
 SAMPLED = (0.8, 42)             # the sampled row: the f16 drafter at this temperature, with this seed
 ENTRIES = ("drafter", "moe", "moe-q4k")     # what the demo writes into its work directory
@@ -63,7 +67,8 @@ class Variant:
     checks: str                     # "validate ok, pair-check ok" or what failed
     run: SpecRun | None = None      # the round with the fastest speculative decoding
     speedup: float = 0.0            # its tok/s over the fastest target-only decoding of the whole demo (the sampled
-                                    # row: of target-only sampled decoding with its seed)
+                                    # row: of target-only sampled decoding with its seed; MTP: of its own target)
+    full_kv: bool = False           # a full draft KV (EAGLE3 and MTP always: they attend to every position)
 
 
 @dataclass
@@ -167,9 +172,8 @@ def run_demo(work_dir, *, prompts: int = 6, n: int = 64, ring_cap: int = 64, thr
             f"(once per prompt and round, shared by the variants); f16 also sampled at T {SAMPLED[0]:g}, seed "
             f"{SAMPLED[1]}, against target-only sampled decoding with that seed")
         f16 = variants[0]
-        report.variants = [Variant("f16, full KV", f16.path, f16.bytes, f16.checks)] + variants
-        candidates = [Candidate(v.name, v.path, None if v.name.endswith("full KV") else ring_cap)
-                      for v in report.variants]
+        report.variants = [Variant("f16, full KV", f16.path, f16.bytes, f16.checks, full_kv=True)] + variants
+        candidates = [Candidate(v.name, v.path, None if v.full_kv else ring_cap) for v in report.variants]
         prompt_ids = [ids for _, ids in chosen]
         m = measure(model, candidates, prompt_ids, n, settings=DraftSettings(), stop_ids=tokenizer.eog,
                     rounds=rounds)
@@ -182,8 +186,30 @@ def run_demo(work_dir, *, prompts: int = 6, n: int = 64, ring_cap: int = 64, thr
                     stop_ids=tokenizer.eog, rounds=rounds,
                     decodings=[Decoding(temp, seed, sampling_params(model, {}, temp, seed))])
         _measured(sampled, s.runs[0], s.target_tokens_per_second, log)
-        report.variants.append(sampled)
+        report.variants += [sampled, _mtp_row(prompts, n, rounds, log, threads=threads, backend=backend,
+                                              device=device, dtype=dtype)]
         return report
+    finally:
+        model.close()
+
+
+def _mtp_row(prompts: int, n: int, rounds: int, log, **runs_on) -> Variant:
+    """The MTP row: the Qwen3.5 demo target drafting with its own MTP block the same held-out windows, against its
+    own target-only decoding; runs_on: TargetModel's threads, backend, device, dtype."""
+    target = str(demo_data() / MTP_TARGET)
+    report = validate([target], deep=True)
+    if report.exit_code:
+        raise DemoError(f"validate FAILED: {'; '.join(map(str, report.errors))}")
+    v = Variant(f"mtp ({MTP_TARGET})", target, drafter_bytes(MTP, target), "validate --deep ok (its MTP block)",
+                full_kv=True)
+    model = TargetModel(target, **runs_on)
+    try:
+        tokenizer = Tokenizer.from_gguf(model.weights.meta)
+        chosen = [ids for _, ids in held_out_prompts(tokenizer, prompts)]
+        m = measure(model, [Candidate(v.name, MTP, None)], chosen, n, settings=DraftSettings(), stop_ids=tokenizer.eog,
+                    rounds=rounds)
+        _measured(v, m.runs[0], m.target_tokens_per_second, log)
+        return v
     finally:
         model.close()
 
@@ -215,10 +241,14 @@ def build_drafters(work: Path, target: str, log=lambda line: None, force: bool =
     convert_dflash(demo_data() / DSPARK, dspark, profile="llama.cpp", target=target, outtype="f16", force=True)
     log(f"converted {DSPARK} -> {dspark.name} (DSpark: anchor-first, Markov and confidence heads)")
     paths.append(("dspark f16", dspark))
+    eagle3 = work / "drafter-eagle3-f16.gguf"
+    convert_drafter(demo_data() / EAGLE3, eagle3, target=target, outtype="f16", force=True)
+    log(f"converted {EAGLE3} -> {eagle3.name} (EAGLE3: convert drafter, the family detected)")
+    paths.append(("eagle3 f16", eagle3))
     variants = []
     for name, path in paths:
         checks = _checks(target, str(path))
-        variants.append(Variant(name, str(path), os.path.getsize(path), checks))
+        variants.append(Variant(name, str(path), os.path.getsize(path), checks, full_kv=path == eagle3))
         log(f"  {path.name}: {checks}")
     return variants
 
