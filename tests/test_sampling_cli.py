@@ -82,6 +82,7 @@ def test_a_model_asking_for_mirostat_is_refused_until_switched_off(tmp_path):
 
 @pytest.mark.parametrize("args, said", [
     (["--top-k", "5"], "--top-k: needs --temp above 0"),
+    (["--seed", "5"], "--seed needs --temp above 0"),
     (["--temp", "nan"], "is not a finite number"),
     (["--temp", "-0.5"], "-0.5 is not in the range x>=0"),
     (["--temp", "1", "--samplers", "top_k;bogus"], "unknown sampler 'bogus'"),

@@ -90,6 +90,8 @@ def command(target, draft, prompt, prompt_ids, n, ring_cap, full_kv, n_max, cut,
     if (prompt is None) == (prompt_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-ids")
     ids = _parse_ids(prompt_ids) if prompt_ids is not None else None
+    if seed is not None and temp == 0:
+        raise click.UsageError("--seed needs --temp above 0: at temperature 0 decoding is greedy and draws nothing")
     sampling = dict(temp=temp, sampling=sampling_setup([temp], **chain), seed=seed)
     if draft is None:
         if draft_options_given(ring_cap, full_kv, n_max, cut, tree_budget, tree_top_k) or min_acceptance is not None:
