@@ -4,15 +4,15 @@ Per-block functions take (x, x_offset, y, y_offset): a flat float32 array and a 
 so a runtime can call them on any block of a tensor. They follow ggml's quantize_row_*_ref and
 dequantize_row_* statement by statement (quant-recipes.md §3). Element loops work on block views
 in 32-bit integers so LLVM vectorizes them (numba widens integer arithmetic to 64 bits, which
-AVX2 cannot vectorize, hence the np.int32 casts). Q4_1 and Q5_1 take each block's min and max from
-a first pass over a group of blocks (group_min_max), then encode.
+AVX2 cannot vectorize, hence the np.int32 casts). Q4_0, Q4_1, Q5_0 and Q5_1 take each block's
+scale fields from a first pass over a group of blocks (block_scales), then encode.
 """
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from numba import njit, prange
 
-from .floatbits import JIT, f32_bits, f32_from_bits, fp16_at, store_fp16
+from .floatbits import JIT, f32_bits, f32_from_bits, fp16_at, fp32_to_fp16, store_fp16
 
 QK, Q4_0_BYTES = GGML_QUANT_SIZES[T.Q4_0]
 Q4_1_BYTES = GGML_QUANT_SIZES[T.Q4_1][1]
@@ -27,6 +27,8 @@ FLT_MAX = np.float32(np.finfo(np.float32).max)
 TWO31 = np.float32(2.0**31)
 INT_MIN = np.int32(-(2**31))
 BYTE, SIGN8, FIFTEEN, FOUR = np.int32(0xFF), np.int32(0x80), np.int32(15), np.int32(4)
+I32_MAX, I32_MIN = np.int32(2**31 - 1), np.int32(-(2**31))
+LOW31, INF_BITS, SHIFT31 = np.int32(0x7FFFFFFF), np.int32(0x7F800000), np.int32(31)
 KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
 
 
@@ -56,16 +58,19 @@ def roundf(f):
 
 @njit(**JIT)
 def signed_absmax(xb):
-    """(amax, max): the largest |x| and its signed value; strict '<' so the first one wins and
-    NaNs are skipped, as in ggml."""
-    amax = F0
-    vmax = F0
-    for j in range(QK):
-        v = xb[j]
-        if amax < abs(v):
-            amax = abs(v)
-            vmax = v
-    return amax, vmax
+    """(amax, max): the largest |x| and its signed value, the first one winning and NaNs skipped,
+    as ggml's chain of strict '<' compares finds them. Here one integer max over keys (a value's
+    magnitude bits, then 31 - its index: the first of equal magnitudes has the largest key),
+    which vectorizes; |x| orders as its bits do."""
+    key = np.int64(0)
+    for j in range(xb.shape[0]):  # not range(QK): a known count gets unrolled, not vectorized
+        a = np.int32(np.int32(f32_bits(xb[j])) & LOW31)
+        k = (np.int64(a) << np.int64(5)) | np.int64(QK - 1 - j)
+        key = max(key, k if a <= INF_BITS else np.int64(0))   # NaN: never bigger
+    if key < QK:          # every magnitude 0: max stays 0.0
+        return F0, F0
+    v = xb[QK - 1 - (key & (QK - 1))]
+    return abs(v), v
 
 
 @njit(**JIT)
@@ -81,9 +86,6 @@ def min_max_in_order(xb):
             vmax = v
     return vmin, vmax
 
-
-I32_MAX, I32_MIN = np.int32(2**31 - 1), np.int32(-(2**31))
-LOW31, INF_BITS, SHIFT31 = np.int32(0x7FFFFFFF), np.int32(0x7F800000), np.int32(31)
 
 
 @njit(**JIT)
@@ -132,14 +134,28 @@ def load_u32(src):
 
 
 # ---------------------------------------------------------------- quantize
+# A block's scale fields (d, and the min m for Q4_1/Q5_1) are computed first, for a group of blocks
+# at once (block_scales: vector loops over the blocks, fp16 rounding included), then each block is
+# encoded with them. quantize_block_* do both for one block.
+
+@njit(**JIT)
+def store_half(yb, offset, h):
+    """Store the fp16 bits h little-endian at yb[offset]."""
+    yb[offset] = h & 0xFF
+    yb[offset + 1] = (h >> 8) & 0xFF
+
 
 @njit(**JIT)
 def quantize_block_q4_0(x, xo, y, yo):
+    d = signed_absmax(x[xo:xo + QK])[1] / np.float32(-8.0)
+    encode_block_q4_0(x, xo, y, yo, inverse(d), fp32_to_fp16(d))
+
+
+@njit(**JIT)
+def encode_block_q4_0(x, xo, y, yo, idd, d_bits):
+    """quantize_row_q4_0_ref for one block whose d (as 1/d and fp16 bits) is known."""
     xb, yb = x[xo:xo + QK], y[yo:yo + Q4_0_BYTES]
-    amax, vmax = signed_absmax(xb)
-    d = vmax / np.float32(-8.0)
-    idd = inverse(d)
-    store_fp16(yb, 0, d)
+    store_half(yb, 0, d_bits)
     for j in range(HALF):
         q0 = min(np.int32(15), c_int8(xb[j] * idd + np.float32(8.5)))
         q1 = min(np.int32(15), c_int8(xb[HALF + j] * idd + np.float32(8.5)))
@@ -147,13 +163,18 @@ def quantize_block_q4_0(x, xo, y, yo):
 
 
 @njit(**JIT)
-def encode_block_q4_1(x, xo, y, yo, vmin, vmax):
-    """quantize_row_q4_1_ref for one block whose min and max (min_max) are known."""
-    xb, yb = x[xo:xo + QK], y[yo:yo + Q4_1_BYTES]
+def quantize_block_q4_1(x, xo, y, yo):
+    vmin, vmax = min_max(x[xo:xo + QK])
     d = (vmax - vmin) / np.float32(15.0)
-    idd = inverse(d)
-    store_fp16(yb, 0, d)
-    store_fp16(yb, 2, vmin)
+    encode_block_q4_1(x, xo, y, yo, vmin, inverse(d), fp32_to_fp16(d), fp32_to_fp16(vmin))
+
+
+@njit(**JIT)
+def encode_block_q4_1(x, xo, y, yo, vmin, idd, d_bits, m_bits):
+    """quantize_row_q4_1_ref for one block whose min (and its fp16 bits) and d (1/d, fp16 bits) are known."""
+    xb, yb = x[xo:xo + QK], y[yo:yo + Q4_1_BYTES]
+    store_half(yb, 0, d_bits)
+    store_half(yb, 2, m_bits)
     for j in range(HALF):  # int32 throughout, so the loop vectorizes
         q0 = min(FIFTEEN, c_int8((xb[j] - vmin) * idd + np.float32(0.5)))
         q1 = min(FIFTEEN, c_int8((xb[HALF + j] - vmin) * idd + np.float32(0.5)))
@@ -168,11 +189,15 @@ def q5_high_bit(q, j):
 
 @njit(**JIT)
 def quantize_block_q5_0(x, xo, y, yo):
+    d = signed_absmax(x[xo:xo + QK])[1] / np.float32(-16.0)
+    encode_block_q5_0(x, xo, y, yo, inverse(d), fp32_to_fp16(d))
+
+
+@njit(**JIT)
+def encode_block_q5_0(x, xo, y, yo, idd, d_bits):
+    """quantize_row_q5_0_ref for one block whose d (as 1/d and fp16 bits) is known."""
     xb, yb = x[xo:xo + QK], y[yo:yo + Q5_0_BYTES]
-    amax, vmax = signed_absmax(xb)
-    d = vmax / np.float32(-16.0)
-    idd = inverse(d)
-    store_fp16(yb, 0, d)
+    store_half(yb, 0, d_bits)
     qh = np.uint32(0)
     for j in range(HALF):
         q0 = min(np.int32(31), c_int8(xb[j] * idd + np.float32(16.5))) & 0xFF
@@ -183,13 +208,18 @@ def quantize_block_q5_0(x, xo, y, yo):
 
 
 @njit(**JIT)
-def encode_block_q5_1(x, xo, y, yo, vmin, vmax):
-    """quantize_row_q5_1_ref for one block whose min and max (min_max) are known."""
-    xb, yb = x[xo:xo + QK], y[yo:yo + Q5_1_BYTES]
+def quantize_block_q5_1(x, xo, y, yo):
+    vmin, vmax = min_max(x[xo:xo + QK])
     d = (vmax - vmin) / np.float32(31.0)
-    idd = inverse(d)
-    store_fp16(yb, 0, d)
-    store_fp16(yb, 2, vmin)
+    encode_block_q5_1(x, xo, y, yo, vmin, inverse(d), fp32_to_fp16(d), fp32_to_fp16(vmin))
+
+
+@njit(**JIT)
+def encode_block_q5_1(x, xo, y, yo, vmin, idd, d_bits, m_bits):
+    """quantize_row_q5_1_ref for one block whose min (and its fp16 bits) and d (1/d, fp16 bits) are known."""
+    xb, yb = x[xo:xo + QK], y[yo:yo + Q5_1_BYTES]
+    store_half(yb, 0, d_bits)
+    store_half(yb, 2, m_bits)
     qh = np.uint32(0)
     for j in range(HALF):
         q0 = c_int((xb[j] - vmin) * idd + np.float32(0.5)) & 0xFF  # (uint8_t), no clamp
@@ -293,53 +323,73 @@ def decode_block_mxfp4(src, so, out, oo):
 # Rows are contiguous, so block b of a chunk reads x[b*QK:] and writes y[b*bytes:], whatever
 # the row length.
 
-@njit(parallel=True, **JIT)
-def quantize_q4_0(x, y):
-    for b in prange(x.size // QK):
-        quantize_block_q4_0(x, b * QK, y, b * Q4_0_BYTES)
-
-
-GROUP = 64  # blocks per work item of the min/max types
+GROUP = 64  # blocks per work item of the kernels that take a first pass over a group of blocks
+Q4_0, Q4_1, Q5_0, Q5_1 = 0, 1, 2, 3       # the kinds block_scales and quantize_groups serve
+LEVELS = np.array([-8.0, 15.0, -16.0, 31.0], np.float32)   # d = max / -8 (-16), or (max - min) / 15 (31)
 
 
 @njit(**JIT)
-def group_min_max(x, lo, hi):
-    """Min and max of blocks lo..hi-1, as a first pass: the min/max loops of consecutive blocks then
-    overlap in the CPU instead of each waiting inside one block's quantization."""
-    bounds = np.empty((2, hi - lo), np.float32)
+def block_scales(x, lo, hi, kind, idd, d_bits, vmin, m_bits):
+    """Scale fields of blocks lo..hi-1, as a first pass: the max (or min/max) loops of consecutive
+    blocks then overlap in the CPU instead of each waiting inside one block's quantization, and the
+    divisions and fp16 roundings run as vector loops over the blocks. Fills idd (1/d), d_bits (d's
+    fp16 bits) and, for Q4_1/Q5_1, vmin and m_bits (the min's)."""
+    n = hi - lo
+    two_sided = kind == Q4_1 or kind == Q5_1
     for b in range(lo, hi):
-        bounds[0, b - lo], bounds[1, b - lo] = min_max(x[b * QK:(b + 1) * QK])
-    return bounds
+        if two_sided:
+            vmin[b - lo], idd[b - lo] = min_max(x[b * QK:(b + 1) * QK])     # idd holds the max for now
+        else:
+            idd[b - lo] = signed_absmax(x[b * QK:(b + 1) * QK])[1]
+    levels = LEVELS[kind]
+    for i in range(n):
+        d = (idd[i] - vmin[i]) / levels if two_sided else idd[i] / levels
+        idd[i] = np.float32(1.0) / d if d != F0 else F0
+        d_bits[i] = fp32_to_fp16(d)
+    if two_sided:
+        for i in range(n):
+            m_bits[i] = fp32_to_fp16(vmin[i])
 
 
 @njit(parallel=True, **JIT)
-def quantize_with_min_max(x, y, five_bits):
-    """Q4_1 or (five_bits) Q5_1: per group of blocks, the min/max pass, then the encoding."""
+def quantize_groups(x, y, kind):
+    """Q4_0, Q4_1, Q5_0 or Q5_1 (kind): per group of blocks, the scales pass, then the encoding."""
     nb = x.size // QK
     for g in prange((nb + GROUP - 1) // GROUP):
         lo, hi = g * GROUP, min(nb, (g + 1) * GROUP)
-        bounds = group_min_max(x, lo, hi)
+        idd, vmin = np.empty(hi - lo, np.float32), np.empty(hi - lo, np.float32)
+        d_bits, m_bits = np.empty(hi - lo, np.uint32), np.empty(hi - lo, np.uint32)
+        block_scales(x, lo, hi, kind, idd, d_bits, vmin, m_bits)
         for b in range(lo, hi):
-            if five_bits:
-                encode_block_q5_1(x, b * QK, y, b * Q5_1_BYTES, bounds[0, b - lo], bounds[1, b - lo])
+            i = b - lo
+            if kind == Q4_0:
+                encode_block_q4_0(x, b * QK, y, b * Q4_0_BYTES, idd[i], d_bits[i])
+            elif kind == Q5_0:
+                encode_block_q5_0(x, b * QK, y, b * Q5_0_BYTES, idd[i], d_bits[i])
+            elif kind == Q4_1:
+                encode_block_q4_1(x, b * QK, y, b * Q4_1_BYTES, vmin[i], idd[i], d_bits[i], m_bits[i])
             else:
-                encode_block_q4_1(x, b * QK, y, b * Q4_1_BYTES, bounds[0, b - lo], bounds[1, b - lo])
+                encode_block_q5_1(x, b * QK, y, b * Q5_1_BYTES, vmin[i], idd[i], d_bits[i], m_bits[i])
+
+
+@njit(**JIT)
+def quantize_q4_0(x, y):
+    quantize_groups(x, y, Q4_0)
 
 
 @njit(**JIT)
 def quantize_q4_1(x, y):
-    quantize_with_min_max(x, y, False)
+    quantize_groups(x, y, Q4_1)
 
 
-@njit(parallel=True, **JIT)
+@njit(**JIT)
 def quantize_q5_0(x, y):
-    for b in prange(x.size // QK):
-        quantize_block_q5_0(x, b * QK, y, b * Q5_0_BYTES)
+    quantize_groups(x, y, Q5_0)
 
 
 @njit(**JIT)
 def quantize_q5_1(x, y):
-    quantize_with_min_max(x, y, True)
+    quantize_groups(x, y, Q5_1)
 
 
 @njit(parallel=True, **JIT)

@@ -66,29 +66,34 @@ def nearest_float(f):
 @njit(**JIT)
 def fp32_to_fp16(f):
     """ggml_compute_fp32_to_fp16: round to nearest even incl. subnormals, overflow to inf,
-    NaN to 0x7E00 | sign. Returns the half's bits as int64."""
+    NaN to 0x7E00 | sign. Returns the half's bits as uint32 (32-bit lanes and selects throughout,
+    so loops over many values vectorize)."""
     base = (abs(f) * FP16_SCALE_TO_INF) * FP16_SCALE_TO_ZERO
-    w = np.int64(f32_bits(f))
-    shl1 = (w + w) & 0xFFFFFFFF
-    sign = w & 0x80000000
-    bias = shl1 & 0xFF000000
-    if bias < 0x71000000:
-        bias = 0x71000000
-    base = f32_from_bits((bias >> 1) + 0x07800000) + base
-    b = np.int64(f32_bits(base))
-    nonsign = ((b >> 13) & 0x7C00) + (b & 0x0FFF)
-    if shl1 > 0xFF000000:
-        nonsign = 0x7E00
-    return (sign >> 16) | nonsign
+    w = f32_bits(f)
+    shl1 = np.uint32(w + w)
+    sign = w & U32_SIGN
+    bias = shl1 & U32_EXP_MASK
+    bias = U32_MIN_BIAS if bias < U32_MIN_BIAS else bias
+    base = f32_from_bits(np.uint32((bias >> np.uint32(1)) + U32_BIAS_ADD)) + base
+    b = f32_bits(base)
+    nonsign = np.uint32(((b >> np.uint32(13)) & np.uint32(0x7C00)) + (b & np.uint32(0x0FFF)))
+    nonsign = np.uint32(0x7E00) if shl1 > U32_EXP_MASK else nonsign
+    return np.uint32((sign >> np.uint32(16)) | nonsign)
+
+
+U32_SIGN, U32_EXP_MASK = np.uint32(0x80000000), np.uint32(0xFF000000)
+U32_MIN_BIAS, U32_BIAS_ADD = np.uint32(0x71000000), np.uint32(0x07800000)
 
 
 @njit(**JIT)
 def fp32_to_bf16(f):
-    """ggml_compute_fp32_to_bf16: round to nearest even, NaN forced quiet. Returns int64 bits."""
-    u = np.int64(f32_bits(f))
-    if (u & 0x7FFFFFFF) > 0x7F800000:
-        return (u >> 16) | 64
-    return ((u + (0x7FFF + ((u >> 16) & 1))) >> 16) & 0xFFFF
+    """ggml_compute_fp32_to_bf16: round to nearest even, NaN forced quiet. Returns the bits as
+    uint32 (32-bit lanes: vectorizes)."""
+    u = f32_bits(f)
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint32((u >> np.uint32(16)) | np.uint32(64))
+    return np.uint32(np.uint32(u + np.uint32(np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))))
+                     >> np.uint32(16))
 
 
 def _fp16_table():

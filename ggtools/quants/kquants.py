@@ -5,7 +5,8 @@ parallel kernels allocate once per group of blocks.
 
 Q2_K, Q3_K, Q4_K and Q5_K run a batch of blocks at once, transposed: element i of sub-block c
 of the batch at xt[i, c], so every sub-block is a SIMD lane of the scale search (see
-scalesearch). Q6_K goes block by block (its search is vectorized over candidate scales).
+scalesearch). Q6_K goes block by block (its search is vectorized over candidate scales and the
+block's sub-blocks).
 """
 
 import numpy as np
@@ -14,7 +15,7 @@ from numba import njit, prange
 
 from .floatbits import JIT, fp16_at, nearest_float, nearest_int, store_fp16
 from .kdecode import get_scale_min_k4, q3_scale
-from .scalesearch import (F0, LANES, QKX2_ROWS, WORK_ROWS, clamp, clamp_float, level,
+from .scalesearch import (F0, LANES, QKX2_ROWS, QX_ROWS, QX_SMALL_ROWS, QX_SUBS, clamp, clamp_float, level,
                           make_q3_quants, make_qkx2_quants, make_qx_quants)
 
 QK_K, Q2_K_BYTES = GGML_QUANT_SIZES[T.Q2_K]
@@ -283,18 +284,21 @@ def quantize_blocks_q3_k(x, xo, y, yo, nblocks, scratch):
 
 @njit(**JIT)
 def new_scratch():
-    """Q6_K scratch: levels L[256], float32 work rows (search lanes, then scales)."""
-    return np.empty(QK_K, np.int64), np.empty((WORK_ROWS + 1, LANES), np.float32)
+    """Q6_K scratch: levels L[256] and the search's work arrays (make_qx_quants): transposed values, the
+    candidates' rows, the sub-blocks' rows, the scales."""
+    return (np.empty(QK_K, np.int64), np.empty((16, QX_SUBS), np.float32),
+            np.empty((QX_ROWS, LANES * QX_SUBS), np.float32), np.empty((QX_SMALL_ROWS, QX_SUBS), np.float32),
+            np.empty(QX_SUBS, np.float32))
 
 
 @njit(**JIT)
-def quantize_block_q6_k(x, xo, y, yo, L, work):
-    scales = work[WORK_ROWS]
+def quantize_block_q6_k(x, xo, y, yo, scratch):
+    L, xt, work, small, scales = scratch
+    make_qx_quants(32, x, xo, L, xt, work, small, scales)
     max_scale = F0
     max_abs_scale = F0
     for j in range(16):
-        s = make_qx_quants(16, 32, x, xo + 16 * j, L, 16 * j, work)
-        scales[j] = s
+        s = scales[j]
         if abs(s) > max_abs_scale:
             max_abs_scale = abs(s)
             max_scale = s
@@ -368,6 +372,6 @@ def quantize_q3_k(x, y):
 def quantize_q6_k(x, y):
     nb = x.size // QK_K
     for g in prange((nb + GROUP - 1) // GROUP):
-        L, work = new_scratch()
+        scratch = new_scratch()
         for b in range(g * GROUP, min(nb, (g + 1) * GROUP)):
-            quantize_block_q6_k(x, b * QK_K, y, b * Q6_K_BYTES, L, work)
+            quantize_block_q6_k(x, b * QK_K, y, b * Q6_K_BYTES, scratch)

@@ -6,8 +6,9 @@ each lane still adding in index order, so every bit stays the same while the loo
 throughput-bound:
 - make_qkx2_quants (Q2_K, Q4_K, Q5_K): lane = sub-block; a step's candidate depends on the
   min chosen by the previous accepted step, so the steps themselves stay sequential.
-- make_qx_quants (Q6_K): lane = candidate scale (they are independent); the winner is then
-  picked in the C order with the C comparisons.
+- make_qx_quants (Q6_K): lane = (candidate scale, sub-block), the 16 sub-blocks of a block at
+  once (candidates are independent); the winner is then picked in the C order with the C
+  comparisons, for every sub-block at once.
 - make_q3_quants (Q3_K): lane = sub-block; coordinate descent, element by element.
 See quant-recipes.md §4-5. Scratch arrays are caller-owned so kernels allocate once per group.
 """
@@ -18,7 +19,6 @@ from numba import njit
 from .floatbits import JIT, nearest_float, nearest_int
 
 LANES = 24  # candidate scales per make_qx_quants search (19 used), padded to whole AVX2 vectors
-WORK_ROWS = 3
 GROUP_MAX_EPS = np.float32(1e-15)
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
@@ -133,19 +133,21 @@ QKX2_ROWS = 15
 
 
 @njit(**JIT)
-def signed_absmax(x, xo, n):
-    """(amax, value with that |value|), strict '>' so the first wins, NaNs skipped."""
-    amax = F0
-    vmax = F0
-    for i in range(n):
-        ax = abs(x[xo + i])
-        if ax > amax:
-            amax = ax
-            vmax = x[xo + i]
-    return amax, vmax
+def signed_absmax_lanes(row, amax, vmax):
+    """signed_absmax's step for one element of every lane (row[c] of lane c), strict '>' so the first wins.
+    (A 1-D row: LLVM vectorizes this loop, not the same loop over xt[i, c] inside the loop nest.)"""
+    for c in range(row.shape[0]):
+        v = row[c]
+        ax = abs(v)
+        bigger = ax > amax[c]
+        amax[c] = ax if bigger else amax[c]
+        vmax[c] = v if bigger else vmax[c]
 
 
 QX_STEPS = 19  # is = 0 (the first guess), then -9..-1, 1..9
+QX_SUBS = 16   # sub-blocks searched at once (a Q6_K block), one SIMD lane each per candidate
+QX_ROWS = 3    # work rows of LANES * QX_SUBS: iscale, sumlx, suml2
+QX_SMALL_ROWS = 5   # work rows of QX_SUBS: amax, vmax, scale, best, chosen
 
 
 @njit(**JIT)
@@ -157,40 +159,73 @@ def qx_step(k):
 
 
 @njit(**JIT)
-def make_qx_quants(n, nmax, x, xo, L, lo, work):
-    """Symmetric search (rmse_type 1, no quant weights). Writes L[lo:lo+n] (raw 0 for an
-    all-zero group), returns the scale."""
-    amax, vmax = signed_absmax(x, xo, n)
-    if amax < GROUP_MAX_EPS:
+def make_qx_quants(nmax, x, xo, L, xt, work, small, scales):
+    """make_qx_quants (rmse_type 1, no quant weights) of the QX_SUBS sub-blocks of 16 values at x[xo:] at once:
+    lane k * QX_SUBS + j is candidate scale k of sub-block j, each still summed in index order. Writes
+    L[16j + i] (raw 0 for an all-zero sub-block) and scales[j]. xt: (16, QX_SUBS) float32 scratch; work:
+    (QX_ROWS, LANES * QX_SUBS); small: (QX_SMALL_ROWS, QX_SUBS)."""
+    n = 16
+    for j in range(QX_SUBS):
         for i in range(n):
-            L[lo + i] = 0
-        return F0
+            xt[i, j] = x[xo + n * j + i]
+    amax, vmax, scale, best, chosen = small[0], small[1], small[2], small[3], small[4]
+    for j in range(QX_SUBS):
+        amax[j] = F0
+        vmax[j] = F0
+    for i in range(n):
+        signed_absmax_lanes(xt[i], amax, vmax)
     fnmax = np.float32(nmax)
     iscale, sumlx, suml2 = work[0], work[1], work[2]
     for k in range(LANES):
-        iscale[k] = -(fnmax + np.float32(0.1) * np.float32(qx_step(k))) / vmax
-        sumlx[k] = F0
-        suml2[k] = F0
+        step = fnmax + np.float32(0.1) * np.float32(qx_step(k))
+        for j in range(QX_SUBS):
+            iscale[k * QX_SUBS + j] = -step / vmax[j]
+    for m in range(LANES * QX_SUBS):
+        sumlx[m] = F0
+        suml2[m] = F0
     for i in range(n):
-        xi = x[xo + i]
-        wi = xi * xi
-        wx = wi * xi
-        for k in range(LANES):
-            fl = np.float32(clamp(nearest_int(iscale[k] * xi), -nmax, nmax - 1))
-            sumlx[k] += wx * fl
-            suml2[k] += (wi * fl) * fl
-
-    scale = sumlx[0] / suml2[0] if suml2[0] != F0 else F0
-    best = scale * sumlx[0]
-    chosen = 0
+        qx_sums(xt[i], iscale, sumlx, suml2, nmax)
+    # the candidates in the C order, with the C comparisons: every sub-block at once
+    for j in range(QX_SUBS):
+        scale[j] = sumlx[j] / suml2[j] if suml2[j] != F0 else F0
+        best[j] = scale[j] * sumlx[j]
+        chosen[j] = F0
     for k in range(1, QX_STEPS):
-        if suml2[k] > F0 and sumlx[k] * sumlx[k] > best * suml2[k]:
-            scale = sumlx[k] / suml2[k]
-            best = scale * sumlx[k]
-            chosen = k
-    for i in range(n):
-        L[lo + i] = nmax + clamp(nearest_int(iscale[chosen] * x[xo + i]), -nmax, nmax - 1)
-    return scale
+        qx_pick(k, sumlx[k * QX_SUBS:(k + 1) * QX_SUBS], suml2[k * QX_SUBS:(k + 1) * QX_SUBS], scale, best, chosen)
+    for j in range(QX_SUBS):
+        usable = amax[j] >= GROUP_MAX_EPS
+        scales[j] = scale[j] if usable else F0
+        chosen_iscale = iscale[np.int64(chosen[j]) * QX_SUBS + j]
+        for i in range(n):
+            level = nmax + clamp(nearest_int(chosen_iscale * xt[i, j]), -nmax, nmax - 1)
+            L[n * j + i] = level if usable else 0
+
+
+@njit(**JIT)
+def qx_sums(row, iscale, sumlx, suml2, nmax):
+    """One element of every sub-block (row[j]) against every candidate scale: the sums of x^3 l and x^2 l^2.
+    (Its own function over 1-D rows: LLVM vectorizes it.)"""
+    nsub = row.shape[0]     # not QX_SUBS: a known count gets unrolled, not vectorized
+    lo, hi = np.float32(-nmax), np.float32(nmax - 1)
+    for k in range(LANES):
+        for j in range(nsub):
+            m = k * nsub + j
+            xi = row[j]
+            wi = xi * xi
+            fl = clamp_float(nearest_float(iscale[m] * xi), lo, hi)
+            sumlx[m] += (wi * xi) * fl
+            suml2[m] += (wi * fl) * fl
+
+
+@njit(**JIT)
+def qx_pick(k, sumlx, suml2, scale, best, chosen):
+    """Candidate k against the best so far, for every sub-block: C's `suml2 > 0 && sumlx^2 > best*suml2`."""
+    for j in range(scale.shape[0]):     # not QX_SUBS: a known count gets unrolled, not vectorized
+        take = (suml2[j] > F0) & (sumlx[j] * sumlx[j] > best[j] * suml2[j])
+        new_scale = sumlx[j] / suml2[j]
+        scale[j] = new_scale if take else scale[j]
+        best[j] = new_scale * sumlx[j] if take else best[j]
+        chosen[j] = np.float32(k) if take else chosen[j]
 
 
 @njit(**JIT)
@@ -210,11 +245,7 @@ def make_q3_quants(nmax, xt, Lt, st, scales):
         amax[c] = F0
         vmax[c] = F0
     for i in range(n):
-        for c in range(lanes):
-            ax = abs(xt[i, c])
-            bigger = ax > amax[c]
-            amax[c] = ax if bigger else amax[c]
-            vmax[c] = xt[i, c] if bigger else vmax[c]
+        signed_absmax_lanes(xt[i], amax, vmax)
     for c in range(lanes):
         usable[c] = F1 if amax[c] >= GROUP_MAX_EPS else F0
         iscale[c] = np.float32(-nmax) / vmax[c]
