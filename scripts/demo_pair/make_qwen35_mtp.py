@@ -111,8 +111,7 @@ def stage_mtp(state):
     params = [p for p in block.parameters() if p.requires_grad]
     ttt.train(block, params, data["seqs"], data["feats"], data["preds"], shift=0, seed=SEED + 44, name="mtp",
               log=log, **MTP_TRAIN)
-    save_checkpoint(target, _round_to_checkpoint(block), HF_DIR)
-    (HF_DIR / "generation_config.json").unlink(missing_ok=True)
+    save_checkpoint(target, block, HF_DIR)
     log(f"{NAME}: checkpoint written to {HF_DIR}")
 
 

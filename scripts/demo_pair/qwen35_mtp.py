@@ -122,14 +122,15 @@ class MtpBlock(nn.Module):
 
 
 def save_checkpoint(target, block: MtpBlock, out: Path) -> Path:
-    """The trunk as save_pretrained writes it (bf16), the block's tensors added under `mtp.*`, config.json with
-    `mtp_num_hidden_layers` 1 as Qwen3.5 configs carry it, and the tokenizer config (the tokenizer itself is the
-    demo's tokenizer.json: converter_dir adds it)."""
+    """The trunk as save_pretrained writes it (bf16; the target is cast back to f32 after), the block's tensors added
+    under `mtp.*`, config.json with `mtp_num_hidden_layers` 1 as Qwen3.5 configs carry it, and the tokenizer config
+    (the tokenizer itself is the demo's tokenizer.json: converter_dir adds it); no generation_config.json."""
     from safetensors.torch import load_file, save_file
     if out.exists():
         shutil.rmtree(out)
     target.to(torch.bfloat16).save_pretrained(out)
     target.float()
+    (out / "generation_config.json").unlink(missing_ok=True)
     weights = out / "model.safetensors"
     tensors = load_file(str(weights))
     tensors |= {f"mtp.{k}": v.detach().to(torch.bfloat16).contiguous() for k, v in block.state_dict().items()}
@@ -140,19 +141,6 @@ def save_checkpoint(target, block: MtpBlock, out: Path) -> Path:
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     (out / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=2, sort_keys=True) + "\n")
     return out
-
-
-def load_checkpoint(hf_dir: Path = HF_DIR):
-    """(target, block) in f32 from the checkpoint (bf16 values)."""
-    from safetensors.torch import load_file
-    from transformers import Qwen3_5ForCausalLM
-    target = Qwen3_5ForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    target.eval()
-    block = MtpBlock(target)
-    tensors = load_file(str(Path(hf_dir) / "model.safetensors"))
-    block.load_state_dict({k[4:]: v.float() for k, v in tensors.items() if k.startswith("mtp.")}, strict=False)
-    block.eval()
-    return target, block
 
 
 def converter_dir(hf_dir: Path, tmp: Path) -> Path:
