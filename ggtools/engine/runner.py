@@ -52,22 +52,30 @@ class ShardJob:
     threads: int = 1                # cores the run's conversions may use, all workers together
 
 
+def cores() -> int:
+    """The CPUs this process may run on (its affinity: taskset, a container's cpuset), else the CPU count."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def worker_count(jobs: int | None, n_shards: int) -> int:
-    """-j capped at the number of shards; when not given, twice the CPU count (a worker waits on the disk,
-    kernel copies and fsync, about half the time: two per core keep the cores busy)."""
-    return max(1, min(jobs or 2 * (os.cpu_count() or 1), n_shards))
+    """-j capped at the number of shards; when not given, twice the cores (a worker waits on the disk, reads,
+    writes and fsync, part of the time: two per core keep the cores busy)."""
+    return max(1, min(jobs or 2 * cores(), n_shards))
 
 
 def run_plan(plan: Plan, *, jobs=None, resume=False, force=False, verify=True, allow_nonfinite=False,
              progress=None, resumable=True, make_dirs=False, record=True, threads=None) -> RunReport:
     """Write every shard of the plan (with resume, those not finished yet). jobs: shards in parallel processes
     (None: worker_count's default); threads: the cores the conversions may use, shared among the workers
-    running at any moment (None: every CPU); resumable: whether the command offers --resume (what the messages
+    running at any moment (None: every core the process may run on); resumable: whether the command offers --resume (what the messages
     suggest); make_dirs: make missing output directories (removed again if the run fails before writing
     into them); record: keep the resume manifest (without one nothing can be resumed, so a serial run
     stops at the first failed shard)."""
     job = ShardJob(manifest.path_for(plan) if record else None, list(plan.inputs), verify, allow_nonfinite,
-                   replace=force or resume, threads=threads or os.cpu_count() or 1)
+                   replace=force or resume, threads=threads or cores())
     entries = manifest.read_entries(job.manifest) if record else {}
     todo, skipped = [], []
     for shard in plan.shards:

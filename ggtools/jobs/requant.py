@@ -54,12 +54,12 @@ def check_disk(plan: Plan):
 
 
 def requant_trunk(plan: Plan, *, jobs=None, resume=False, force=False, verify=True, allow_nonfinite=False,
-                  progress=None) -> RunReport:
+                  progress=None, threads=None) -> RunReport:
     """Write the plan's shards (making the output directory), each recorded in the resume manifest; with
     resume, only those not finished and intact. jobs: shards in parallel processes (None: the runner's
-    default)."""
+    default); threads: the cores the conversions may use (None: every core the process may run on)."""
     return run_plan(plan, jobs=jobs, resume=resume, force=force, verify=verify, allow_nonfinite=allow_nonfinite,
-                    progress=progress, make_dirs=True)
+                    progress=progress, make_dirs=True, threads=threads)
 
 
 def _types(src_type, dst_type):

@@ -3,6 +3,7 @@ shapes (the ones the runtime's loaders apply, ggtools.hparam_rules; a split set'
 of its first shard), optional deep row-data scan, sha256 manifests; for a DSpark drafter, its runtime's rules on the
 heads, d2t and block size."""
 
+import contextlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -126,12 +127,13 @@ def _check_one(path, deep, want_hashes, shards=None) -> FileReport:
         report.problems = file_problems(f, _set_tensors(shards))
         intact = not errors(report.problems)
         deep = deep and intact
-        if want_hashes:         # the deep scan rides on the hashing's read: every byte read once
-            scan = _row_scan() if deep else None
-            report.sha256, report.tensor_sha256 = hash_file(f, tensors=intact, on_chunk=scan and scan.feed)
-        if deep:
-            report.problems += deep_scan(f, scan if want_hashes else None)
-            report.deep_bytes = sum(t.nbytes for t in f.tensors)
+        with _scanning() if deep else contextlib.nullcontext():
+            if want_hashes:         # the deep scan rides on the hashing's read: every byte read once
+                scan = _row_scan() if deep else None
+                report.sha256, report.tensor_sha256 = hash_file(f, tensors=intact, on_chunk=scan and scan.feed)
+            if deep:
+                report.problems += deep_scan(f, scan if want_hashes else None)
+                report.deep_bytes = sum(t.nbytes for t in f.tensors)
     return report
 
 
@@ -182,6 +184,17 @@ def hparam_problems(f: GGUFFile, reported=(), locate=None) -> list[Problem]:
     file; reported: places the container rules already name (a key of the wrong type, say)."""
     return [Problem(f.path, v.where, v.rule + (f' (llama.cpp: "{v.says}")' if v.says else ""))
             for v in model_violations(f, locate) if v.where not in reported]
+
+
+@contextlib.contextmanager
+def _scanning():
+    """The row checks of this thread on one core: the reading runs on a thread of its own (gguf/readahead.py)."""
+    from ggtools.quants import use_threads     # numba: only for --deep
+    before = use_threads(1)
+    try:
+        yield
+    finally:
+        use_threads(before)
 
 
 def _row_scan() -> RowScan:

@@ -79,14 +79,19 @@ def _bad_blocks(data, tsize, fields, counts, firsts):
 
 @njit(parallel=True, **JIT)
 def _bad_values(bits, mask, counts, firsts):
-    """Values whose exponent bits (mask) are all set: inf or NaN."""
+    """Values whose exponent bits (mask) are all set: inf or NaN. A branch-free count (it vectorizes),
+    then, only where there is one, the search for the first."""
     for c in prange(counts.size):
-        n, first = 0, -1
-        for i in range(c * CHUNK, min(bits.size, (c + 1) * CHUNK)):
-            if bits[i] & mask == mask:
-                n += 1
-                if first < 0:
+        lo, hi = c * CHUNK, min(bits.size, (c + 1) * CHUNK)
+        n = 0
+        for i in range(lo, hi):
+            n += np.int32((bits[i] & mask) == mask)
+        first = -1
+        if n:
+            for i in range(lo, hi):
+                if bits[i] & mask == mask:
                     first = i
+                    break
         counts[c], firsts[c] = n, first
 
 

@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
-"""Benchmark requant-trunk on a generated Kimi-like shard set (trunk ≈ 5% of the bytes), all in one run:
+"""Benchmark requant-trunk on a generated Kimi-like shard set (trunk about 7 % of the bytes), all in one run:
 
-- wall time of `ggtools requant-trunk` (verification on) / wall time of `cp` of the same set (goal ≤ 1.5);
-- peak RSS of the requant process (goal ≤ 300 MB), whatever the shard size;
-- Q8_0 → Q4_K conversion rate: ours (one thread, all threads) vs ggml's C reference (one thread).
+- wall time of `ggtools requant-trunk` (verification on, outputs fsync'ed) against `cp -r` of the same set followed by
+  `sync` of the copies (goal: at most 1.1x on 2 CPUs), page cache cold and warm, on 1 and 2 CPUs (taskset);
+- the bytes requant-trunk read and wrote (system calls, and what reached the disk) against the set's size;
+- the peak RSS of a worker process (goal: 300 MB), and the Q8_0 -> Q4_K conversion rate against ggml's C.
 
-  python -m scripts.bench.requant [--gb 2] [--shards 4] [--dir /tmp/ggtools-bench] [-j N] [--repeat 3] [--keep]
+  python -m scripts.bench.requant [--gb 2] [--shards 4] [--dir D] [--cpus 1,2] [--repeat 2] [-j N] [--keep]
                                   [--markdown [PAGE]]
+
+Cold: the page cache dropped before each command (drop_caches as root, else posix_fadvise DONTNEED on the set's
+files; the report says which). Warm: the set read once right before. Each configuration runs the two commands in
+turn, best of --repeat rounds.
 """
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -24,6 +30,7 @@ from gguf import GGMLQuantizationType as T
 from ggtools import quants
 from ggtools.samples import write_moe_set
 from scripts.bench import page
+from scripts.bench.diskio import Run, cold_method, files_under, ggtools_cmd, load_average, make_cold, make_warm
 
 HIDDEN, FFN, EXPERTS, VOCAB = 1024, 512, 128, 32000
 
@@ -31,12 +38,6 @@ HIDDEN, FFN, EXPERTS, VOCAB = 1024, 512, 128, 32000
 def layers_for(gb):
     per_layer = 3 * HIDDEN * FFN * EXPERTS * 17 / 32 + (2 * HIDDEN * HIDDEN + 3 * HIDDEN * FFN) * 34 / 32
     return max(1, round((gb * 1e9 - 2 * HIDDEN * VOCAB * 34 / 32) / per_layer))
-
-
-def timed(cmd):
-    t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t
 
 
 def best_seconds(fn, repeat=3):
@@ -48,11 +49,8 @@ def best_seconds(fn, repeat=3):
     return best
 
 
-def drop_caches_hint():
-    return "source in the page cache for both: the set was just written"
-
-
 def conversion_rates(mb=16):
+    """Q8_0 -> Q4_K in MB of float32 values per second: ours on 1 thread and on all, ggml's C on 1 (or None)."""
     rows = int(mb * 1e6 / 4 / 4096)
     q8 = quants.quantize(T.Q8_0, np.random.default_rng(0).standard_normal((rows, 4096), dtype=np.float32) * 0.02)
     values = quants.dequantize(T.Q8_0, q8)
@@ -72,8 +70,26 @@ def conversion_rates(mb=16):
         ggml = load_ggml()
         c = values.nbytes / best_seconds(lambda: ggml.quantize(T.Q4_K, quants.dequantize(T.Q8_0, q8))) / 1e6
     except BaseException as e:        # pytest.skip is a BaseException
-        print(f"(ggml C reference not available: {e})")
+        print(f"(ggml C reference not available: {e})", file=sys.stderr)
     return one, many, all_threads, c
+
+
+def fresh(path):
+    shutil.rmtree(path, ignore_errors=True)
+    subprocess.run(["sync"], check=True)
+
+
+def run_cp(src, dst, cpus):
+    """`cp -r` of the set, then `sync` of the copies (what requant-trunk's fsync of each output does)."""
+    copy = Run(["cp", "-r", src, dst], cpus)
+    flush = Run(["sync", *files_under(dst)], cpus)
+    copy.seconds += flush.seconds
+    copy.disk_out += flush.disk_out
+    return copy
+
+
+def run_requant(first, out, cpus, jobs):
+    return Run(ggtools_cmd("requant-trunk", first, "-o", out, "-q", *(["-j", str(jobs)] if jobs else [])), cpus)
 
 
 def main():
@@ -81,63 +97,91 @@ def main():
     ap.add_argument("--gb", type=float, default=2.0)
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--dir", default="/tmp/ggtools-bench-requant")
+    ap.add_argument("--cpus", default="1,2", help="CPU counts to run on (taskset -c 0-N-1)")
     ap.add_argument("-j", "--jobs", type=int, default=None)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep the generated set")
     page.add_option(ap)
     args = ap.parse_args()
+    report = sys.stderr if page.prints_markdown(args) else sys.stdout      # the section takes stdout
+    cpu_counts = [int(c) for c in args.cpus.split(",")]
 
     src, copy, out = (os.path.join(args.dir, d) for d in ("src", "cp", "out"))
     shutil.rmtree(args.dir, ignore_errors=True)
-    for d in (src, out):
-        os.makedirs(d)
+    os.makedirs(src)
     layers = layers_for(args.gb)
     paths = write_moe_set(os.path.join(src, "kimi-like"), layers=layers, hidden=HIDDEN, ffn=FFN, experts=EXPERTS,
                           vocab=VOCAB, shards=args.shards)
-    total = sum(os.path.getsize(p) for p in paths)
-    plan_cmd = ["ggtools", "requant-trunk", paths[0], "-o", out, "--dry-run", "--json"]
-    import json
-    plan = json.loads(subprocess.run(plan_cmd, check=True, capture_output=True, text=True).stdout)
+    size = sum(os.path.getsize(p) for p in paths)
+    plan = json.loads(subprocess.run([sys.executable, "-m", "ggtools", "requant-trunk", paths[0], "-o", out,
+                                      "--dry-run", "--json"], check=True, capture_output=True, text=True).stdout)
     trunk = sum(t["bytes_in"] for s in plan["shards"] for t in s["tensors"] if t["action"] == "convert")
-    report = sys.stderr if page.prints_markdown(args) else sys.stdout      # the section takes stdout
-    print(f"set: {len(paths)} shards, {total / 1e9:.2f} GB, {layers} layers; trunk converted: "
-          f"{trunk / 1e9:.3f} GB ({100 * trunk / total:.1f}% of the bytes)", file=report)
+    out_size = sum(t["bytes_out"] for s in plan["shards"] for t in s["tensors"])
+    print(f"set: {len(paths)} shards, {size / 1e9:.2f} GB, {layers} layers; trunk converted: {trunk / 1e9:.3f} GB "
+          f"({100 * trunk / size:.1f} % of the bytes); cold = {cold_method()}; load {load_average()}", file=report)
 
-    jobs = ["-j", str(args.jobs)] if args.jobs else []
-    t_cp, t_cp_sync, t_rq, peak = [], [], [], 0
-    for _ in range(args.repeat):          # alternate the two, keep the best of each: the machine is shared
-        subprocess.run(["sync"], check=True)
-        t_cp.append(timed(["cp", "-r", src, copy]))
-        t_cp_sync.append(t_cp[-1] + timed(["sync"]))
-        shutil.rmtree(copy)
-        shutil.rmtree(out)
-        os.makedirs(out)
-        subprocess.run(["sync"], check=True)
-        t_rq.append(timed(["ggtools", "requant-trunk", paths[0], "-o", out, "-q", *jobs]))
-        peak = max(peak, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    t_cp, t_sync_total, t_rq = min(t_cp), min(t_cp_sync), min(t_rq)
-    print(f"best of {args.repeat}: requant-trunk (verify on, outputs fsync'ed) {t_rq:.2f} s; cp -r {t_cp:.2f} s -> "
-          f"ratio {t_rq / t_cp:.2f} (goal <= 1.5); cp -r + sync {t_sync_total:.2f} s -> ratio "
-          f"{t_rq / t_sync_total:.2f} ({drop_caches_hint()})", file=report)
-    print(f"peak RSS of the largest child process: {peak / 1024:.0f} MB (goal <= 300 MB)", file=report)
+    best, loads = {}, [os.getloadavg()[0]]
+    for r in range(args.repeat):
+        for cache in ("warm", "cold"):
+            for cpus in cpu_counts:
+                tools = ["cp", "requant"] if r % 2 == 0 else ["requant", "cp"]     # turn about
+                for tool in tools:
+                    dst = copy if tool == "cp" else out
+                    fresh(dst)
+                    (make_warm if cache == "warm" else make_cold)(paths)
+                    run = run_cp(src, dst, cpus) if tool == "cp" else run_requant(paths[0], dst, cpus, args.jobs)
+                    key = (cache, cpus, tool)
+                    if key not in best or run.seconds < best[key].seconds:
+                        best[key] = run
+                    print(f"  round {r + 1}: {cache:4} {cpus} CPU(s) {tool:7} {run.seconds:6.2f} s", file=report)
+                loads.append(os.getloadavg()[0])
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    fresh(copy)
+    fresh(out)
     one, many, n, c = conversion_rates()
-    line = f"Q8_0 -> Q4_K conversion: ours {one:.1f} MB/s on 1 thread, {many:.1f} MB/s on {n} threads"
-    if c:
-        line += f"; ggml C reference {c:.1f} MB/s on 1 thread -> ratio {one / c:.2f} (1 thread)"
-    print(line + " (MB of float32 values per second)", file=report)
+
+    times = []
+    for cache in ("warm", "cold"):
+        for cpus in cpu_counts:
+            rq, cp = best[(cache, cpus, "requant")], best[(cache, cpus, "cp")]
+            goal = "<= 1.1" if cpus == 2 else ""
+            times.append([cache, cpus, f"{rq.seconds:.2f} s", f"{cp.seconds:.2f} s", f"**{rq.seconds / cp.seconds:.2f}**",
+                          goal])
+    cold = best[("cold", max(cpu_counts), "requant")]
+    cold_cp = best[("cold", max(cpu_counts), "cp")]
+    io = cold.io or {}
+    bytes_rows = [
+        ["requant-trunk read (system calls)", f"{io.get('rchar', 0) / 1e9:.3f} GB", f"{io.get('rchar', 0) / size:.3f}",
+         "of the set"],
+        ["requant-trunk wrote (system calls)", f"{io.get('wchar', 0) / 1e9:.3f} GB",
+         f"{io.get('wchar', 0) / out_size:.3f}", "of the output"],
+        ["requant-trunk read from the disk (cold)", f"{cold.disk_in / 1e9:.3f} GB", f"{cold.disk_in / size:.3f}",
+         "of the set"],
+        ["requant-trunk wrote to the disk", f"{cold.disk_out / 1e9:.3f} GB", f"{cold.disk_out / out_size:.3f}",
+         "of the output"],
+        ["`cp -r` read from the disk (cold)", f"{cold_cp.disk_in / 1e9:.3f} GB", f"{cold_cp.disk_in / size:.3f}",
+         "of the set"],
+        ["`cp -r` + `sync` wrote to the disk", f"{cold_cp.disk_out / 1e9:.3f} GB", f"{cold_cp.disk_out / size:.3f}",
+         "of the set"],
+    ]
+    other = [["peak RSS of a process", f"{peak / 1024:.0f} MB", "", "", "<= 300 MB"],
+             ["Q8_0 -> Q4_K, 1 thread, against ggml's C", f"{one:.0f} MB/s", f"{c:.0f} MB/s" if c else "-",
+              f"{one / c:.2f}" if c else "-", ""],
+             [f"Q8_0 -> Q4_K, {n} threads, against 1", f"{many:.0f} MB/s", f"{one:.0f} MB/s", f"{many / one:.2f}", ""]]
+    load = f"load average {min(loads):.2f}-{max(loads):.2f} during the runs"
+    intro = (f"{len(paths)} shards, {size / 1e9:.2f} GB, trunk {trunk / 1e9:.3f} GB ({100 * trunk / size:.1f} % of "
+             f"the bytes), output {out_size / 1e9:.2f} GB; best of {args.repeat} rounds, the two commands in turn; "
+             f"cold: {cold_method()}; {load}.")
+    body = (intro + "\n\n" + page.table(["page cache", "CPUs", "requant-trunk", "`cp -r` + `sync`", "ratio", "goal"],
+                                        times)
+            + f"\n\nBytes moved, cold, {max(cpu_counts)} CPUs:\n\n"
+            + page.table(["measure", "bytes", "ratio", ""], bytes_rows)
+            + "\n\n" + page.table(["measure", "ours", "reference", "ratio", "goal"], other)
+            + "\n\nConversion rates in MB of float32 values per second, in this process.")
     if args.markdown:
-        rows = [["requant-trunk (verify on, outputs fsync'ed) / `cp -r`", f"{t_rq:.2f} s", f"{t_cp:.2f} s",
-                 f"**{t_rq / t_cp:.2f}**", "<= 1.5"],
-                ["requant-trunk / `cp -r` + `sync`", f"{t_rq:.2f} s", f"{t_sync_total:.2f} s",
-                 f"{t_rq / t_sync_total:.2f}", ""],
-                ["peak RSS of a worker process", f"{peak / 1024:.0f} MB", "", "", "<= 300 MB"],
-                ["Q8_0 -> Q4_K, 1 thread, against ggml's C", f"{one:.0f} MB/s", f"{c:.0f} MB/s" if c else "-",
-                 f"{one / c:.2f}" if c else "-", ""],
-                [f"Q8_0 -> Q4_K, {n} threads", f"{many:.0f} MB/s", "", "", ""]]
-        page.emit(args, "requant", f"{len(paths)} shards, {total / 1e9:.2f} GB, trunk {trunk / 1e9:.3f} GB "
-                  f"({100 * trunk / total:.1f} % of the bytes), best of {args.repeat} alternating runs, the source in "
-                  "the page cache; conversion rates in MB of float32 values per second:\n\n"
-                  + page.table(["measure", "ours", "reference", "ratio", "goal"], rows))
+        page.emit(args, "requant", body)
+    if not page.prints_markdown(args):
+        print(body)
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)
 

