@@ -199,6 +199,7 @@ def build_corpus(root) -> dict[str, str]:
     _shape_variants(c, j)
     _doctor_fix_variants(c, j)
     _mtp_variants(c, j)
+    _drafting_variants(c, j)        # issue 41 part 5: EAGLE3 / MTP drafting
     _prompt_files(c, j)
     _manifests(c, j)
     os.makedirs(j("outdir"))
@@ -576,6 +577,15 @@ def _mtp_variants(c, j):
     c["q35_mtp_no_eh"] = write_qwen35_mtp(j("q35_mtp_no_eh.gguf"), drop=["blk.4.nextn.eh_proj.weight"])
     c["q35_other"] = write_qwen35_mtp(j("q35_other.gguf"), n_nextn=0,
                                       keys=[("qwen35.rope.freq_base", VT.FLOAT32, 5e5)])
+
+
+# ---- issue 41 part 5, EAGLE3 / MTP drafting (tests/test_eagle3_mtp.py's class): drafters run refuses
+
+def _drafting_variants(c, j):
+    """An EAGLE3 drafter of the demo target that taps its last output (id 4, its n_layer: the h_nextn llama.cpp's
+    qwen3 graph never writes)."""
+    c["e3_tap_last"] = _eagle3_gguf(c["e3_gguf"], j("e3_tap_last.gguf"),
+                                    [("eagle3.target_layers", VT.ARRAY, [0, 1, 4], VT.INT32)], {}, ())
 
 
 def _as_arch(src, dst, arch, kvs=(), tensors=(), drop=()) -> str:

@@ -259,6 +259,25 @@ ROWS = [
     ("mtp/doctor-lucebox", ["doctor", "{q35_mtp}", "--runtime", "lucebox"], 2, [], "lucebox does not draft with MTP"),
     ("mtp/doctor-hf", ["doctor", "{q35_mtp}", "--hf", "{hf}"], 2, [], "--hf checks a DFlash drafter"),
     ("mtp/doctor-fix", ["doctor", "{q35_mtp}", "--fix", "-o", "{root}/f.gguf"], 2, [], "--fix repairs DFlash drafters"),
+    # issue 41 part 5 (test_eagle3_mtp.py's class): run drafts with EAGLE3 and MTP and refuses, in llama.cpp's words
+    # where it has them, what cannot draft
+    *[(f"draft/run-{name}", ["run", "--target", target, "--draft", draft, *FEW], 2, [], fragment)
+      for name, target, draft, fragment in (
+        ("mtp-no-block", "{q35}", "mtp", "context type MTP requested but model doesn't contain MTP layers"),
+        ("mtp-qwen3", "{target}", "mtp", "doesn't contain MTP layers"),
+        ("mtp-two-blocks", "{q35_mtp2}", "mtp", "single MTP block"),
+        ("mtp-no-eh-proj", "{q35_mtp_no_eh}", "mtp", "nextn.eh_proj"),
+        ("sidecar-other-model", "{q35_other}", "{q35_mtp_sidecar}", "rope_base"),
+        ("sidecar-other-arch", "{target}", "{q35_mtp_sidecar}", "for a 'qwen3' target"),
+        ("eagle3-other-target", "{q35}", "{e3_gguf}", "target_hidden_size"),
+        ("eagle3-two-taps", "{target}", "{e3_two_taps}", "exactly 3"),
+        ("eagle3-last-output", "{target}", "{e3_tap_last}", "never writes it"))],
+    ("draft/run-eagle3-short-ring", [*RUN_DRAFT, "{e3_gguf}", "--ring-cap", "4"], 2, [],
+     "--ring-cap 4: an EAGLE3 drafter attends to every committed position"),
+    ("draft/run-eagle3", [*RUN_DRAFT, "{e3_gguf}"], 0, [], None),
+    ("draft/run-eagle3-tree", [*RUN_DRAFT, "{e3_gguf}", "--tree-budget", "5"], 0, [], None),
+    ("draft/run-mtp", ["run", "--target", "{q35_mtp}", "--draft", "mtp", *FEW], 0, [], None),
+    ("draft/run-mtp-sidecar", ["run", "--target", "{q35}", "--draft", "{q35_mtp_sidecar}", *FEW], 0, [], None),
     # 6. non-finite values are never hidden
     ("nonfinite/quantize-nan-weights", ["quantize", "{nan_f32}", "-o", "{root}/q.gguf", *Q8], 2, [], "row 2"),
     ("nonfinite/quantize-nan-weights-allowed", ["quantize", "{nan_f32}", "-o", "{root}/q.gguf", *Q8,
