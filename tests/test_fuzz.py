@@ -755,3 +755,45 @@ def test_mtp_key_mutations(tmp_path):
             assert not out.exists()
         shutil.rmtree(d)
     assert codes[0] and codes[2], codes
+
+
+# ---- issue 41 part 5 (test_eagle3_mtp.py's class): an EAGLE3 drafter's and an MTP model's keys, through run --draft --
+
+DRAFTING_CASES = 40
+
+
+def test_drafting_key_mutations(tmp_path):
+    """An EAGLE3 drafter of the demo target and a qwen35 target with its MTP block (tests/mtp_files.py), one key
+    mutated or dropped (hparam_keys: the arch's keys and ones it lacks), each run drafting (`--draft e3.gguf`,
+    `--draft mtp`): the four properties, a file the model-file rules refuse refused in their words (exit 2), and the
+    rest either drafting or refused in one line."""
+    from ggtools.gguf import GGUFFile
+    from ggtools.hparam_rules import model_violations
+    from ggtools.jobs.convert_drafter import convert_drafter
+    from scripts.fixtures import dspark_checkpoints as DS
+    from scripts.fixtures import eagle3_drafters as E3
+    from tests.mtp_files import write_qwen35_mtp
+    target = str(shutil.copy(os.path.join(DEMO, "target.gguf"), tmp_path / "target.gguf"))
+    e3 = str(convert_drafter(DS.write_dspark(tmp_path / "e3_hf", *E3.demo_checkpoint()), tmp_path / "e3.gguf",
+                             target=target, outtype="f16").path)
+    mtp = str(write_qwen35_mtp(tmp_path / "q35_mtp.gguf"))
+    rng = np.random.default_rng(SEED + 7)
+    codes = {0: 0, 1: 0, 2: 0}
+    for i in range(DRAFTING_CASES):
+        base = (e3, mtp)[i % 2]
+        what, set_keys, drop_keys = mutate_hparams(base, rng)
+        case = f"{i}-{'eagle3' if base == e3 else 'mtp'}: {what}"
+        d = tmp_path / str(i)
+        d.mkdir()
+        path = str(rewrite_gguf(base, d / "m.gguf", set_keys=set_keys, drop_keys=drop_keys))
+        with GGUFFile(path) as f:
+            violations = model_violations(f)
+        few = ["--prompt-ids", "1,2,3", "-n", "3", "--full-kv"]
+        run = ["run", "--target", target, "--draft", path, *few] if base == e3 else \
+            ["run", "--target", path, "--draft", "mtp", *few]
+        r = _check(d, run, [], case)
+        codes[r.exit_code] += 1
+        if violations:
+            assert r.exit_code == 2 and str(violations[0]) in r.stderr, f"case {case}: {r.stderr}"
+        shutil.rmtree(d)
+    assert codes[0] and codes[2], codes
