@@ -152,7 +152,7 @@ class Recording:
         return chain
 
 
-def _compare_with_example(binary, target, draft, spec_type, settings: DraftSettings, texts=TEXTS):
+def _compare_with_example(binary, target, draft, spec_type, settings: DraftSettings, texts=TEXTS, n=N):
     """Per prompt: ggtools' output and steps (drafted tokens, accepted count) against the example's, the steps up to
     the first one that holds a near tie (_near_tie: where an ulp could make another draft; later steps still run on
     the same committed tokens, but a different acceptance would shift the steps); prompts whose text does not tokenize
@@ -164,12 +164,12 @@ def _compare_with_example(binary, target, draft, spec_type, settings: DraftSetti
     for text in texts:
         ids = tokenizer.encode(text)
         rec = Recording(drafter)
-        out = speculative_generate(model, rec, drafter.new_kv(), ids, N, settings=settings)
+        out = speculative_generate(model, rec, drafter.new_kv(), ids, n, settings=settings)
         shown = tokenizer.decode(ids + out.tokens[:1]).removeprefix(" ")
         if tokenizer.encode(shown) != ids + out.tokens[:1] or any(t in tokenizer.eog for t in out.tokens):
             continue
-        run = llama_speculative.run(binary, target, shown, N, spec_type, draft, n_max=settings.n_max,
-                                    p_min=settings.p_min, n_min=settings.n_min)
+        run = llama_speculative.run(binary, target, shown, n, spec_type, draft, n_max=settings.n_max,
+                                    p_min=settings.p_min, n_min=settings.n_min, n_ctx=512)
         sure = _clear_tokens(model, ids, out.tokens)
         assert out.tokens[1:sure] == run.tokens[:sure - 1], text
         # the last step: ggtools keeps only the tokens -n still wants, which may cut its accepted count
@@ -232,3 +232,29 @@ def test_mtp_steps_equal_llama_speculative_simple(example, mtp_targets, arch, so
     target, draft = (t("default", "f16"), None) if source == "own" else (t("no-mtp", "f16"), t("mtp", "f16"))
     compared, _ = _compare_with_example(example, target, draft, "draft-mtp", _settings(p_min))
     assert compared >= MIN_STEPS
+
+
+@pytest.fixture(scope="module")
+def trained_eagle3(tmp_path_factory):
+    """The demo's trained EAGLE3 drafter (ggtools/data/demo/eagle3/, docs/demo_pair.md), converted at f32."""
+    from ggtools.jobs.convert_drafter import convert_drafter
+    from ggtools.jobs.demo import demo_data
+    out = tmp_path_factory.mktemp("trained") / "eagle3-f32.gguf"
+    convert_drafter(demo_data() / "eagle3", out, target=str(demo_data() / "target.gguf"), outtype="f32")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["eagle3", "mtp"])
+def test_trained_drafters_steps_equal_llama_speculative_simple(example, trained_eagle3, family):
+    """The demo's trained drafters (EAGLE3 for the demo target, the MTP block of qwen35-mtp.gguf), which accept most
+    of their drafts: the accepted lengths step by step, not only the drafts, equal llama.cpp's."""
+    from ggtools.jobs.demo import demo_data, held_out_prompts
+    demo = demo_data()
+    target, draft = (demo / "target.gguf", trained_eagle3) if family == "eagle3" else (demo / "qwen35-mtp.gguf", None)
+    model = TargetModel(target)
+    tokenizer = Tokenizer.from_gguf(model.weights.meta)
+    model.close()
+    texts = [tokenizer.decode(ids[:64]) for _, ids in held_out_prompts(tokenizer, 6)]
+    compared, accepted = _compare_with_example(example, target, draft, f"draft-{family}", _settings(0.0), texts, 48)
+    assert compared >= 10 and accepted >= compared, (compared, accepted)
