@@ -45,7 +45,7 @@ from ggtools.plan import COPY, ShardPlan
 from ggtools.quants import (CHUNK_VALUES, block_size, can_check_row_data, check_row_data, dequantize, quantize,
                             row_bytes, use_threads)
 
-COPY_CHUNK = 8 << 20        # bytes per read of a copied tensor
+COPY_CHUNK = 1 << 20        # bytes per read of a copied tensor: the buffers stay in the cores' caches
 
 
 def rewrite_shard(plan: ShardPlan, *, force=False, verify=True, on_bytes=None, inputs=(), allow_nonfinite=False,

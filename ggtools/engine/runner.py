@@ -15,6 +15,8 @@ import queue as queues
 import shutil
 import signal
 import sys
+import threading
+import time
 import traceback
 from dataclasses import asdict, dataclass, field
 
@@ -31,6 +33,7 @@ from ggtools.plan import Plan, ShardPlan
 HEADER_ALLOWANCE = 1 << 20      # disk preflight: room for each output's header
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 STOP_WAIT = 10                  # seconds a stopped worker gets to remove its temporary file
+PROGRESS_EVERY = 0.2            # seconds between a worker's progress messages
 
 
 @dataclass
@@ -273,8 +276,10 @@ def _worker(messages, index, shard, fingerprint, job, n_running):
         signal.signal(s, _interrupt)
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)     # one held since the start arrives now
-        result = run_shard(shard, fingerprint, job, lambda n: messages.put(("bytes", index, n)),
+        progress = _Coalesced(lambda n: messages.put(("bytes", index, n)))
+        result = run_shard(shard, fingerprint, job, progress,
                            lambda: max(1, job.threads // max(1, n_running.value)))
+        progress.flush()
         messages.put(("done", index, asdict(result)))
     except GGToolsError as e:
         messages.put(("error", index, (str(e), e.exit_code)))
@@ -289,6 +294,30 @@ def _worker(messages, index, shard, fingerprint, job, n_running):
 
 
 _worker_stopping = False
+
+
+class _Coalesced:
+    """A worker's progress, sent to the parent at most every PROGRESS_EVERY seconds (not once per chunk read:
+    each message is pickled and sent through a pipe); thread-safe, as the rewrite's threads all report."""
+
+    def __init__(self, send):
+        self.send, self.pending, self.last = send, 0, time.monotonic()
+        self.lock = threading.Lock()
+
+    def __call__(self, n):
+        with self.lock:
+            self.pending += n
+            if time.monotonic() - self.last >= PROGRESS_EVERY:
+                self._send()
+
+    def flush(self):
+        with self.lock:
+            self._send()
+
+    def _send(self):
+        if self.pending:
+            self.send(self.pending)
+        self.pending, self.last = 0, time.monotonic()
 
 
 def _interrupt(signum, frame):

@@ -10,7 +10,7 @@ import hashlib
 from ggtools.gguf.readahead import Piece, read_ahead, split
 from ggtools.gguf.reader import GGUFFile
 
-HASH_CHUNK = 8 << 20
+HASH_CHUNK = 1 << 20        # bytes per read: the buffers stay in the cores' caches
 
 
 def hash_file(f: GGUFFile, tensors=True, on_chunk=None) -> tuple[str, dict[str, str]]:
