@@ -1,10 +1,11 @@
 """read_ahead: the bytes of a file's ranges, in order, read by a background thread a few chunks ahead of the code
 that consumes them.
 
-Every byte is read once, with large positional reads into a few reused buffers (resident memory stays at
-depth x the largest piece, whatever the file size). The reading thread waits on the disk, or copies out of the
-page cache, while the consumer hashes, scans or converts the previous chunk on another core; the kernel is told
-the access is sequential and is asked for the next pieces before they are needed.
+Every byte is read once, with positional reads into a few reused buffers (resident memory stays at depth x the
+largest piece, whatever the file size; pieces of about 1 MiB stay in the cores' caches). The reading thread waits
+on the disk, or copies out of the page cache, while the consumer hashes, scans or converts the previous chunk on
+another core; the kernel is told the access is sequential, and asked for the next piece early where the pieces
+jump.
 """
 
 import os
@@ -73,7 +74,9 @@ def _fill(fd, pieces, path, free, full, stop):
             buf = free.get()
             if buf is None or stop.is_set():
                 return
-            if i + 1 < len(pieces):     # the kernel starts on the next piece while this one is copied out
+            if i + 1 < len(pieces) and pieces[i + 1].offset != piece.offset + piece.size:
+                # a jump, which the kernel's read-ahead cannot guess: it starts on the next piece while this one
+                # is copied out (sequential pieces need no hint: asking costs a walk of the cached pages)
                 advise(fd, pieces[i + 1].offset, pieces[i + 1].size, "POSIX_FADV_WILLNEED")
             _read_exactly(fd, memoryview(buf)[:piece.size], piece.offset, path)
             full.put((piece, buf))
