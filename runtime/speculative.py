@@ -67,9 +67,7 @@ def check_settings(drafter, settings: DraftSettings) -> None:
     _check_tree(drafter, settings)
     n_max = settings.n_max
     if n_max is not None and not 0 <= n_max <= drafter.max_drafts:
-        layout = ", the anchor's row included" if drafter.anchor_first else ""
-        raise SettingsError(f"--n-max {n_max}: the drafter's block of {drafter.block_size} drafts at most "
-                            f"{drafter.max_drafts} tokens per step{layout}")
+        raise SettingsError(f"--n-max {n_max}: {drafter.max_drafts_reason}")
     if settings.cut == "confidence" and settings.p_min > 0:
         if drafter.markov is None:
             raise SettingsError(f"--cut confidence: {drafter.path} is a {drafter.family} drafter; the confidence cut "

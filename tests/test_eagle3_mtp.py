@@ -193,16 +193,17 @@ def _refused(target, draft, fragment, error=ModelError):
 
 
 def test_mtp_without_an_mtp_block_is_refused(mtp_targets, tiny_target):
-    _refused(mtp_targets["qwen35"]("no-mtp", "f16"), "mtp", "context type MTP requested but model doesn't contain MTP")
-    _refused(tiny_target.gguf["f16"], "mtp", "doesn't contain MTP layers")
+    _refused(mtp_targets["qwen35"]("no-mtp", "f16"), "mtp", "is absent: the model holds no MTP block to draft with")
+    _refused(tiny_target.gguf["f16"], "mtp", "arch 'qwen3' holds no MTP block to draft with (llama_init_from_model: "
+             "context type MTP requested but model doesn't contain MTP layers)")
 
 
 def test_a_sidecar_of_another_model_is_refused(mtp_targets, tiny_target, tmp_path):
     sidecar = mtp_targets["qwen35"]("mtp", "f16")
-    _refused(mtp_targets["qwen35moe"]("no-mtp", "f16"), sidecar, "arch 'qwen35' for a 'qwen35moe' target")
-    _refused(tiny_target.gguf["f16"], sidecar, "arch 'qwen35' for a 'qwen3' target")
+    _refused(mtp_targets["qwen35moe"]("no-mtp", "f16"), sidecar, "'qwen35' differs from the target's 'qwen35moe'")
+    _refused(tiny_target.gguf["f16"], sidecar, "'qwen35' differs from the target's 'qwen3'")
     other = rewrite_gguf(sidecar, tmp_path / "other.gguf", set_keys=[("qwen35.rope.freq_base", VT.FLOAT32, 5e5, None)])
-    _refused(mtp_targets["qwen35"]("no-mtp", "f16"), other, "rope_base 500000.0 differs from the target's")
+    _refused(mtp_targets["qwen35"]("no-mtp", "f16"), other, "key 'qwen35.rope.freq_base': is 500000.0, the target's is")
 
 
 def test_an_eagle3_drafter_of_another_target_is_refused(eagle3_drafters):

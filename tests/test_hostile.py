@@ -263,17 +263,19 @@ ROWS = [
     # where it has them, what cannot draft
     *[(f"draft/run-{name}", ["run", "--target", target, "--draft", draft, *FEW], 2, [], fragment)
       for name, target, draft, fragment in (
-        ("mtp-no-block", "{q35}", "mtp", "context type MTP requested but model doesn't contain MTP layers"),
-        ("mtp-qwen3", "{target}", "mtp", "doesn't contain MTP layers"),
+        ("mtp-no-block", "{q35}", "mtp", "the model holds no MTP block to draft with"),
+        ("mtp-qwen3", "{target}", "mtp", "context type MTP requested but model doesn't contain MTP layers"),
         ("mtp-two-blocks", "{q35_mtp2}", "mtp", "single MTP block"),
         ("mtp-no-eh-proj", "{q35_mtp_no_eh}", "mtp", "nextn.eh_proj"),
-        ("sidecar-other-model", "{q35_other}", "{q35_mtp_sidecar}", "rope_base"),
-        ("sidecar-other-arch", "{target}", "{q35_mtp_sidecar}", "for a 'qwen3' target"),
+        ("sidecar-other-model", "{q35_other}", "{q35_mtp_sidecar}", "key 'qwen35.rope.freq_base': is 10000.0"),
+        ("sidecar-other-arch", "{target}", "{q35_mtp_sidecar}", "'qwen35' differs from the target's 'qwen3'"),
         ("eagle3-other-target", "{q35}", "{e3_gguf}", "target_hidden_size"),
         ("eagle3-two-taps", "{target}", "{e3_two_taps}", "exactly 3"),
         ("eagle3-last-output", "{target}", "{e3_tap_last}", "never writes it"))],
     ("draft/run-eagle3-short-ring", [*RUN_DRAFT, "{e3_gguf}", "--ring-cap", "4"], 2, [],
      "--ring-cap 4: an EAGLE3 drafter attends to every committed position"),
+    ("draft/run-mtp-n-max-beyond-context", ["run", "--target", "{q35_mtp}", "--draft", "mtp", *FEW, "--n-max",
+                                           "2147483647"], 2, [], "fit the drafter's context of"),
     ("draft/run-eagle3", [*RUN_DRAFT, "{e3_gguf}"], 0, [], None),
     ("draft/run-eagle3-tree", [*RUN_DRAFT, "{e3_gguf}", "--tree-budget", "5"], 0, [], None),
     ("draft/run-mtp", ["run", "--target", "{q35_mtp}", "--draft", "mtp", *FEW], 0, [], None),

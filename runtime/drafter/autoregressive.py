@@ -91,13 +91,22 @@ class PairKV:
 
 class AutoregressiveDrafter:
     """The draft loop and the loop-facing properties of an EAGLE3 or MTP drafter. A subclass sets ops, target, hp,
-    path, family, shift, taps and provides project(features) -> feature rows and
+    path, family, shift, taps, context_length and provides project(features) -> feature rows and
     decode(cache, tokens, features, positions, need_logits) -> (logits on the host or None, hidden rows)."""
 
     markov = selector = d2t = None
     anchor_first = False
-    max_drafts = 1 << 16     # no block bounds an autoregressive chain; the verify batch is --n-max + 1 rows
     default_drafts = DEFAULT_DRAFTS
+
+    @property
+    def max_drafts(self) -> int:
+        """No block bounds a chain: the context does (llama.cpp caps a draft at what the context still holds)."""
+        return self.context_length - 1
+
+    @property
+    def max_drafts_reason(self) -> str:
+        return (f"an {self.family.upper()} draft and its anchor fit the drafter's context of {self.context_length} "
+                f"positions: at most {self.max_drafts} drafts per step")
 
     @property
     def block_size(self) -> int:

@@ -44,6 +44,7 @@ class Eagle3HParams:
     target_hidden_size: int
     norm_before_fc: bool
     norm_before_residual: bool
+    context_length: int
     profile: str = "llama.cpp"
     n_layer: int = 1
     block_size: int = DEFAULT_DRAFTS + 1    # the rows a step verifies at the default --n-max
@@ -83,7 +84,7 @@ def read_eagle3_hparams(gguf, locate=None) -> Eagle3HParams:
         rms_eps=float(key("attention.layer_norm_rms_epsilon")), rope_base=float(key("rope.freq_base", 10000.0)),
         rope_dims=int(key("rope.dimension_count", head_dim)), rope_freq_scale=1.0 / factor, taps=tuple(taps),
         target_hidden_size=int(key(E.TARGET_HIDDEN)), norm_before_fc=bool(key(E.NORM_BEFORE_FC, False)),
-        norm_before_residual=bool(key(E.NORM_BEFORE_RESIDUAL, False)))
+        norm_before_residual=bool(key(E.NORM_BEFORE_RESIDUAL, False)), context_length=int(key("context_length")))
 
 
 class Eagle3Drafter(AutoregressiveDrafter):
@@ -121,6 +122,10 @@ class Eagle3Drafter(AutoregressiveDrafter):
     @property
     def taps(self) -> list[int]:
         return list(self.hp.taps)
+
+    @property
+    def context_length(self) -> int:
+        return self.hp.context_length
 
     def _check_target(self, target):
         """eagle3_pair_violations (llama.cpp's aborts: feature width, tap ids, a borrowed embedding or head that does

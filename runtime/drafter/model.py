@@ -153,6 +153,12 @@ class Drafter:
         return self.hp.block_size if self.anchor_first else self.hp.block_size - 1
 
     @property
+    def max_drafts_reason(self) -> str:
+        """Why a step drafts at most max_drafts, in words (check_settings' refusal of a larger --n-max)."""
+        layout = ", the anchor's row included" if self.anchor_first else ""
+        return f"the drafter's block of {self.block_size} drafts at most {self.max_drafts} tokens per step{layout}"
+
+    @property
     def family(self) -> str:
         return "dspark" if self.hp.dspark else "dflash2" if self.hp.v2 else "dflash"
 

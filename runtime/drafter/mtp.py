@@ -18,17 +18,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ggtools.hparam_rules import mtp_draft_violations, mtp_pair_violations
+from ggtools.hparam_rules.mtp import NO_MTP_LAYERS, mtp_blocks
 from ggtools.runtime import nonfinite
 from ggtools.runtime.drafter.autoregressive import DEFAULT_DRAFTS, AutoregressiveDrafter
-from ggtools.runtime.errors import ModelError
+from ggtools.runtime.errors import ModelError, refuse_violations
 from ggtools.runtime.model.archs import arch_of
 from ggtools.runtime.model.hparams import read_hparams
 
 TARGET_FILE = "mtp"              # `--draft mtp`: the target's own nextn block
 MTP_ARCHS = ("qwen35", "qwen35moe")     # the archs whose graph_mtp this runtime runs
-# what must agree between an MTP sidecar and its target for the sidecar's block to run on the target's states
-SHARED_SHAPE = ("n_embd", "n_head", "n_head_kv", "head_dim", "rope_dims", "rope_base", "rope_freq_scale",
-                "rope_sections", "rms_eps")
 
 
 @dataclass(frozen=True)
@@ -42,11 +41,6 @@ class MtpHParams:
     block_size: int = DEFAULT_DRAFTS + 1
     v2 = None
     dspark = None
-
-
-def nextn_layers(gguf) -> int:
-    """`<arch>.nextn_predict_layers` (0 when absent)."""
-    return int(gguf.get(f"{gguf.architecture}.nextn_predict_layers") or 0)
 
 
 class MtpDrafter(AutoregressiveDrafter):
@@ -98,38 +92,26 @@ class MtpDrafter(AutoregressiveDrafter):
         return w.matrix("token_embd.weight", self.target.hp.n_embd)
 
     def _sidecar_hparams(self, w):
-        meta, th = w.meta, self.target.hp
-        if meta.architecture != th.arch:
-            raise ModelError(f"{self.path}: an MTP sidecar of arch '{meta.architecture}' for a '{th.arch}' target: the "
-                             "sidecar is the converter's --mtp output of the target's own model")
+        """The sidecar's hyperparameters, once it passes the pair rules (mtp_pair_violations: the target's arch,
+        trunk, keys and vocabulary: its block was trained on that trunk's states) and its own model-file rules."""
+        refuse_violations(self.path, mtp_pair_violations(w.meta, self.target.weights.meta))
         rows = w.shape("token_embd.weight")[1] if w.has("token_embd.weight") else self.n_vocab
-        hp = read_hparams(meta, rows, arch_of(meta), w.locate)
-        differs = [f for f in SHARED_SHAPE if getattr(hp, f) != getattr(th, f)]
-        if "n_embd" in differs:
-            raise ModelError(f"{self.path}: the sidecar's hidden size {hp.n_embd} != the target's {th.n_embd} "
-                             "(llama.cpp: MTP input row width must match the target h_nextn width)")
-        if differs:
-            raise ModelError(f"{self.path}: the sidecar's {differs[0]} {getattr(hp, differs[0])} differs from the "
-                             f"target's {getattr(th, differs[0])}: it is not this target's MTP block")
-        return hp
+        return read_hparams(w.meta, rows, arch_of(w.meta), w.locate)
 
     def _check_block(self, w):
-        meta, arch = w.meta, w.meta.architecture
-        n = nextn_layers(meta)
-        if n == 0:
-            raise ModelError(f"{self.path}: {arch}.nextn_predict_layers is absent or 0: context type MTP requested but "
-                             "model doesn't contain MTP layers (llama.cpp; a --no-mtp conversion)")
+        """A model with an MTP block whose graph this runtime runs (the block's tensors and count are model-file rules,
+        applied as the model was loaded)."""
+        refuse_violations(self.path, mtp_draft_violations(w.meta))
+        arch, blocks = w.meta.architecture, mtp_blocks(w.meta)
+        if blocks is None or not blocks.n_nextn:
+            raise ModelError(f"{self.path}: arch '{arch}' holds no MTP block to draft with ({NO_MTP_LAYERS})")
         if arch not in MTP_ARCHS:
             raise ModelError(f"{self.path}: MTP drafting runs llama.cpp's graph_mtp of {', '.join(MTP_ARCHS)}, not "
                              f"'{arch}'")
-        if n != 1:
-            raise ModelError(f"{self.path}: {arch}.nextn_predict_layers is {n}: {arch.upper()} MTP currently only "
-                             "supports a single MTP block (llama.cpp)")
-        il = int(meta.get(f"{arch}.block_count")) - n
-        for t in ("eh_proj", "enorm", "hnorm"):
-            if not w.has(f"blk.{il}.nextn.{t}.weight"):
-                raise ModelError(f"{self.path}: tensor 'blk.{il}.nextn.{t}.weight' is missing: MTP block missing "
-                                 f"nextn.{t} (llama.cpp)")
+
+    @property
+    def context_length(self) -> int:
+        return self.target.hp.n_ctx_train
 
     @property
     def taps(self) -> list[int]:
