@@ -24,10 +24,12 @@ import numpy as np
 
 from ggtools.runtime.ddtree import top_k_log_probs
 from ggtools.runtime.drafter.chain import DraftChain, chain_v1
+from ggtools.runtime.drafter.model import scatter_to_target_vocab
 from ggtools.runtime.errors import SettingsError
 from ggtools.runtime.model.kvcache import KVCache
 
 DEFAULT_DRAFTS = 3         # llama.cpp's --spec-draft-n-max default (common.h: n_max = 3)
+INITIAL_ROWS = 256         # the decoder KV's first capacity (it doubles as a sequence grows)
 
 
 class PairKV:
@@ -38,7 +40,7 @@ class PairKV:
 
     def __init__(self, drafter, kv_type: str = "f16", cap: int | None = None):
         self.drafter, self.shift, self.cap = drafter, drafter.shift, cap
-        self.cache = KVCache(1, drafter.hp.n_head_kv, drafter.hp.head_dim, type=kv_type, arrays=drafter.ops.arrays)
+        self.cache = KVCache(1, drafter.hp.n_head_kv, drafter.hp.head_dim, INITIAL_ROWS, kv_type, drafter.ops.arrays)
         self.kv_type = kv_type
         self.reset()
 
@@ -61,28 +63,26 @@ class PairKV:
         c0, first = self.committed, committed - len(features)       # first: the position of features[0]
         if first > c0:
             raise ValueError(f"features from position {first} leave positions {c0}..{first - 1} out")
-        # known[i] is the feature row of position c0 - 1 + i: the kept tail (h[-1] = 0 at the start), then the new
+        # known[i]: the feature row of position c0 - 1 + i: the kept tail (h[-1] = 0 at the start), then the new rows
         new = self.drafter.project(features[c0 - first:].reshape(committed - c0, -1))
         known = self.drafter.ops.arrays.cat([self.tail if c0 else self.drafter.ops.zeros_like(new[:1]), new], 0)
-        base = c0 - 1
         end = committed - self.shift                # the committed rows: positions [rows, end)
         if end > self.rows:
-            positions = np.arange(self.rows, end)
-            token_ids = [int(t) for t in tokens[self.rows + self.shift:end + self.shift]]
+            lo = self.rows + self.shift - c0        # row p reads the features of position p + shift - 1
             self.cache.reserve(end)
-            lo = self.rows + self.shift - 1 - base
-            self.drafter.decode(self.cache, token_ids, known[lo:lo + len(positions)], positions, need_logits=False)
+            self.drafter.decode(self.cache, [int(t) for t in tokens[self.rows + self.shift:end + self.shift]],
+                                known[lo:lo + end - self.rows], np.arange(self.rows, end), need_logits=False)
             self.rows = end
         self.committed = committed
-        self.tail = known[committed - 1 - base:committed - base]
+        self.tail = known[-1:]
 
     @property
     def nbytes(self) -> int:
         return self.cache.nbytes
 
     def bytes_for(self, context: int) -> int:
-        """What the cache holds once a sequence reaches `context` positions (KVCache grows by doubling)."""
-        rows = 32
+        """What the cache holds once a sequence reaches `context` positions (KVCache: 256 rows, doubled as needed)."""
+        rows = INITIAL_ROWS
         while rows < context:
             rows *= 2
         element = 2 if self.kv_type == "f16" else 4
@@ -147,10 +147,5 @@ class AutoregressiveDrafter:
         return self.target.n_vocab
 
     def to_target_vocab(self, logits: np.ndarray) -> np.ndarray:
-        """A reduced draft vocabulary's logits scattered through d2t into the target's, -inf elsewhere
-        (EAGLE3's ggml_set_rows)."""
-        if self.d2t is None:
-            return logits
-        full = np.full((len(logits), self.n_vocab), -np.inf, np.float32)
-        full[:, self.d2t] = logits
-        return full
+        """A reduced draft vocabulary's logits scattered through d2t into the target's (EAGLE3's ggml_set_rows)."""
+        return scatter_to_target_vocab(logits, self.d2t, self.n_vocab)

@@ -31,6 +31,16 @@ from ggtools.runtime.errors import ModelError
 from ggtools.runtime.kernels import ops as numba_ops
 
 
+def scatter_to_target_vocab(logits: np.ndarray, d2t: np.ndarray | None, n_vocab: int) -> np.ndarray:
+    """Logits over a reduced draft vocabulary (d2t: the target id of each; None: the target's vocabulary already)
+    scattered into the target's n_vocab, -inf elsewhere (llama.cpp's ggml_set_rows over a -inf fill)."""
+    if d2t is None:
+        return logits
+    full = np.full((len(logits), n_vocab), -np.inf, np.float32)
+    full[:, d2t] = logits
+    return full
+
+
 class DynamicConv:
     """DFlash2's grouped dynamic convolution around one sublayer: the kernel is base[side, tap, channel]
     plus a per-token, per-group part projected from the sublayer's normed input; zero left padding at the
@@ -269,11 +279,7 @@ class Drafter:
 
     def to_target_vocab(self, logits: np.ndarray) -> np.ndarray:
         """A reduced draft vocabulary's logits scattered through d2t into the target's, -inf elsewhere."""
-        if self.d2t is None:
-            return logits
-        full = np.full((len(logits), self.n_vocab), -np.inf, np.float32)
-        full[:, self.d2t] = logits
-        return full
+        return scatter_to_target_vocab(logits, self.d2t, self.n_vocab)
 
     def draft(self, kv: DraftKV, anchor: int, n_drafts: int) -> DraftChain:
         """n_drafts drafts (1 .. max_drafts) for positions kv.committed + 1 ... from the block [anchor, MASK, ...]:
