@@ -48,7 +48,14 @@ def test_help_imports_no_command():
 @pytest.mark.parametrize("args", [[], ["--json"], ["--tensors", "exps"]])
 def test_inspect_loads_no_heavy_module(model, args):
     assert loaded(["inspect", model, *args], [*HEAVY, "gguf.gguf_reader", "gguf.gguf_writer", "gguf.vocab",
-                                              "ggtools.runtime", "ggtools.quants", "ggtools.engine"]) == []
+                                              "ggtools.runtime", "ggtools.quants", "ggtools.engine",
+                                              "ggtools.hparam_rules"]) == []
+
+
+def test_inspect_knows_the_mtp_key_as_the_rules_do():
+    from ggtools.hparam_rules import mtp
+    from ggtools.jobs import inspect
+    assert inspect.NEXTN_KEY == mtp.NEXTN_KEY
 
 
 def test_command_list_is_the_commands_own_help():

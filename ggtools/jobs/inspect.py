@@ -7,7 +7,6 @@ import numpy as np
 from ggtools.dflash.draftfile import DraftFile
 from ggtools.dflash.eagle3 import ARCH as EAGLE3, SPEC_TYPE, TARGET_HIDDEN, TARGET_LAYERS, is_eagle3_arch
 from ggtools.gguf import ShardSet
-from ggtools.hparam_rules.mtp import mtp_blocks
 from ggtools.jobs.errors import UsageError
 
 ARRAY_HEAD = 8
@@ -55,9 +54,15 @@ def drafter_summary(f) -> dict | None:
     return out
 
 
+NEXTN_KEY = "nextn_predict_layers"      # hparam_rules.mtp.NEXTN_KEY (tests/test_startup.py holds them equal)
+
+
 def mtp_summary(f, names) -> dict | None:
     """A model's MTP (NextN) blocks: nextn_predict_layers, which blocks they are, their tensors, and whether the file
     is an MTP sidecar (no trunk block); None without any. `validate` and `doctor` check them."""
+    if not f.get(f"{f.architecture}.{NEXTN_KEY}"):
+        return None             # no MTP block: the model-file rules (hparam_rules, tens of ms to import) not needed
+    from ggtools.hparam_rules.mtp import mtp_blocks
     blocks = mtp_blocks(f)
     if blocks is None or not blocks.n_nextn:
         return None
