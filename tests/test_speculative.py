@@ -10,7 +10,8 @@ from ggtools.runtime import TargetModel, Tokenizer, greedy
 from ggtools.runtime.drafter import Drafter
 from ggtools.jobs.run import run_speculative
 from ggtools.runtime.speculative import DraftSettings, Step, speculative_generate
-from ggtools.runtime.stats import DEFINITIONS, acceptance_stats
+from ggtools.runtime.expected_acceptance import ExpectedAcceptance
+from ggtools.runtime.stats import DEFINITIONS, EXPECTED_DEFINITIONS, acceptance_stats
 
 EOS = 2046
 N = 48
@@ -97,7 +98,7 @@ def test_n_max_beyond_the_block_is_refused(pair, prompts):
 def test_acceptance_statistics():
     runs = [[Step(7, 2, 3), Step(7, 0, 1), Step(3, 3, 4)], [Step(7, 7, 8)]]
     s = acceptance_stats(runs, block=8)
-    assert set(s) == set(DEFINITIONS)
+    assert set(s) == set(DEFINITIONS) - set(EXPECTED_DEFINITIONS)        # greedy steps expect nothing
     assert (s["steps"], s["drafted_tokens"], s["accepted_tokens"], s["generated_tokens"]) == (4, 24, 12, 16)
     assert s["acceptance_rate"] == 12 / 24
     assert s["mean_accepted_length_incl_bonus"] == 1 + 12 / 4
@@ -108,6 +109,19 @@ def test_acceptance_statistics():
     assert s["lucebox_accept_rate"] == (3 + 1 + 4 + 8) / (4 * 8)
     assert s["verified_per_step"] == (8 + 8 + 4 + 8) / 4
     assert (s["accepted_per_step"], s["avg_commit_per_step"]) == (12 / 4, 16 / 4)
+
+
+def test_expected_acceptance_statistics():
+    """Sampled steps: the expected accepted drafts summed over steps, per drafted token and per step."""
+    e = lambda exact, rejection: ExpectedAcceptance(exact, rejection)  # noqa: E731
+    runs = [[Step(7, 2, 3, e(1.5, 2.0)), Step(7, 0, 1, e(0.25, 0.5))], [Step(3, 3, 4, e(2.25, 2.5))]]
+    s = acceptance_stats(runs, block=8)
+    assert set(s) == set(DEFINITIONS)
+    assert s["expected_acceptance_rate"] == 4.0 / 17
+    assert s["expected_mean_accepted_length_incl_bonus"] == 1 + 4.0 / 3
+    assert s["expected_acceptance_rate_rejection"] == 5.0 / 17
+    runs[0][0].expected = e(1.5, None)                 # a drafter without a distribution: no rejection figure
+    assert "expected_acceptance_rate_rejection" not in acceptance_stats(runs, block=8)
 
 
 def test_demo_pair_acceptance(pair):
