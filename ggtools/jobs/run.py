@@ -220,7 +220,7 @@ class SpecRun:
     backend: str = "numba"          # "numba" | "torch", its device and compute dtype
     device: str = "cpu"
     dtype: str = "f32"
-    family: str = "dflash"          # "dflash" | "dflash2" | "dspark"
+    family: str = "dflash"          # "dflash" | "dflash2" | "dspark" | "eagle3" | "mtp"
     drafter_kind: str = ""          # what drafts, in words (Drafter.kind)
     sampling: dict | None = None    # the sampler chain and seed (SamplingParams.as_dict); None: greedy
     decode_seconds: float = 0.0     # speculative decode time of all prompts (each after its prefill)

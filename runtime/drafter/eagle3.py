@@ -145,25 +145,21 @@ class Eagle3Drafter(AutoregressiveDrafter):
                      f"{', '.join(POST_NORM_NEXTN_ARCHS)})"))
 
     def _check_vocabulary(self):
+        """The embedding, head and d2t the drafter reads, against the target's vocabulary, which its tokens index (the
+        model-file rules check the file against its own tokenizer)."""
         if self.embedding.n_rows != self.n_vocab:
             raise ModelError(f"{self.path}: token_embd.weight has {self.embedding.n_rows} rows for the target's "
                              f"{self.n_vocab}-token vocabulary")
         rows = self.n_vocab if self.d2t is None else len(self.d2t)
-        if self.d2t is not None and not self.weights.has("output.weight"):
-            raise ModelError(f"{self.path}: d2t maps {len(self.d2t)} draft ids but the file has no output.weight: the "
-                             f"target's head has {self.n_vocab} rows (llama.cpp: GGML_ASSERT(model.d2t->ne[0] == "
-                             "n_draft_vocab))")
         if self.head.n_rows != rows:
-            raise ModelError(f"{self.path}: output.weight has {self.head.n_rows} rows for "
-                             + (f"the {rows} ids of the d2t table" if self.d2t is not None else
-                                f"a {rows}-token target vocabulary and there is no d2t table"))
+            head = "output.weight" if self.weights.has("output.weight") else f"the target's head ({self.target.path})"
+            needs = f"the {rows} ids of d2t" if self.d2t is not None else f"the target's {rows}-token vocabulary"
+            raise ModelError(f"{self.path}: {head} has {self.head.n_rows} rows for {needs}")
         if self.d2t is not None:
             bad = np.flatnonzero((self.d2t < 0) | (self.d2t >= self.n_vocab))
             if bad.size:
-                raise ModelError(f"{self.path}: d2t[{bad[0]}] = {self.d2t[bad[0]]} lies outside the target's "
-                                 f"{self.n_vocab}-token vocabulary (EAGLE-3 d2t target ids out of range)")
-            if np.unique(self.d2t).size != self.d2t.size:
-                raise ModelError(f"{self.path}: EAGLE-3 d2t contains duplicate target ids")
+                raise ModelError(f"{self.path}: tensor 'd2t': d2t[{bad[0]}] = {self.d2t[bad[0]]} lies outside the "
+                                 f"target's {self.n_vocab}-token vocabulary (EAGLE-3 d2t target ids out of range)")
 
     def project(self, features):
         """Target taps (T, 3 * target hidden) -> g (T, E): the encoder (one-row kernels, so a row's bits do not

@@ -10,8 +10,6 @@ from ggtools.runtime.drafter.mtp import TARGET_FILE, MtpDrafter
 from ggtools.runtime.errors import SettingsError
 from ggtools.runtime.model.archs import ARCHS
 
-FAMILIES = ("dflash", "dflash2", "dspark", "eagle3", "mtp")
-
 
 def open_drafter(path, target, mask_id: int | None = None):
     """The drafter `path` holds (TARGET_FILE: the target's MTP block), bound to the TargetModel `target`. mask_id

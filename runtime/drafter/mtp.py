@@ -62,7 +62,7 @@ class MtpDrafter(AutoregressiveDrafter):
         block_hp = replace(hp, swa_layers=(False,) * (il + 1))      # the block is full attention
         pieces, p, E = self.ops.pieces, f"blk.{il}.", hp.n_embd
         arch = arch_of(w.meta)
-        self.block_hp, self.arch = block_hp, arch
+        self.block_hp = block_hp
         self.eh_proj = w.matrix(p + "nextn.eh_proj.weight", 2 * E, E)
         self.enorm = self.ops.vector(w.vector(p + "nextn.enorm.weight", E))
         self.hnorm = self.ops.vector(w.vector(p + "nextn.hnorm.weight", E))
