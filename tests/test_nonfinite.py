@@ -11,14 +11,22 @@ import struct
 import numpy as np
 import pytest
 
+from tests import gguf_builder as B
 from tests.hostile_corpus import DEMO, F32, Q8_0, check_run, dense, q8_blocks
+
+
+def ffn_kvs(n_ff: int, n_embd: int = 64) -> list:
+    """The sample file's keys with the widths an ffn_up of [n_embd, n_ff] has (quantize and requant-trunk refuse a
+    model whose tensor shapes disagree with its keys)."""
+    kvs = [kv for kv in B.sample_kvs() if kv != B.kv_u32("llama.embedding_length", 64)]
+    return kvs + [B.kv_u32("llama.embedding_length", n_embd), B.kv_u32("llama.feed_forward_length", n_ff)]
 
 
 def test_quantize_refuses_nan_weights_naming_the_row(tmp_path):
     rows = np.random.default_rng(0).standard_normal((6, 64)).astype("<f4")
     rows[4, 17] = np.inf
     src = tmp_path / "src.gguf"
-    src.write_bytes(dense([("blk.0.ffn_up.weight", [64, 6], F32, rows.tobytes())]))
+    src.write_bytes(dense([("blk.0.ffn_up.weight", [64, 6], F32, rows.tobytes())], ffn_kvs(6)))
     r = check_run(str(tmp_path), ["quantize", src, "-o", tmp_path / "q.gguf", "--scheme", "q4_0"], 2)
     assert "tensor 'blk.0.ffn_up.weight': row 4: NaN or inf values" in r.stderr
     r = check_run(str(tmp_path), ["quantize", src, "-o", tmp_path / "q.gguf", "--scheme", "q4_0", "--allow-nonfinite",
@@ -33,7 +41,7 @@ def test_requant_refuses_nan_scales(tmp_path, width, bad_block, row, action):
     n_blocks = width // 32 * 4
     src = tmp_path / "src.gguf"
     src.write_bytes(dense([("blk.0.ffn_up.weight", [width, 4], Q8_0,
-                            q8_blocks(n_blocks, np.random.default_rng(1), bad_block))]))
+                            q8_blocks(n_blocks, np.random.default_rng(1), bad_block))], ffn_kvs(4, width)))
     r = check_run(str(tmp_path), ["requant-trunk", src, "-o", tmp_path / "out", "-q"], 2)
     assert f"tensor 'blk.0.ffn_up.weight': row {row}: " in r.stderr and action in r.stderr
     out = [tmp_path / "out"]
