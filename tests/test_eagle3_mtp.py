@@ -194,8 +194,8 @@ def _refused(target, draft, fragment, error=ModelError):
 
 def test_mtp_without_an_mtp_block_is_refused(mtp_targets, tiny_target):
     _refused(mtp_targets["qwen35"]("no-mtp", "f16"), "mtp", "is absent: the model holds no MTP block to draft with")
-    _refused(tiny_target.gguf["f16"], "mtp", "arch 'qwen3' holds no MTP block to draft with (llama_init_from_model: "
-             "context type MTP requested but model doesn't contain MTP layers)")
+    _refused(tiny_target.gguf["f16"], "mtp", "qwen3.nextn_predict_layers is absent or 0: context type MTP requested "
+             "but model doesn't contain MTP layers")
 
 
 def test_a_sidecar_of_another_model_is_refused(mtp_targets, tiny_target, tmp_path):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ggtools.hparam_rules import mtp_draft_violations, mtp_pair_violations
-from ggtools.hparam_rules.mtp import NO_MTP_LAYERS, mtp_blocks
+from ggtools.hparam_rules.mtp import mtp_blocks
 from ggtools.runtime import nonfinite
 from ggtools.runtime.drafter.autoregressive import DEFAULT_DRAFTS, AutoregressiveDrafter
 from ggtools.runtime.errors import ModelError, refuse_violations
@@ -104,7 +104,8 @@ class MtpDrafter(AutoregressiveDrafter):
         refuse_violations(self.path, mtp_draft_violations(w.meta))
         arch, blocks = w.meta.architecture, mtp_blocks(w.meta)
         if blocks is None or not blocks.n_nextn:
-            raise ModelError(f"{self.path}: arch '{arch}' holds no MTP block to draft with ({NO_MTP_LAYERS})")
+            raise ModelError(f"{self.path}: {arch}.nextn_predict_layers is absent or 0: context type MTP requested but "
+                             "model doesn't contain MTP layers (llama.cpp: the model holds no MTP block to draft with)")
         if arch not in MTP_ARCHS:
             raise ModelError(f"{self.path}: MTP drafting runs llama.cpp's graph_mtp of {', '.join(MTP_ARCHS)}, not "
                              f"'{arch}'")
