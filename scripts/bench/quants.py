@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 
 from ggtools import quants  # noqa: E402
 from scripts.bench import page  # noqa: E402
+from scripts.bench.diskio import load_average  # noqa: E402
 
 QUANT_TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
                "f16", "bf16"]
@@ -130,6 +131,7 @@ def main():
     page.add_option(parser)
     args = parser.parse_args()
 
+    load_before = load_average()
     ggml = load_c_reference()
     n = 4096
     rows = max(1, int(args.mb * 1e6 / 4 / n))
@@ -151,10 +153,12 @@ def main():
         if not quiet:
             print("| " + " | ".join(table[-1]) + " |", flush=True)
     layer = f"numba threading layer: {numba.threading_layer()}"
+    load = f"load average {load_before} before, {load_average()} after (the all-cores column needs a quiet machine)"
     if not quiet:
         print(layer)
+        print(load)
     if args.markdown:
-        page.emit(args, "quants", f"{intro}; {layer}.\n\n{page.table(header, table)}")
+        page.emit(args, "quants", f"{intro}; {layer}; {load}.\n\n{page.table(header, table)}")
 
 if __name__ == "__main__":
     main()
