@@ -67,7 +67,7 @@ def check_settings(drafter, settings: DraftSettings) -> None:
     _check_tree(drafter, settings)
     n_max = settings.n_max
     if n_max is not None and not 0 <= n_max <= drafter.max_drafts:
-        raise SettingsError(f"--n-max {n_max}: {drafter.max_drafts_reason}")
+        raise SettingsError(drafter.n_max_refusal(n_max))
     if settings.cut == "confidence" and settings.p_min > 0:
         if drafter.markov is None:
             raise SettingsError(f"--cut confidence: {drafter.path} is a {drafter.family} drafter; the confidence cut "

@@ -193,7 +193,8 @@ def _refused(target, draft, fragment, error=ModelError):
 
 
 def test_mtp_without_an_mtp_block_is_refused(mtp_targets, tiny_target):
-    _refused(mtp_targets["qwen35"]("no-mtp", "f16"), "mtp", "is absent: the model holds no MTP block to draft with")
+    _refused(mtp_targets["qwen35"]("no-mtp", "f16"), "mtp", "qwen35.nextn_predict_layers is absent or 0: context type "
+             "MTP requested but model doesn't contain MTP layers (llama.cpp): the model holds no MTP block")
     _refused(tiny_target.gguf["f16"], "mtp", "qwen3.nextn_predict_layers is absent or 0: context type MTP requested "
              "but model doesn't contain MTP layers")
 

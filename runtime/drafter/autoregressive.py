@@ -103,10 +103,10 @@ class AutoregressiveDrafter:
         """No block bounds a chain: the context does (llama.cpp caps a draft at what the context still holds)."""
         return self.context_length - 1
 
-    @property
-    def max_drafts_reason(self) -> str:
-        return (f"an {self.family.upper()} draft and its anchor fit the drafter's context of {self.context_length} "
-                f"positions: at most {self.max_drafts} drafts per step")
+    def n_max_refusal(self, n_max: int) -> str:
+        """check_settings' refusal of an --n-max beyond max_drafts, in words."""
+        return (f"--n-max {n_max}: an {self.family.upper()} draft and its anchor fit the drafter's context of "
+                f"{self.context_length} positions: at most {self.max_drafts} drafts per step")
 
     @property
     def block_size(self) -> int:

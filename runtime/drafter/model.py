@@ -162,11 +162,11 @@ class Drafter:
         block_size - 1."""
         return self.hp.block_size if self.anchor_first else self.hp.block_size - 1
 
-    @property
-    def max_drafts_reason(self) -> str:
-        """Why a step drafts at most max_drafts, in words (check_settings' refusal of a larger --n-max)."""
+    def n_max_refusal(self, n_max: int) -> str:
+        """check_settings' refusal of an --n-max beyond max_drafts, in words."""
         layout = ", the anchor's row included" if self.anchor_first else ""
-        return f"the drafter's block of {self.block_size} drafts at most {self.max_drafts} tokens per step{layout}"
+        return (f"--n-max {n_max}: the drafter's block of {self.block_size} drafts at most "
+                f"{self.max_drafts} tokens per step{layout}")
 
     @property
     def family(self) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ggtools.hparam_rules import mtp_draft_violations, mtp_pair_violations
+from ggtools.hparam_rules import mtp_pair_violations
 from ggtools.hparam_rules.mtp import mtp_blocks
 from ggtools.runtime import nonfinite
 from ggtools.runtime.drafter.autoregressive import DEFAULT_DRAFTS, AutoregressiveDrafter
@@ -101,11 +101,11 @@ class MtpDrafter(AutoregressiveDrafter):
     def _check_block(self, w):
         """A model with an MTP block whose graph this runtime runs (the block's tensors and count are model-file rules,
         applied as the model was loaded)."""
-        refuse_violations(self.path, mtp_draft_violations(w.meta))
         arch, blocks = w.meta.architecture, mtp_blocks(w.meta)
-        if blocks is None or not blocks.n_nextn:
+        if blocks is None or not blocks.n_nextn:     # mtp_draft_violations' rule, for every arch, in libllama's words
             raise ModelError(f"{self.path}: {arch}.nextn_predict_layers is absent or 0: context type MTP requested but "
-                             "model doesn't contain MTP layers (llama.cpp: the model holds no MTP block to draft with)")
+                             "model doesn't contain MTP layers (llama.cpp): the model holds no MTP block to draft with "
+                             "(a --no-mtp conversion: draft with its MTP sidecar)")
         if arch not in MTP_ARCHS:
             raise ModelError(f"{self.path}: MTP drafting runs llama.cpp's graph_mtp of {', '.join(MTP_ARCHS)}, not "
                              f"'{arch}'")
