@@ -19,7 +19,7 @@ from ggtools.jobs.requant import check_disk, plan_requant_trunk, requant_trunk
               "(Q8_0 stays Q8_0); without it they are treated as llama-quantize treats them, like the trunk's.")
 @click.option("--shard", "only", multiple=True, type=click.IntRange(1), metavar="K", help="Only shard K (1-based; repeatable).")
 @click.option("-j", "--jobs", type=click.IntRange(1), default=None,
-              help="Shards in parallel processes (default: twice the CPU count; each holds about 200 MB).")
+              help="Shards in parallel processes (default: one per CPU core; each holds about 200 MB).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the disk check; write nothing.")
 @click.option("--resume", is_flag=True, help="Skip shards the manifest shows finished and still intact; redo the rest.")
 @click.option("--no-verify", is_flag=True, help="Skip re-reading outputs (copies hashed against the source).")
