@@ -7,7 +7,7 @@ import pytest
 from ggtools.jobs.convert import convert_dflash
 from ggtools.jobs.demo import build_drafters, demo_data, held_out_prompts
 from ggtools.runtime import TargetModel, Tokenizer, greedy
-from ggtools.runtime.drafter import Drafter
+from ggtools.runtime.drafter.families import open_drafter
 from ggtools.jobs.run import run_speculative
 from ggtools.runtime.speculative import DraftSettings, Step, speculative_generate
 from ggtools.runtime.expected_acceptance import ExpectedAcceptance
@@ -25,7 +25,7 @@ def pair(tmp_path_factory):
     convert_dflash(demo_data() / "drafter", work / "lucebox.gguf", profile="lucebox", force=True)
     paths["lucebox"] = str(work / "lucebox.gguf")
     target = TargetModel(target_path, threads=1)
-    drafters = {name: Drafter(path, target) for name, path in paths.items()}
+    drafters = {name: open_drafter(path, target) for name, path in paths.items()}
     yield target, drafters, paths
     for d in drafters.values():
         d.close()
