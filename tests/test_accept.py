@@ -316,7 +316,7 @@ def test_families_side_by_side(work, eagle3_demo, tmp_path):
     _, paths, prompts, chosen = work
     report = tmp_path / "families.md"
     r = _accept(*_drafts(paths, "f16", "dspark f16"), "--draft", str(eagle3_demo["ref"]), "--draft",
-                str(eagle3_demo["hf_dir"]), "--prompts", prompts, "-n", str(N), "--max-drop", "0.9", "--json",
+                str(eagle3_demo["hf_dir"]), "--prompts", prompts, "-n", str(N), "--json",
                 "--report", str(report))
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
@@ -332,6 +332,9 @@ def test_families_side_by_side(work, eagle3_demo, tmp_path):
         assert first["draft_ms_per_step"] == pytest.approx(
             1000 * d["run"]["draft_seconds_share"] * d["run"]["decode_seconds"] / stats["steps"]) and \
             first["draft_ms_per_step"] > 0
+    # EAGLE3 drafts 3 tokens a step to DFlash's 7: its tau is far below the baseline's, and --max-drop (a variant
+    # of the baseline drafting worse) leaves another family alone
+    assert all(d["delta_tau_relative"] < -0.05 and not d["failures"] for d in drafters[2:]), drafters
     gguf, hf = drafters[2], drafters[3]
     assert hf["bytes"] == os.path.getsize(eagle3_demo["ref"])      # the same file as llama.cpp's converter writes
     assert hf["run"]["stats"] == gguf["run"]["stats"]

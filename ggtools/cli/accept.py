@@ -29,7 +29,8 @@ from ggtools.jobs.accept_report import (ALIGN, TEMP_ALIGN, TEMP_HEADERS, TREE_AL
               help="New tokens per prompt (each prompt plus -n must fit the target's context length).")
 @click.option("--baseline", type=click.Path(), metavar="DRAFT", help="The drafter the others are compared with (default: the first --draft).")
 @click.option("--max-drop", default=DEFAULT_MAX_DROP, show_default=True, type=FiniteFloatRange(0, 1, max_open=True),
-              help="Fail a drafter whose tau falls more than this (relative) below the baseline's.")
+              help="Fail a drafter of the baseline's family whose tau falls more than this (relative) below the "
+                   "baseline's.")
 @click.option("--min-tau", type=FiniteFloatRange(min=0), help="Fail a drafter whose tau is below this.")
 @draft_options
 @tree_options(many=True)
@@ -55,8 +56,9 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
     over the seeds, beside the expected acceptance under llama.cpp's exact-match rule and under rejection sampling.
 
     Exit 1, naming each failing drafter and the number that failed, when a drafter's tau (z-lab's) falls more
-    than --max-drop below the baseline's (at the same temperature), is below --min-tau, or its output differs from
-    target-only decoding; exit 2 for bad input.
+    than --max-drop below the baseline's (at the same temperature; drafters of the baseline's family: another
+    family's tau is shown beside it, not gated), is below --min-tau, or its output differs from target-only
+    decoding; exit 2 for bad input.
 
     \b
     Examples:

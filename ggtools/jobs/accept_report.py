@@ -131,6 +131,9 @@ def tree_definition_lines() -> list[str]:
 def setting_line(report: AcceptReport) -> str:
     s = report.settings
     gate = f"--max-drop {report.max_drop:g}" if report.max_drop is not None else "no --max-drop"
+    base_family = next(d.family for d in report.drafters if d.baseline)
+    if report.max_drop is not None and any(d.family != base_family for d in report.drafters):
+        gate += f" (for {FAMILIES.get(base_family, base_family)} drafters)"
     if report.min_tau is not None:
         gate += f", --min-tau {report.min_tau:g}"
     source = "the default set" if report.prompt_source == "default" else report.prompt_source
