@@ -61,17 +61,22 @@ def dflash(hf_dir, out, profile, target, outtype, mask_token_id, guess_target_la
     if dry_run:
         _show(plan, as_json, quiet)
         return
+    _write(plan, force, allow_overflow, as_json, quiet, f"{profile} profile")
+
+
+def _write(plan, force, allow_overflow, as_json, quiet, written_as, extra_json=None):
+    """Write the plan with a progress bar; report the result (written_as: the profile or layout, in words)."""
     show_progress = not (quiet or as_json) and sys.stderr.isatty()
     with tqdm(total=plan.bytes_out, unit="B", unit_scale=True, desc="convert", disable=not show_progress) as bar:
         result = write(plan, force=force, allow_overflow=allow_overflow, on_bytes=bar.update)
     if as_json:
         emit_json({"written": result.path, "found": result.found, "tensors": result.n_tensors,
                    "bytes": result.bytes_out, "overflow": result.overflow, "nonfinite": result.nonfinite,
-                   "warnings": result.warnings})
+                   "warnings": result.warnings} | (extra_json or {}))
         return
     _warn(result.warnings)
     click.echo(f"wrote {result.path}: {result.found}; {result.n_tensors} tensors, {human_bytes(result.bytes_out)} "
-               f"({profile} profile)")
+               f"({written_as})")
 
 
 def _show(plan, as_json, quiet):
@@ -145,18 +150,9 @@ def drafter(hf_dir, out, target, target_model_dir, profile, outtype, mask_token_
             show_plan(plan.as_plan(), tensors=not quiet)
             _warn(plan.warnings)
         return
-    show_progress = not (quiet or as_json) and sys.stderr.isatty()
-    with tqdm(total=plan.bytes_out, unit="B", unit_scale=True, desc="convert", disable=not show_progress) as bar:
-        result = write(plan, force=force, allow_overflow=allow_overflow, on_bytes=bar.update)
-    if as_json:
-        emit_json({"written": result.path, "found": result.found, "tensors": result.n_tensors,
-                   "bytes": result.bytes_out, "overflow": result.overflow, "nonfinite": result.nonfinite,
-                   "warnings": result.warnings} | ({"spec_type": "draft-eagle3"} if eagle3 else {}))
-        return
-    _warn(result.warnings)
-    click.echo(f"wrote {result.path}: {result.found}; {result.n_tensors} tensors, {human_bytes(result.bytes_out)} "
-               f"({plan.profile} layout)")
-    if eagle3:
+    _write(plan, force, allow_overflow, as_json, quiet, f"{plan.profile} layout",
+           {"spec_type": "draft-eagle3"} if eagle3 else None)
+    if eagle3 and not as_json:
         from ggtools.dflash.eagle3 import SPEC_HINT
         click.echo(f"note: {SPEC_HINT}", err=True)
 
