@@ -257,3 +257,17 @@ def test_check_row_data_floats_and_mxfp4():
     assert quants.check_row_data("i32", np.zeros(4, np.int32)) == (0, -1)
     with pytest.raises(QuantError, match="whole number"):
         quants.check_row_data("q4_0", bytes(20))
+
+
+@pytest.mark.parametrize("qtype, bad_bytes", [(T.Q8_0, [0x00, 0x7C]), (T.F32, [0x00, 0x00, 0x80, 0x7F])])
+def test_check_row_data_counts_across_pieces(qtype, bad_bytes):
+    """Data longer than one piece of the check (rowcheck.PIECE_BYTES): every bad item counted, the first one
+    indexed from the start of the data."""
+    from ggtools.quants.rowcheck import PIECE_BYTES
+    tsize = GGML_QUANT_SIZES[qtype][1]
+    n = 3 * PIECE_BYTES // tsize + 7
+    data = np.zeros((n, tsize), np.uint8)
+    bad = [PIECE_BYTES // tsize + 5, 2 * PIECE_BYTES // tsize + 1, n - 1]
+    for i in bad:
+        data[i, :len(bad_bytes)] = bad_bytes
+    assert quants.check_row_data(qtype, data) == (3, bad[0])

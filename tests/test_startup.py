@@ -83,3 +83,12 @@ print("ok")
 """
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert run.stdout.strip() == "ok", run.stderr
+
+
+def test_validate_deep_scans_without_numba(model):
+    """The row checks of `validate --deep` are numpy's (quants/rowcheck.py): the scan loads no kernels."""
+    run = subprocess.run([sys.executable, "-c", PROBE, json.dumps(["validate", "--deep", "--json", model]),
+                          json.dumps(HEAVY)], capture_output=True, text=True, timeout=300)
+    *report, modules = run.stdout.strip().splitlines()
+    assert json.loads("\n".join(report))["files"][0]["deep_scanned_bytes"] > 0
+    assert json.loads(modules) == []

@@ -3,7 +3,6 @@ shapes (the ones the runtime's loaders apply, ggtools.hparam_rules; a split set'
 of its first shard), optional deep row-data scan, sha256 manifests; for a DSpark drafter, its runtime's rules on the
 heads, d2t and block size."""
 
-import contextlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ from ggtools.gguf.scan import RowScan, scan_tensors
 from ggtools.hparam_rules import model_violations
 from ggtools.hparam_rules.tensor_shapes import locator, shape_refused
 from ggtools.jobs.errors import JobError
+from ggtools.quants import check_row_data
 
 
 @dataclass
@@ -80,19 +80,23 @@ def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None
     write_manifest replace an existing file."""
     sets = _distinct_sets(paths)
     want_hashes = bool(manifest or write_manifest)
-    files = [s.paths[i] for s in sets for i in s.present_indices]
     expected = load_manifest(manifest) if manifest else None
     inputs = [p for s in sets for p in s.paths] + ([manifest] if manifest else [])
     if write_manifest:
         check_output(write_manifest, inputs, force=force)
-    first_shards = {s.paths[0]: s for s in sets if s.is_split}
-    with ThreadPoolExecutor(max_workers=jobs or min(len(files), os.cpu_count() or 1) or 1) as pool:
-        reports = list(pool.map(lambda p: _check_one(p, deep, want_hashes, first_shards.get(p)), files))
-    set_problems = []
-    for s in sets:
-        if all(r.readable for r in reports if r.path in s.paths):
-            set_problems += check_set(s)
-        s.close()
+    items = [(s, i) for s in sets for i in s.present_indices]
+    try:
+        with ThreadPoolExecutor(max_workers=jobs or min(len(items), os.cpu_count() or 1) or 1) as pool:
+            parsed = list(pool.map(lambda item: _parse(*item), items))     # every header once, before any check
+            reports = list(pool.map(lambda item, f: _check_one(item[0], item[1], f, deep, want_hashes), items,
+                                    parsed))
+        set_problems = []
+        for s in sets:
+            if all(r.readable for r in reports if r.path in s.paths):
+                set_problems += check_set(s)
+    finally:
+        for s in sets:
+            s.close()
     report = Report(reports, set_problems)
     if manifest:
         report.set_problems += check_manifest(manifest, expected, reports)
@@ -112,28 +116,34 @@ def _distinct_sets(paths) -> list[ShardSet]:
     return sets
 
 
-def _check_one(path, deep, want_hashes, shards=None) -> FileReport:
-    """shards: the set whose first shard path is (its tensors are checked against this file's keys)."""
-    report = FileReport(path)
+def _parse(shards: ShardSet, index: int) -> GGUFFile | GGUFError:
+    """Shard index of the set parsed (kept by the set: its set rules and its other shards' checks read the same
+    object), or why it cannot be."""
     try:
-        f = GGUFFile(path)
+        return shards.file(index)
     except GGUFError as e:
+        return e
+
+
+def _check_one(shards: ShardSet, index: int, f: GGUFFile | GGUFError, deep, want_hashes) -> FileReport:
+    """The report on shard index of the set (f: that shard parsed, or why it cannot be); a split set's first shard
+    has its tensors checked against this file's keys."""
+    report = FileReport(shards.paths[index])
+    if isinstance(f, GGUFError):
         report.readable = False
-        report.problems.append(Problem(path, e.where or (f"byte {e.offset}" if e.offset is not None else "file"),
-                                       e.rule))
+        report.problems.append(Problem(report.path, f.where or (f"byte {f.offset}" if f.offset is not None
+                                                                else "file"), f.rule))
         return report
-    with f:
-        report.size, report.n_tensors = f.file_size, len(f.tensors)
-        report.problems = file_problems(f, _set_tensors(shards))
-        intact = not errors(report.problems)
-        deep = deep and intact
-        with _scanning() if deep else contextlib.nullcontext():
-            if want_hashes:         # the deep scan rides on the hashing's read: every byte read once
-                scan = _row_scan() if deep else None
-                report.sha256, report.tensor_sha256 = hash_file(f, tensors=intact, on_chunk=scan and scan.feed)
-            if deep:
-                report.problems += deep_scan(f, scan if want_hashes else None)
-                report.deep_bytes = sum(t.nbytes for t in f.tensors)
+    report.size, report.n_tensors = f.file_size, len(f.tensors)
+    report.problems = file_problems(f, _set_tensors(shards) if shards.is_split and index == 0 else None)
+    intact = not errors(report.problems)
+    deep = deep and intact
+    if want_hashes:         # the deep scan rides on the hashing's read: every byte read once
+        scan = _row_scan() if deep else None
+        report.sha256, report.tensor_sha256 = hash_file(f, tensors=intact, on_chunk=scan and scan.feed)
+    if deep:
+        report.problems += deep_scan(f, scan if want_hashes else None)
+        report.deep_bytes = sum(t.nbytes for t in f.tensors)
     return report
 
 
@@ -148,9 +158,9 @@ def file_problems(f: GGUFFile, locate=None) -> list[Problem]:
 
 
 def _set_tensors(shards):
-    """locate(name) over every shard of a complete set (None: one file, or a set the set rules fail: each file's
-    own tensors are checked then)."""
-    if shards is None or shards.missing_indices:
+    """locate(name) over every shard of a complete set (None: a set the set rules fail: each file's own tensors are
+    checked then)."""
+    if shards.missing_indices:
         return None
     try:
         return locator(shards.files)
@@ -186,19 +196,7 @@ def hparam_problems(f: GGUFFile, reported=(), locate=None) -> list[Problem]:
             for v in model_violations(f, locate) if v.where not in reported]
 
 
-@contextlib.contextmanager
-def _scanning():
-    """The row checks of this thread on one core: the reading runs on a thread of its own (gguf/readahead.py)."""
-    from ggtools.quants import use_threads     # numba: only for --deep
-    before = use_threads(1)
-    try:
-        yield
-    finally:
-        use_threads(before)
-
-
 def _row_scan() -> RowScan:
-    from ggtools.quants import check_row_data       # numba: only for --deep
     return RowScan(check_row_data)
 
 

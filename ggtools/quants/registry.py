@@ -1,9 +1,11 @@
-"""Which ggml types this layer handles: block geometry (from gguf-py), kernels, shape fallback."""
+"""Which ggml types this layer handles: their kernels, llama-quantize's shape fallback, row sizes (the block
+geometry itself is geometry.py's, imported here for the modules that use both)."""
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 
 from . import block32, float_types, kdecode, kquants
 from .errors import QuantError
+from .geometry import block_size, parse_qtype, type_size
 
 T = GGMLQuantizationType
 
@@ -34,26 +36,6 @@ _FALLBACK = {
     T.Q5_K: T.Q5_1,
     T.Q6_K: T.Q8_0,
 }
-
-
-def parse_qtype(qtype) -> GGMLQuantizationType:
-    """A GGMLQuantizationType from a member, an int id or a name ("q4_k", "Q4_K")."""
-    try:
-        if isinstance(qtype, str):
-            return T[qtype.strip().upper()]
-        return T(qtype)
-    except (KeyError, ValueError):
-        raise QuantError(f"unknown tensor type {qtype!r}") from None
-
-
-def block_size(qtype) -> int:
-    """Values per block (1 for F32/F16/BF16)."""
-    return GGML_QUANT_SIZES[parse_qtype(qtype)][0]
-
-
-def type_size(qtype) -> int:
-    """Bytes per block."""
-    return GGML_QUANT_SIZES[parse_qtype(qtype)][1]
 
 
 def check_row_length(qtype, ne0: int) -> None:

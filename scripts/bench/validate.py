@@ -20,7 +20,7 @@ import sys
 import time
 
 from ggtools.gguf import GGUFFile
-from ggtools.jobs.validate import _scanning, deep_scan
+from ggtools.jobs.validate import deep_scan
 from ggtools.samples import write_moe_set
 from scripts.bench import page
 from scripts.bench.diskio import Run, cold_method, ggtools_cmd, load_average, make_cold, make_warm
@@ -38,10 +38,9 @@ def read_plain(paths):
 
 
 def scan_all(paths):
-    with _scanning():
-        for p in paths:
-            with GGUFFile(p) as f:
-                deep_scan(f)
+    for p in paths:
+        with GGUFFile(p) as f:
+            deep_scan(f)
 
 
 def timed(fn) -> float:
