@@ -1,6 +1,7 @@
 """requant-trunk on a synthetic Kimi-like shard set: copies identical, conversions exact, resume, preflight."""
 
 import collections
+import json
 import os
 import shutil
 import subprocess
@@ -124,6 +125,60 @@ def test_parallel_workers_fork_only_before_numba_threads(moe_set, tmp_path, when
     assert run.stdout.split()[-1] == method
     for x in serial:
         assert open(x, "rb").read() == open(tmp_path / "par" / os.path.basename(x), "rb").read()
+
+
+WORKER_PIDS = """
+import os, signal, sys
+from ggtools.engine import EngineError, runner as shard_runner
+from ggtools.jobs.requant import plan_requant_trunk
+real, kill = shard_runner.rewrite_shard, sys.argv[3]
+
+
+def recording(shard, **kw):      # the workers are forked: they run this too
+    with open(sys.argv[2] + ".pids", "a") as fh:
+        fh.write(f"{os.getpid()}\\n")
+    if kill != "none" and shard.dst.endswith(kill):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(shard, **kw)
+
+
+shard_runner.rewrite_shard = recording
+try:
+    shard_runner.run_plan(plan_requant_trunk(sys.argv[1], sys.argv[2]), jobs=2, progress=False, make_dirs=True)
+except EngineError as e:
+    print(e)
+"""
+
+
+def run_workers(moe_set, out, kill="none") -> tuple[str, set[str]]:
+    run = subprocess.run([sys.executable, "-c", WORKER_PIDS, moe_set[0], str(out), kill], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    with open(f"{out}.pids") as fh:
+        return run.stdout, set(fh.read().split())
+
+
+def test_a_worker_writes_shard_after_shard(moe_set, tmp_path):
+    """-j 2 on 3 shards: two worker processes, one of them writing two shards (its kernels loaded once)."""
+    serial = requant(moe_set, tmp_path / "serial", "-j", "1")
+    said, pids = run_workers(moe_set, tmp_path / "par")
+    assert said == "" and len(pids) == 2
+    for x in serial:
+        assert open(x, "rb").read() == open(tmp_path / "par" / os.path.basename(x), "rb").read()
+
+
+def test_a_killed_worker_fails_its_shard_only(moe_set, tmp_path):
+    """A worker killed while writing shard 2: that shard fails, naming the signal; the others are written and
+    recorded, and --resume writes shard 2."""
+    serial = requant(moe_set, tmp_path / "serial", "-j", "1")
+    out = tmp_path / "par"
+    said, _ = run_workers(moe_set, out, kill="00002-of-00003.gguf")
+    assert "the worker process died (signal 9) before finishing this shard" in said
+    with open(out / "kimi.ggtools.json") as fh:
+        assert sorted(json.load(fh)["shards"]) == ["kimi-00001-of-00003.gguf", "kimi-00003-of-00003.gguf"]
+    requant(moe_set, out, "--resume")
+    for x in serial:
+        assert open(x, "rb").read() == open(out / os.path.basename(x), "rb").read()
 
 
 def test_resume_after_a_crash(moe_set, tmp_path, monkeypatch):

@@ -147,8 +147,6 @@ def _single_pass(plan, sources, out: ShardOutput, on_bytes, chunk_values, allow_
     stop = threading.Event()          # set by whichever side fails, so that the other stops at its next chunk
 
     def copy_all():
-        if converts:
-            use_threads(1)            # the other cores are the conversion's
         _copy_stream(plan, copies, sources, out, on_bytes, allow_nonfinite, scan_copies, digests, nonfinite, stop)
 
     def convert_all():
@@ -223,7 +221,7 @@ def _copy_stream(plan, copies, sources, out, on_bytes, allow_nonfinite, scan, di
 def _convert_stream(plan, converts, sources, out, on_bytes, chunk_values, allow_nonfinite, digests, nonfinite,
                     stop, threads):
     """Dequantize → quantize in row chunks of at most chunk_values values, writing as it goes, on threads() cores
-    (asked at each tensor: a worker left alone takes the cores the others had)."""
+    (asked at each chunk: a worker left alone takes the cores the others had)."""
     sinks, scratch = {}, _Scratch()
 
     def rows_per_piece(t):
@@ -236,8 +234,8 @@ def _convert_stream(plan, converts, sources, out, on_bytes, chunk_values, allow_
         sink = sinks.get(a.name)
         if sink is None:
             sink = sinks[a.name] = out.tensor_sink(a.name)
-            if threads:
-                use_threads(threads())
+        if threads:
+            use_threads(threads())
         if len(view):
             per_row = t.nbytes // t.n_rows
             data = _convert_rows(f, t, a.dst_type, offset // per_row, view, scratch, allow_nonfinite, nonfinite)

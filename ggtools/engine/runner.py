@@ -3,9 +3,9 @@
 Each finished, verified shard is recorded in the manifest (`<prefix>.ggtools.json`, manifest.py) by
 the process that wrote it, the moment it is renamed into place; so an interrupt, a killed run or several
 `--shard K` runs at once never lose a finished shard. --resume skips a shard only when its entry still
-matches (the output is re-hashed), and redoes every other one. Workers are one process per shard, at most
--j at a time (capped at the number of shards); on an interrupt they are stopped, and each removes its
-temporary file. A run may also keep no manifest (patch: nothing to resume), and a plan may copy a shard whole
+matches (the output is re-hashed), and redoes every other one. Workers are -j processes (capped at the number
+of shards), each writing one shard after another, the costliest shards first; one killed fails its shard only
+(another takes its place); on an interrupt they are stopped, and each removes its temporary file. A run may also keep no manifest (patch: nothing to resume), and a plan may copy a shard whole
 (ShardPlan.verbatim: a shard a patch leaves alone).
 """
 
@@ -28,12 +28,14 @@ from ggtools.engine.manifest import ShardResult, describe_output, source_identit
 from ggtools.engine.rewrite import copy_shard, rewrite_shard
 from ggtools.errors import GGToolsError
 from ggtools.gguf.outputs import check_output, make_dir, remove_stale_temps
-from ggtools.plan import Plan, ShardPlan
+from ggtools.plan import COPY, Plan, ShardPlan
 
 HEADER_ALLOWANCE = 1 << 20      # disk preflight: room for each output's header
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 STOP_WAIT = 10                  # seconds a stopped worker gets to remove its temporary file
 PROGRESS_EVERY = 0.2            # seconds between a worker's progress messages
+COPY_RATE = 1e9                 # shard_cost: bytes a worker copies (read, hash, write) per second, roughly
+CONVERSION_COST = 20            # ... and how many times longer a byte converted takes
 
 
 @dataclass
@@ -194,58 +196,105 @@ def run_shard(shard: ShardPlan, fingerprint: str, job: ShardJob, on_bytes, threa
 
 
 def _parallel(todo, fingerprints, jobs, job, bars, finished, errors):
-    """One worker process per shard, at most `jobs` at a time; messages come back on one queue."""
+    """`jobs` worker processes, each taking one shard after another, the costliest first (a worker loads its kernels
+    once, and no long shard is left to run alone at the end); messages come back on one queue."""
     ctx = multiprocessing.get_context("fork" if _fork_is_safe() else "spawn")
     messages = ctx.Queue()
     n_running = ctx.Value("i", 0, lock=False)     # read by the workers: a worker alone converts on every core
-    waiting, running = list(range(len(todo))), {}
+    waiting = sorted(range(len(todo)), key=lambda i: -shard_cost(todo[i]))
+    workers: list[_Worker] = []
+    retired = []                                  # processes told to stop, joined at the end
+
+    def give_work(worker):
+        """The next shard to the worker, or the order to stop (then it leaves the list)."""
+        worker.shard = waiting.pop(0) if waiting else None
+        worker.tasks.put(worker.shard)
+        if worker.shard is None:
+            retire(worker)
+        n_running.value = sum(w.shard is not None for w in workers)
+
+    def retire(worker):
+        retired.append(worker.process)
+        workers.remove(worker)
 
     def handle(kind, i, payload):
         if kind == "bytes":
             bars.update(i, payload)
             return
-        running.pop(i).join()
-        n_running.value = len(running)
         if kind == "done":
             finished(todo[i], ShardResult(**payload))
         else:
             errors.append((todo[i], ShardFailed(*payload)))
+        worker = next((w for w in workers if w.shard == i), None)
+        if worker is None:
+            return
+        if kind == "error" and payload[1] == Interrupted.exit_code:     # the worker stops
+            worker.shard = None
+            retire(worker)
+        else:
+            give_work(worker)
+
+    def reap():
+        """Workers that died without a word (killed): their shards failed, others started in their place."""
+        for worker in _dead(workers, messages, handle):
+            if worker.shard is not None:
+                errors.append((todo[worker.shard], ShardFailed(_death(worker.process.exitcode), 1)))
+            workers.remove(worker)
+            if waiting:
+                workers.append(_Worker(ctx, messages, todo, fingerprints, job, n_running))
+                give_work(workers[-1])
 
     try:
-        while waiting or running:
-            while waiting and len(running) < jobs:
-                i = waiting.pop(0)
-                running[i] = ctx.Process(target=_worker, args=(messages, i, todo[i], fingerprints[i], job, n_running),
-                                         daemon=True)
-                n_running.value = len(running)
-                _start_holding_signals(running[i])
+        for _ in range(min(jobs, len(todo))):
+            workers.append(_Worker(ctx, messages, todo, fingerprints, job, n_running))
+            give_work(workers[-1])
+        while workers:
             try:
                 handle(*messages.get(timeout=1))
             except queues.Empty:
-                _reap(running, messages, handle)
+                reap()
+        for process in retired:
+            process.join()
     except BaseException:
-        _stop(running.values())
-        leftovers = [todo[i].dst for i in running] + ([job.manifest] if job.manifest else [])
-        for path in leftovers:      # what a worker stopped at the wrong moment (or killed) could not remove
-            remove_stale_temps(path)
+        _stop([w.process for w in workers] + retired)
+        leftovers = [todo[w.shard].dst for w in workers if w.shard is not None]
+        for path in leftovers + ([job.manifest] if job.manifest else []):
+            remove_stale_temps(path)        # what a worker stopped at the wrong moment (or killed) could not remove
         raise
 
 
-def _reap(running, messages, handle):
-    """Workers that died without a word (killed): drain what they sent, then fail their shards."""
-    dead = [i for i, p in running.items() if p.exitcode is not None]
-    if not dead:
-        return
-    try:
-        while True:
-            handle(*messages.get_nowait())
-    except queues.Empty:
-        pass
-    for i in dead:
-        if i in running:
-            code = running[i].exitcode
-            handle("error", i, (f"the worker process died ({f'signal {-code}' if code < 0 else f'exit {code}'})"
-                                " before finishing this shard", 1))
+class _Worker:
+    """A worker process, the queue it takes shard indices from (None: stop), and the shard it works on."""
+
+    def __init__(self, ctx, messages, todo, fingerprints, job, n_running):
+        self.shard = None
+        self.tasks = ctx.SimpleQueue()
+        self.process = ctx.Process(target=_worker, args=(messages, self.tasks, todo, fingerprints, job, n_running),
+                                   daemon=True)
+        _start_holding_signals(self.process)
+
+
+def shard_cost(shard: ShardPlan) -> float:
+    """A shard's work in seconds on one core, roughly: its bytes read and written, and its bytes converted (a
+    conversion costs about 20 times a copy of the same bytes)."""
+    converted = sum(a.bytes_in for a in shard.tensors if a.action != COPY)
+    return (shard.bytes_in + CONVERSION_COST * converted) / COPY_RATE
+
+
+def _death(code) -> str:
+    return f"the worker process died ({f'signal {-code}' if code < 0 else f'exit {code}'}) before finishing this shard"
+
+
+def _dead(workers, messages, handle) -> list:
+    """The workers that died without a word (killed), after what they did send was handled."""
+    dead = [w for w in workers if w.process.exitcode is not None]
+    if dead:
+        try:
+            while True:
+                handle(*messages.get_nowait())
+        except queues.Empty:
+            pass
+    return [w for w in dead if w in workers]
 
 
 def _stop(processes):
@@ -270,12 +319,25 @@ def _start_holding_signals(process):
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
-def _worker(messages, index, shard, fingerprint, job, n_running):
+def _worker(messages, tasks, todo, fingerprints, job, n_running):
+    """Shards from tasks (indices into todo) until None, or an interrupt."""
     global _worker_stopping
     for s in STOP_SIGNALS:
         signal.signal(s, _interrupt)
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)     # one held since the start arrives now
+        while (index := tasks.get()) is not None:
+            if not _worker_shard(messages, index, todo[index], fingerprints[index], job, n_running):
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _worker_stopping = True     # a signal while the process exits must not raise (a traceback from its exit)
+
+
+def _worker_shard(messages, index, shard, fingerprint, job, n_running) -> bool:
+    """Write one shard, its result or failure sent back; False when interrupted."""
+    try:
         progress = _Coalesced(lambda n: messages.put(("bytes", index, n)))
         result = run_shard(shard, fingerprint, job, progress,
                            lambda: max(1, job.threads // max(1, n_running.value)))
@@ -285,12 +347,12 @@ def _worker(messages, index, shard, fingerprint, job, n_running):
         messages.put(("error", index, (str(e), e.exit_code)))
     except KeyboardInterrupt:
         messages.put(("error", index, ("the worker was interrupted", Interrupted.exit_code)))
+        return False
     except BaseException as e:     # a bug: say where, in one message
         where = traceback.extract_tb(e.__traceback__)[-1]
         messages.put(("error", index, (f"internal error: {type(e).__name__}: {e} (at {os.path.basename(where.filename)}"
                                        f":{where.lineno})", 2)))
-    finally:
-        _worker_stopping = True     # a signal while the process exits must not raise (a traceback from its exit)
+    return True
 
 
 _worker_stopping = False
