@@ -9,8 +9,9 @@
 - the loop: llama.cpp's `llama-speculative-simple --spec-type draft-eagle3 | draft-mtp --temp 0`, built from the
   vendored source (scripts/fixtures/llama_speculative.py; these tests skip until it is built): per step the drafted
   tokens, the accepted count and the target's token, and so the output, equal ggtools' on prompts whose drafts have
-  clear margins (llama.cpp verifies with batch kernels, the runtime with one-row ones: features may differ by an
-  ulp, which only a near tie could turn into another draft).
+  clear margins (llama.cpp verifies with batch kernels, the runtime with one-row ones: logits differ by up to about
+  7e-3 on the demo target, features by float rounding, which only a near tie (MARGIN 1e-2) could turn into another
+  draft).
 
 The example tokenizes a text prompt and keeps its last token as the first id_last; ggtools' loop takes its first
 token from prefill. So the example gets the prompt followed by ggtools' first token (as text that tokenizes back to
@@ -154,7 +155,7 @@ class Recording:
 
 def _compare_with_example(binary, target, draft, spec_type, settings: DraftSettings, texts=TEXTS, n=N):
     """Per prompt: ggtools' output and steps (drafted tokens, accepted count) against the example's, the steps up to
-    the first one that holds a near tie (_near_tie: where an ulp could make another draft; later steps still run on
+    the first one that holds a near tie (_near_tie: where the batch kernels' rounding could make another draft; later steps still run on
     the same committed tokens, but a different acceptance would shift the steps); prompts whose text does not tokenize
     back or that end the generation early are skipped. Returns the steps compared and the drafts accepted in them."""
     model = TargetModel(target)
