@@ -481,6 +481,17 @@ def test_gate_per_temperature(work):
         assert line.startswith(f"FAIL: {name}: at T 0.8, tau ") and f"is below --min-tau {floor:.4f}" in line
     assert "By temperature" in r.stdout and sum(line.startswith("drafter-") and "11..12" in line
                                                    for line in r.stdout.splitlines()) == 2
+    # --min-acceptance likewise, between the good drafters' acceptance at T 0 and at T 0.8
+    acc = [[d["by_temperature"][k]["acceptance"]["mean"] for d in good] for k in (0, 1)]
+    assert min(acc[0]) > max(acc[1])
+    floor = (min(acc[0]) + max(acc[1])) / 2
+    r = _accept(*_drafts(paths, "f16", "q2_k"), "--prompts", prompts, "-n", str(N), *TEMPS, "--min-acceptance",
+                f"{floor:.4f}", "--json")
+    out = json.loads(r.stdout)
+    assert r.exit_code == 1 and out["min_acceptance"] == float(f"{floor:.4f}")
+    for d in out["drafters"]:
+        assert len(d["failures"]) == 1 and d["failures"][0].startswith("at T 0.8, acceptance ") and \
+            d["failures"][0].endswith(f"is below --min-acceptance {floor:.4f}"), d["failures"]
 
 
 def test_sampled_output_that_differs_fails_at_its_temperature(work, monkeypatch):

@@ -425,7 +425,7 @@ SAMPLING = {"--top-k": INTS, "--top-p": FLOATS, "--min-p": FLOATS, "--typical": 
 OPTIONS = {
     "run": DRAFTING | SAMPLING | {"--min-acceptance": FLOATS, "--prompt": TEXTS, "--prompt-ids": IDS,
                                   "--temp": FLOATS},
-    "accept": DRAFTING | {"--max-drop": FLOATS, "--min-tau": FLOATS, "--baseline": TEXTS},
+    "accept": DRAFTING | {"--max-drop": FLOATS, "--min-tau": FLOATS, "--min-acceptance": FLOATS, "--baseline": TEXTS},
 }
 # issue 42 part 4 (test_accept.py's class): accept's temperatures (a list, "0," + each value) and seeds per temperature
 OPTIONS["accept"] |= SAMPLING | {"--temp": FLOATS + ["0," + v for v in FLOATS] + ["0.5,0.5", "0,0.8,1"],

@@ -470,6 +470,8 @@ ROWS = [
     ("gate/run-p-min-nan", [*RUN, "--draft", "{drafter}", "--cut", "prob", "--p-min", "nan"], 2, [], "finite"),
     ("gate/accept-max-drop-nan", [*ACCEPT, "--max-drop", "nan"], 2, [], "finite"),
     ("gate/accept-min-tau-inf", [*ACCEPT, "--min-tau", "inf"], 2, [], "finite"),
+    ("gate/accept-min-acceptance-nan", [*ACCEPT, "--min-acceptance", "nan"], 2, [], "finite"),
+    ("gate/accept-min-acceptance-above-1", [*ACCEPT, "--min-acceptance", "1.5"], 2, [], "1.5"),
     ("gate/accept-p-min-nan", [*ACCEPT, "--p-min", "nan"], 2, [], "finite"),
     # 11. outputs: never one output over another, never an existing file without --force
     ("output/accept-report-and-plot-same-file", [*ACCEPT, "--report", "{root}/x.svg", "--plot", "{root}/x.svg"], 2,

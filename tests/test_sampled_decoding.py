@@ -40,8 +40,8 @@ def llama_sampled(llama_cpp, path, prompt, n, params) -> list[int]:
     return out
 
 
-def assert_sampled_equal(llama_cpp, path, prompt, params):
-    model = TargetModel(path, threads=2)
+def assert_sampled_equal(llama_cpp, path, prompt, params, backend="numba"):
+    model = TargetModel(path, threads=2, backend=backend)
     ours, _ = greedy(model, prompt, N, sampler=Sampler(params, model.hp.n_vocab))
     theirs = llama_sampled(llama_cpp, path, prompt, N, params)
     assert ours == theirs, f"{path} seed {params.seed} temp {params.temp}"
@@ -51,6 +51,13 @@ def assert_sampled_equal(llama_cpp, path, prompt, params):
 @pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temp}-s{p.seed}")
 def test_demo_target(llama_cpp, params):
     assert_sampled_equal(llama_cpp, DEMO_TARGET, [1, 450, 996, 1354, 701], params)
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temp}-s{p.seed}")
+def test_demo_target_torch(llama_cpp, params):
+    """The torch backend (CPU, f32: its logits are numba's bit for bit) samples with the same chain."""
+    pytest.importorskip("torch")
+    assert_sampled_equal(llama_cpp, DEMO_TARGET, [1, 450, 996, 1354, 701], params, backend="torch")
 
 
 @pytest.mark.slow

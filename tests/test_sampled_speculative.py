@@ -15,10 +15,11 @@ SETTINGS = [SamplingParams(temp=0.6, seed=3), SamplingParams(temp=1.0, seed=11),
             SamplingParams(temp=0.8, seed=5, top_k=0, top_p=0.9, min_p=0.0, penalty_repeat=1.1)]
 
 
-def assert_sampled_speculation_equals_sampled_decoding(target_path, draft, tree_budget=None, trained=True):
+def assert_sampled_speculation_equals_sampled_decoding(target_path, draft, tree_budget=None, trained=True,
+                                                       backend="numba"):
     """trained: the drafter drafts what the target says often enough that some drafts are accepted (a random one
     still shows that every step's rejection and rollback keep the output: 2 prompts x 3 settings x ~30 steps)."""
-    model = TargetModel(target_path, threads=2)
+    model = TargetModel(target_path, threads=2, backend=backend)
     drafter = open_drafter(draft, model)
     n_vocab = model.hp.n_vocab
     accepted = 0
@@ -50,6 +51,14 @@ def demo(tmp_path_factory):
 def test_dflash(demo, name):
     target, drafters = demo
     assert_sampled_speculation_equals_sampled_decoding(target, drafters[name])
+
+
+def test_dflash_torch(demo):
+    """The torch backend (CPU, f32) verifies and samples as numba does: the same output, chain and tree."""
+    pytest.importorskip("torch")
+    target, drafters = demo
+    assert_sampled_speculation_equals_sampled_decoding(target, drafters["f16"], backend="torch")
+    assert_sampled_speculation_equals_sampled_decoding(target, drafters["f16"], tree_budget=22, backend="torch")
 
 
 def test_dflash_draft_tree(demo):

@@ -32,6 +32,8 @@ from ggtools.jobs.accept_report import (ALIGN, TEMP_ALIGN, TEMP_HEADERS, TREE_AL
               help="Fail a drafter of the baseline's family whose tau falls more than this (relative) below the "
                    "baseline's.")
 @click.option("--min-tau", type=FiniteFloatRange(min=0), help="Fail a drafter whose tau is below this.")
+@click.option("--min-acceptance", type=FiniteFloatRange(0, 1),
+              help="Fail a drafter whose acceptance (accepted drafts / drafted) is below this, as run's gate.")
 @draft_options
 @tree_options(many=True)
 @sampling_options(many=True)
@@ -43,7 +45,7 @@ from ggtools.jobs.accept_report import (ALIGN, TEMP_ALIGN, TEMP_HEADERS, TREE_AL
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also write a figure (.png or .svg; needs ggtools[plot]).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --report or --plot file.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, full_kv, n_max, cut, p_min, n_min,
+def command(target, drafts, prompts, n, baseline, max_drop, min_tau, min_acceptance, ring_cap, full_kv, n_max, cut, p_min, n_min,
             tree_budgets, tree_top_k, temps, seed, seeds, threads, backend, device, dtype, ignore_eos, as_json, report,
             plot, force, quiet, **chain):
     """Acceptance gate: decode a prompt set with each drafter (DFlash, DSpark, EAGLE3, MTP side by side) against
@@ -57,8 +59,8 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
 
     Exit 1, naming each failing drafter and the number that failed, when a drafter's tau (z-lab's) falls more
     than --max-drop below the baseline's (at the same temperature; drafters of the baseline's family: another
-    family's tau is shown beside it, not gated), is below --min-tau, or its output differs from target-only
-    decoding; exit 2 for bad input.
+    family's tau is shown beside it, not gated), is below --min-tau, its acceptance is below --min-acceptance, or
+    its output differs from target-only decoding; exit 2 for bad input.
 
     \b
     Examples:
@@ -85,7 +87,7 @@ def command(target, drafts, prompts, n, baseline, max_drop, min_tau, ring_cap, f
     if plot:
         check_plot_path(plot, inputs, force=force)
     result = accept(target, list(drafts), prompts=prompts, n=n, baseline=baseline, max_drop=max_drop, min_tau=min_tau,
-                    ring_cap=ring_cap, settings=settings, threads=threads,
+                    min_acceptance=min_acceptance, ring_cap=ring_cap, settings=settings, threads=threads,
                     stop_at_eog=not ignore_eos, progress=not quiet, backend=backend, device=device, dtype=dtype,
                     tree_budgets=tree_budgets or [], temps=temps, seeds=seeds, seed=seed, sampling=sampling)
     if report:

@@ -5,7 +5,8 @@ drafting milliseconds per step, tok/s and draft-KV bytes, the delta against a ba
 
 Target-only greedy decoding of each prompt runs once (interleaved with the first drafter's prompts) and every
 drafter's output is checked against it. A drafter fails when its τ (z-lab's) falls more than `max_drop`
-(relative) below the baseline's (a drafter of the baseline's family), when its τ is below `min_tau`, or when its
+(relative) below the baseline's (a drafter of the baseline's family), when its τ is below `min_tau` or its
+acceptance below `min_acceptance`, or when its
 output differs from greedy.
 
 With temperatures (accept_temperatures.py), every drafter decodes at each: greedy at 0, sampled with each seed
@@ -115,6 +116,7 @@ class AcceptReport:
     baseline: str               # the baseline drafter's name
     max_drop: float | None
     min_tau: float | None
+    min_acceptance: float | None
     drafters: list[DrafterResult]
     reference_outputs: list[list]
     target_tokens_per_second: float
@@ -147,7 +149,7 @@ class AcceptReport:
 
 
 def accept(target, drafts, *, prompts=None, n: int = 64, baseline=None, max_drop: float | None = DEFAULT_MAX_DROP,
-           min_tau: float | None = None, ring_cap: int | None = DEFAULT_RING_CAP, settings: DraftSettings | None = None,
+           min_tau: float | None = None, min_acceptance: float | None = None, ring_cap: int | None = DEFAULT_RING_CAP, settings: DraftSettings | None = None,
            threads: int | None = None, stop_at_eog: bool = True, progress: bool = False, backend: str = "numba",
            device: str | None = None, dtype: str | None = None, tree_budgets=(), temps=(0.0,), seeds: int = 1,
            seed: int | None = None, sampling: dict | None = None) -> AcceptReport:
@@ -182,12 +184,13 @@ def accept(target, drafts, *, prompts=None, n: int = 64, baseline=None, max_drop
     finally:
         model.close()
     results = _results(names, drafts, sizes, m, base, tree_budgets)
-    judge(results, results[base], max_drop, min_tau, named=list(temps) != [0])
+    judge(results, results[base], max_drop, min_tau, min_acceptance, named=list(temps) != [0])
     sampled = next((d.params for d in decoded if d.params is not None), None)
     return AcceptReport(
         target=str(target), prompt_source=str(prompts) if prompts else "default", prompts=prompt_set, n=n,
         draft_kv="full" if ring_cap is None else f"ring:{ring_cap}", settings=asdict(settings),
-        threads=m.runs[0].threads, baseline=names[base], max_drop=max_drop, min_tau=min_tau, drafters=results,
+        threads=m.runs[0].threads, baseline=names[base], max_drop=max_drop, min_tau=min_tau,
+        min_acceptance=min_acceptance, drafters=results,
         reference_outputs=m.reference_outputs, target_tokens_per_second=m.target_tokens_per_second,
         seconds=time.perf_counter() - t0, tree_budgets=list(tree_budgets), temperatures=list(temps),
         seeds=seed_values, sampling=sampled.as_dict() if sampled else None,
@@ -295,14 +298,14 @@ def _source(draft) -> str:
 
 
 def judge(results: list[DrafterResult], base: DrafterResult, max_drop: float | None, min_tau: float | None,
-          named: bool = False) -> None:
+          min_acceptance: float | None = None, named: bool = False) -> None:
     """Fill each result's deltas against `base` and its failures, temperature by temperature (named: each failure
     says its temperature); the deltas shown beside a drafter are its first temperature's."""
     for k, base_at in enumerate(base.by_temperature):
         for r in results:
             # a drop is measured against a variant of the same drafter: another family drafts differently by design
             drop = max_drop if r.family == base.family else None
-            judge_temperature(r.by_temperature[k], base_at, drop, min_tau, named)
+            judge_temperature(r.by_temperature[k], base_at, drop, min_tau, min_acceptance, named)
     for r in results:
         first = r.by_temperature[0]
         r.delta_tau, r.delta_tau_relative, r.delta_acceptance = (first.delta_tau, first.delta_tau_relative,

@@ -136,6 +136,8 @@ def setting_line(report: AcceptReport) -> str:
         gate += f" (for {FAMILIES.get(base_family, base_family)} drafters)"
     if report.min_tau is not None:
         gate += f", --min-tau {report.min_tau:g}"
+    if report.min_acceptance is not None:
+        gate += f", --min-acceptance {report.min_acceptance:g}"
     source = "the default set" if report.prompt_source == "default" else report.prompt_source
     return (f"target {os.path.basename(report.target)}; {len(report.prompts)} prompts ({source}) × up to "
             f"{report.n} new tokens; draft KV {report.draft_kv}; n_max {_n_max(report)}, cut {s['cut']} "

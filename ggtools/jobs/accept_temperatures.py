@@ -172,7 +172,7 @@ def _mean_of(stats: list[dict], name: str) -> float | None:
 
 
 def judge_temperature(result: TemperatureResult, base: TemperatureResult, max_drop: float | None,
-                      min_tau: float | None, named: bool) -> None:
+                      min_tau: float | None, min_acceptance: float | None, named: bool) -> None:
     """Fill a drafter's deltas against the baseline's at the same temperature and its failures there; named: each
     failure says the temperature (else the words of a greedy-only gate)."""
     tau, base_tau = result.tau.mean, base.tau.mean
@@ -186,6 +186,9 @@ def judge_temperature(result: TemperatureResult, base: TemperatureResult, max_dr
                                f"{base_tau:.3f} (--max-drop {max_drop:g})")
     if min_tau is not None and tau < min_tau:
         result.failures.append(f"{at}tau {tau:.3f} is below --min-tau {min_tau:g}")
+    if min_acceptance is not None and result.acceptance.mean < min_acceptance:
+        result.failures.append(f"{at}acceptance {result.acceptance.mean:.3f} is below --min-acceptance "
+                               f"{min_acceptance:g}")
     for seed, run in zip(result.seeds or [None], result.runs):
         if not run.outputs_match_target:
             result.failures.append(f"{at}output differs from target-only {_decoding(result.temp, seed)} on "
