@@ -214,7 +214,7 @@ def _borrowed(d, t_locate, n_embd) -> list[Violation]:
             continue
         theirs = t_locate(name) or (t_locate("token_embd.weight") if name == "output.weight" else None)
         if theirs is None:
-            out.append(Violation(None, f"missing, and the target has none to lend", says, MISSING, "tensors",
+            out.append(Violation(None, "missing, and the target has none to lend", says, MISSING, "tensors",
                                  FIRST_DRAFT, tensor=name))
         elif draft_embd is not None and int(theirs[1].ne[0]) != draft_embd:
             out.append(Violation(None, f"missing: the drafter uses the target's {theirs[1].name}, "

@@ -12,16 +12,14 @@ head and the confidence cut. Torch on the CPU, one thread, fixed seeds; a few mi
 Intermediate results are cached in $DEMO_PAIR_WORK (default /tmp/ggtools-demo-pair)/dspark.
 """
 
-import argparse
 import json
-import os
 import platform
 import shutil
 
 import torch
 
 from scripts.demo_pair.common import EOS_TOKEN, MASK_TOKEN, OUT_DIR, SEED, TARGET_LAYER_IDS, WORK_DIR
-from scripts.demo_pair.stages import run_stages, self_distillation_data
+from scripts.demo_pair.stages import log, self_distillation_data, stage_main
 
 THREADS = 1
 STAGES = ["data", "anchor", "speculators", "eval", "write"]
@@ -38,9 +36,6 @@ EVAL = dict(prompts=18, prompt_tokens=128, new_tokens=64, p_min=0.5)
 
 WORK = WORK_DIR / "dspark"
 
-
-def log(msg):
-    print(msg, flush=True)
 
 
 def _tokenizer():
@@ -155,20 +150,11 @@ def stage_write(state):
     log(f"dspark.json written; checkpoints {sum(sizes.values()) / 1e6:.2f} MB")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="start", choices=STAGES, default="data")
-    ap.add_argument("--to", dest="stop", choices=STAGES, default="write")
-    ap.add_argument("--smoke", action="store_true", help="tiny step counts: check the pipeline, not the drafters")
-    args = ap.parse_args()
-    if args.smoke:
-        DATA.update(n_generated=8, n_text=8)
-        TRAIN.update(steps=3)
-        EVAL.update(prompts=2, new_tokens=16)
-    torch.set_num_threads(THREADS)
-    run_stages(globals(), STAGES, args.start, args.stop, WORK, log)
+def _smoke():
+    DATA.update(n_generated=8, n_text=8)
+    TRAIN.update(steps=3)
+    EVAL.update(prompts=2, new_tokens=16)
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    stage_main(__doc__, globals(), STAGES, WORK, _smoke, THREADS, start="data", stop="write")

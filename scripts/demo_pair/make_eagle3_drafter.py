@@ -10,9 +10,7 @@ runtime measures on the demo's held-out prompts. Torch on the CPU, one thread, f
 Intermediate results are cached in $DEMO_PAIR_WORK (default /tmp/ggtools-demo-pair)/eagle3.
 """
 
-import argparse
 import json
-import os
 import platform
 import shutil
 
@@ -20,7 +18,7 @@ import torch
 
 from scripts.demo_pair.common import EOS_TOKEN, OUT_DIR, SEED, WORK_DIR
 from scripts.demo_pair.eagle3 import DRAFT_VOCAB, TARGET_LAYERS
-from scripts.demo_pair.stages import accept_row, run_stages, self_distillation_data
+from scripts.demo_pair.stages import accept_row, log, self_distillation_data, stage_main
 
 THREADS = 1
 STAGES = ["data", "train", "eval", "write"]
@@ -34,9 +32,6 @@ EVAL = dict(prompts=18, prompt_tokens=128, new_tokens=64)
 
 WORK = WORK_DIR / NAME
 
-
-def log(msg):
-    print(msg, flush=True)
 
 
 def _eos():
@@ -108,20 +103,11 @@ def stage_write(state):
     log(f"{NAME}.json written; checkpoint {sum(sizes.values()) / 1e6:.2f} MB")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="start", choices=STAGES, default=STAGES[0])
-    ap.add_argument("--to", dest="stop", choices=STAGES, default=STAGES[-1])
-    ap.add_argument("--smoke", action="store_true", help="tiny step counts: check the pipeline, not the drafter")
-    args = ap.parse_args()
-    if args.smoke:
-        DATA.update(n_generated=8, n_text=8)
-        TRAIN.update(steps=3)
-        EVAL.update(prompts=2, new_tokens=16)
-    torch.set_num_threads(THREADS)
-    run_stages(globals(), STAGES, args.start, args.stop, WORK, log)
+def _smoke():
+    DATA.update(n_generated=8, n_text=8)
+    TRAIN.update(steps=3)
+    EVAL.update(prompts=2, new_tokens=16)
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    stage_main(__doc__, globals(), STAGES, WORK, _smoke, THREADS)

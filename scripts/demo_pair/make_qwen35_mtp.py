@@ -12,9 +12,7 @@ The convert stage needs the llama.cpp source tree (scripts/fixtures/llama_cpp_sr
 Intermediate results are cached in $DEMO_PAIR_WORK (default /tmp/ggtools-demo-pair)/qwen35-mtp.
 """
 
-import argparse
 import json
-import os
 import platform
 import tempfile
 
@@ -23,7 +21,7 @@ import torch
 
 from scripts.demo_pair.common import EOS_TOKEN, OUT_DIR, SEED, WORK_DIR, corpus_files, read_text
 from scripts.demo_pair.qwen35_mtp import GGUF, HF_DIR, NAME, QWEN35
-from scripts.demo_pair.stages import accept_row, run_stages, self_distillation_data, training_stream
+from scripts.demo_pair.stages import accept_row, log, self_distillation_data, stage_main, training_stream
 
 THREADS = 1
 STAGES = ["target", "data", "mtp", "convert", "eval", "write"]
@@ -35,9 +33,6 @@ EVAL = dict(prompts=18, prompt_tokens=128, new_tokens=64)
 
 WORK = WORK_DIR / NAME
 
-
-def log(msg):
-    print(msg, flush=True)
 
 
 def _tokenizer():
@@ -144,21 +139,12 @@ def stage_write(state):
     log(f"{NAME}.json written; {sum(sizes.values()) / 1e6:.2f} MB")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--from", dest="start", choices=STAGES, default=STAGES[0])
-    ap.add_argument("--to", dest="stop", choices=STAGES, default=STAGES[-1])
-    ap.add_argument("--smoke", action="store_true", help="tiny step counts: check the pipeline, not the models")
-    args = ap.parse_args()
-    if args.smoke:
-        TARGET_TRAIN.update(steps=3)
-        DATA.update(n_generated=8, n_text=8)
-        MTP_TRAIN.update(steps=3)
-        EVAL.update(prompts=2, new_tokens=16)
-    torch.set_num_threads(THREADS)
-    run_stages(globals(), STAGES, args.start, args.stop, WORK, log)
+def _smoke():
+    TARGET_TRAIN.update(steps=3)
+    DATA.update(n_generated=8, n_text=8)
+    MTP_TRAIN.update(steps=3)
+    EVAL.update(prompts=2, new_tokens=16)
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    stage_main(__doc__, globals(), STAGES, WORK, _smoke, THREADS)

@@ -1,7 +1,9 @@
 """What the demo drafters' make scripts share: the stage runner (cached state, wall and CPU seconds per stage), the
 self-distillation data recipe and the acceptance measured by the ggtools runtime on the demo's held-out prompts."""
 
+import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -11,6 +13,26 @@ from scripts.demo_pair.common import SEED, corpus_files, read_text, seed_everyth
 
 STAT_KEYS = ("tau_zlab", "mean_accepted_length_incl_bonus", "acceptance_rate", "drafted_tokens", "accepted_tokens",
              "steps", "per_position_accept_rate")
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def stage_main(doc: str, namespace: dict, stages: list, work, smoke, threads: int = 1,
+               start: str | None = None, stop: str | None = None) -> dict:
+    """A make script's command line: --from / --to pick the stages (default start .. stop, else all), --smoke
+    calls smoke() (tiny step counts: the pipeline checked, not the models); torch on `threads` threads."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--from", dest="start", choices=stages, default=start or stages[0])
+    ap.add_argument("--to", dest="stop", choices=stages, default=stop or stages[-1])
+    ap.add_argument("--smoke", action="store_true", help="tiny step counts: check the pipeline, not the models")
+    args = ap.parse_args()
+    if args.smoke:
+        smoke()
+    torch.set_num_threads(threads)
+    return run_stages(namespace, stages, args.start, args.stop, work, log)
 
 
 def run_stages(namespace: dict, stages: list, start: str, stop: str, work, log) -> dict:
