@@ -89,7 +89,24 @@ def run_cp(src, dst, cpus):
 
 
 def run_requant(first, out, cpus, jobs):
-    return Run(ggtools_cmd("requant-trunk", first, "-o", out, "-q", *(["-j", str(jobs)] if jobs else [])), cpus)
+    """The run, with its CPU time (user + system, every process of it) as run.cpu."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run = Run(ggtools_cmd("requant-trunk", first, "-o", out, "-q", *(["-j", str(jobs)] if jobs else [])), cpus)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run.cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return run
+
+
+def floor_rows(best, cpus, trunk_values, one_thread_rate):
+    """What the CPUs alone allow, warm, on `cpus` CPUs, against cp's time: the conversion's CPU time (at the one-thread
+    rate measured in this process) spread over them, and requant-trunk's whole CPU time spread over them."""
+    cp = best[("warm", cpus, "cp")].seconds
+    conversion = trunk_values * 4 / 1e6 / one_thread_rate
+    whole = min(run.cpu for key, run in best.items() if key[2] == "requant" and key[1] == cpus and key[0] == "warm")
+    return [[f"floor on {cpus} CPUs: the conversion's CPU time ({conversion:.2f} s) / {cpus}",
+             f"{conversion / cpus:.2f} s", f"{cp:.2f} s", f"{conversion / cpus / cp:.2f}", ""],
+            [f"floor on {cpus} CPUs: requant-trunk's CPU time, warm ({whole:.2f} s) / {cpus}",
+             f"{whole / cpus:.2f} s", f"{cp:.2f} s", f"{whole / cpus / cp:.2f}", ""]]
 
 
 def main():
@@ -116,6 +133,7 @@ def main():
     plan = json.loads(subprocess.run([sys.executable, "-m", "ggtools", "requant-trunk", paths[0], "-o", out,
                                       "--dry-run", "--json"], check=True, capture_output=True, text=True).stdout)
     trunk = sum(t["bytes_in"] for s in plan["shards"] for t in s["tensors"] if t["action"] == "convert")
+    trunk_values = sum(int(np.prod(t["ne"])) for s in plan["shards"] for t in s["tensors"] if t["action"] == "convert")
     out_size = sum(t["bytes_out"] for s in plan["shards"] for t in s["tensors"])
     print(f"set: {len(paths)} shards, {size / 1e9:.2f} GB, {layers} layers; trunk converted: {trunk / 1e9:.3f} GB "
           f"({100 * trunk / size:.1f} % of the bytes); cold = {cold_method()}; load {load_average()}", file=report)
@@ -133,7 +151,8 @@ def main():
                     key = (cache, cpus, tool)
                     if key not in best or run.seconds < best[key].seconds:
                         best[key] = run
-                    print(f"  round {r + 1}: {cache:4} {cpus} CPU(s) {tool:7} {run.seconds:6.2f} s", file=report)
+                    cpu = f" (CPU {run.cpu:.2f} s)" if tool == "requant" else ""
+                    print(f"  round {r + 1}: {cache:4} {cpus} CPU(s) {tool:7} {run.seconds:6.2f} s{cpu}", file=report)
                 loads.append(os.getloadavg()[0])
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     fresh(copy)
@@ -167,7 +186,8 @@ def main():
     other = [["peak RSS of a process", f"{peak / 1024:.0f} MB", "", "", "<= 300 MB"],
              ["Q8_0 -> Q4_K, 1 thread, against ggml's C", f"{one:.0f} MB/s", f"{c:.0f} MB/s" if c else "-",
               f"{one / c:.2f}" if c else "-", ""],
-             [f"Q8_0 -> Q4_K, {n} threads, against 1", f"{many:.0f} MB/s", f"{one:.0f} MB/s", f"{many / one:.2f}", ""]]
+             [f"Q8_0 -> Q4_K, {n} threads, against 1", f"{many:.0f} MB/s", f"{one:.0f} MB/s", f"{many / one:.2f}", ""],
+             *floor_rows(best, max(cpu_counts), trunk_values, one)]
     load = f"load average {min(loads):.2f}-{max(loads):.2f} during the runs"
     intro = (f"{len(paths)} shards, {size / 1e9:.2f} GB, trunk {trunk / 1e9:.3f} GB ({100 * trunk / size:.1f} % of "
              f"the bytes), output {out_size / 1e9:.2f} GB; best of {args.repeat} rounds, the two commands in turn; "
@@ -177,7 +197,8 @@ def main():
             + f"\n\nBytes moved, cold, {max(cpu_counts)} CPUs:\n\n"
             + page.table(["measure", "bytes", "ratio", ""], bytes_rows)
             + "\n\n" + page.table(["measure", "ours", "reference", "ratio", "goal"], other)
-            + "\n\nConversion rates in MB of float32 values per second, in this process.")
+            + "\n\nConversion rates in MB of float32 values per second, in this process. The floors: the wall time "
+              "the CPU work alone would take with every CPU busy all the time, against `cp -r` + `sync`'s time.")
     if args.markdown:
         page.emit(args, "requant", body)
     if not page.prints_markdown(args):
