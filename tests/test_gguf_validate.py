@@ -293,8 +293,11 @@ def test_random_mutations_never_crash(tmp_path):
     assert codes <= {0, 1, 2} and {1, 2} <= codes
 
 
-def test_deep_scan_finds_bad_values(tmp_path):
-    """NaN in F32 data, an inf fp16 scale in a Q8_0 block, an MXFP4 exponent of 0xFF: each found and placed."""
+@pytest.mark.parametrize("cores", [1, 2, 3])
+def test_deep_scan_finds_bad_values(tmp_path, monkeypatch, cores):
+    """NaN in F32 data, an inf fp16 scale in a Q8_0 block, an MXFP4 exponent of 0xFF: each found and placed, the
+    file read as one stream per core."""
+    monkeypatch.setattr("ggtools.jobs.validate.os.cpu_count", lambda: cores)
     t = B.sample_tensors() + [("blk.0.ffn_exps.weight", [64, 2], 39, 0, 2 * 2 * 17)]
     name, ne, ty, _, nb = t[-1]
     t[-1] = (name, ne, ty, B.pad(t[-2][3] + t[-2][4], 32), nb)

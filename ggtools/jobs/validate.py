@@ -85,11 +85,13 @@ def validate(paths, *, deep=False, manifest=None, write_manifest=None, jobs=None
     if write_manifest:
         check_output(write_manifest, inputs, force=force)
     items = [(s, i) for s in sets for i in s.present_indices]
+    workers = jobs or min(len(items), os.cpu_count() or 1) or 1
+    streams = max(1, (os.cpu_count() or 1) // workers)      # a deep scan's reads at once per file: one per core
     try:
-        with ThreadPoolExecutor(max_workers=jobs or min(len(items), os.cpu_count() or 1) or 1) as pool:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
             parsed = list(pool.map(lambda item: _parse(*item), items))     # every header once, before any check
-            reports = list(pool.map(lambda item, f: _check_one(item[0], item[1], f, deep, want_hashes), items,
-                                    parsed))
+            reports = list(pool.map(lambda item, f: _check_one(item[0], item[1], f, deep, want_hashes, streams),
+                                    items, parsed))
         set_problems = []
         for s in sets:
             if all(r.readable for r in reports if r.path in s.paths):
@@ -125,9 +127,9 @@ def _parse(shards: ShardSet, index: int) -> GGUFFile | GGUFError:
         return e
 
 
-def _check_one(shards: ShardSet, index: int, f: GGUFFile | GGUFError, deep, want_hashes) -> FileReport:
+def _check_one(shards: ShardSet, index: int, f: GGUFFile | GGUFError, deep, want_hashes, streams=1) -> FileReport:
     """The report on shard index of the set (f: that shard parsed, or why it cannot be); a split set's first shard
-    has its tensors checked against this file's keys."""
+    has its tensors checked against this file's keys; streams: the reads at once of a deep scan without hashes."""
     report = FileReport(shards.paths[index])
     if isinstance(f, GGUFError):
         report.readable = False
@@ -139,10 +141,10 @@ def _check_one(shards: ShardSet, index: int, f: GGUFFile | GGUFError, deep, want
     intact = not errors(report.problems)
     deep = deep and intact
     if want_hashes:         # the deep scan rides on the hashing's read: every byte read once
-        scan = _row_scan() if deep else None
+        scan = RowScan(check_row_data) if deep else None
         report.sha256, report.tensor_sha256 = hash_file(f, tensors=intact, on_chunk=scan and scan.feed)
     if deep:
-        report.problems += deep_scan(f, scan if want_hashes else None)
+        report.problems += deep_scan(f, scan if want_hashes else None, streams)
         report.deep_bytes = sum(t.nbytes for t in f.tensors)
     return report
 
@@ -196,17 +198,13 @@ def hparam_problems(f: GGUFFile, reported=(), locate=None) -> list[Problem]:
             for v in model_violations(f, locate) if v.where not in reported]
 
 
-def _row_scan() -> RowScan:
-    return RowScan(check_row_data)
-
-
-def deep_scan(f: GGUFFile, scan: RowScan | None = None) -> list[Problem]:
+def deep_scan(f: GGUFFile, scan: RowScan | None = None, streams: int = 1) -> list[Problem]:
     """Row-data rules (ggml_validate_row_data): finite fp16 scales, finite floats, MXFP4 scale != 0xFF. scan: one
     that has seen every tensor's bytes already (fed by another pass over them); without it the tensors are read
-    once, in file order, the check of each chunk overlapping the read of the next."""
+    once, in file order (as `streams` runs read at once), the check of each chunk overlapping the read of the
+    next."""
     if scan is None:
-        scan = _row_scan()
-        found = scan_tensors(f, f.tensors, scan.check)
+        found = scan_tensors(f, f.tensors, check_row_data, streams=streams)
     else:
         found = {t.name: scan.result(t) for t in f.tensors}
     out = []
