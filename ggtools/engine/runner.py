@@ -5,8 +5,9 @@ the process that wrote it, the moment it is renamed into place; so an interrupt,
 `--shard K` runs at once never lose a finished shard. --resume skips a shard only when its entry still
 matches (the output is re-hashed), and redoes every other one. Workers are -j processes (capped at the number
 of shards), each writing one shard after another, the costliest shards first; one killed fails its shard only
-(another takes its place); on an interrupt they are stopped, and each removes its temporary file. A run may also keep no manifest (patch: nothing to resume), and a plan may copy a shard whole
-(ShardPlan.verbatim: a shard a patch leaves alone).
+(another takes its place); on an interrupt they are stopped, and each removes its temporary file. A run may also
+keep no manifest (patch: nothing to resume), and a plan may copy a shard whole (ShardPlan.verbatim: a shard a patch
+leaves alone).
 """
 
 import multiprocessing
