@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from gguf import GGUFValueType as VT
 
 from tests import gguf_builder as B
-from tests.test_convert_support import rewrite_gguf
+from tests.test_convert_support import rewrite_gguf, with_required_tensors
 from tests.tiny_targets import write_gpt_oss, write_qwen35
 from ggtools.cli import main
 from ggtools.samples import write_moe_set
@@ -112,13 +112,24 @@ def dense(specs, kvs=None, alignment=32) -> bytes:
     return B.build(kvs if kvs is not None else B.sample_kvs(), tensors, data=bytes(data))
 
 
+def whole_model(specs, kvs) -> bytes:
+    """dense(specs, kvs) with a zero F32 tensor for every other tensor its arch's loader requires."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "m.gguf")
+        with open(path, "wb") as fh:
+            fh.write(dense(specs, kvs))
+        with open(with_required_tensors(path), "rb") as fh:
+            return fh.read()
+
+
 def valid_llama(rng) -> bytes:
-    """B.sample_file's keys and tensors, shaped as the keys give them (its attn_q is [64, 8]): a model validate passes,
-    as quantize and requant-trunk ask of their input since issue 39."""
-    return dense([("output_norm.weight", [64], F32, np.ones(64, "<f4").tobytes()),
-                  ("blk.0.attn_q.weight", [64, 64], F16, rng.standard_normal(64 * 64).astype("<f2").tobytes()),
-                  ("blk.0.ffn_up.weight", [64, 4], Q8_0, q8_blocks(8, rng))],
-                 B.sample_kvs() + [B.kv_u32("llama.feed_forward_length", 4)])
+    """B.sample_file's keys and tensors, shaped as the keys give them (its attn_q is [64, 8]), and the llama loader's
+    other tensors: a model validate passes, as quantize and requant-trunk ask of their input since issue 39."""
+    return whole_model([("output_norm.weight", [64], F32, np.ones(64, "<f4").tobytes()),
+                        ("blk.0.attn_q.weight", [64, 64], F16, rng.standard_normal(64 * 64).astype("<f2").tobytes()),
+                        ("blk.0.ffn_up.weight", [64, 4], Q8_0, q8_blocks(8, rng))],
+                       B.sample_kvs() + [B.kv_u32("llama.feed_forward_length", 4)])
 
 
 def with_tensor(index, **change) -> bytes:
@@ -136,7 +147,7 @@ def split_set(prefix, count_on_first):
     rng = np.random.default_rng(1)
     paths = []
     for i in range(3):
-        kvs = (B.sample_kvs() if i == 0 else []) + [      # a valid llama model but for split.count
+        kvs = (B.sample_kvs("gpt2") if i == 0 else []) + [   # valid but for split.count (gpt2: no tensor tables)
             B.kv_u16("split.no", i), B.kv_u16("split.count", count_on_first if i == 0 else 3),
             B.kv_i32("split.tensors.count", 3)]
         payload = rng.standard_normal(64).astype("<f4").tobytes()
@@ -174,14 +185,16 @@ def build_corpus(root) -> dict[str, str]:
     c["big"] = shutil.copy(c["good"], j("big", "x-00001-of-99999.gguf"))
     nan_rows = rng.standard_normal((4, 64)).astype("<f4")
     nan_rows[2, 5] = np.nan
-    # valid llama models (the FFN's width says the shapes they have, checked since issue 39) but for the NaN
-    c["nan_f32"] = write(j("nan_f32.gguf"), dense([("blk.0.ffn_up.weight", [64, 4], F32, nan_rows.tobytes())],
-                                                  B.sample_kvs() + [B.kv_u32("llama.feed_forward_length", 4)]))
-    c["nan_q8"] = write(j("nan_q8.gguf"), dense([                 # converted by requant-trunk: scale NaN in row 1
+    # valid llama models (the FFN's width says the shapes they have, checked since issue 39; the loader's other
+    # tensors zero) but for the NaN
+    c["nan_f32"] = write(j("nan_f32.gguf"), whole_model([("blk.0.ffn_up.weight", [64, 4], F32, nan_rows.tobytes())],
+                                                        B.sample_kvs() + [B.kv_u32("llama.feed_forward_length", 4)]))
+    c["nan_q8"] = write(j("nan_q8.gguf"), whole_model([           # converted by requant-trunk: scale NaN in row 1
         ("blk.0.ffn_down.weight", [256, 64], Q8_0, q8_blocks(512, rng, bad_block=9))],
         B.sample_kvs() + [B.kv_u32("llama.feed_forward_length", 256)]))
-    c["nan_q8_copy"] = write(j("nan_q8_copy.gguf"), dense([       # 128-wide: copied by requant-trunk
-        ("blk.0.attn_k_b.weight", [128, 4], Q8_0, q8_blocks(16, rng, bad_block=5))]))
+    c["nan_q8_copy"] = write(j("nan_q8_copy.gguf"), whole_model([ # 128-wide: copied by requant-trunk
+        ("blk.0.attn_k_b.weight", [128, 4], Q8_0, q8_blocks(16, rng, bad_block=5))],
+        B.sample_kvs() + [B.kv_u32("llama.feed_forward_length", 4)]))
     c["notok"] = write(j("notok.gguf"), _without_tokenizer(c["target"]))
     for case, edits in KIMI_K3_CASES.items():
         c[f"k3_{case}"] = _kimi_k3(j(f"k3_{case}.gguf"), edits)

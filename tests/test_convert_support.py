@@ -5,6 +5,7 @@ against itself. No tests in this module.
 """
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -120,13 +121,14 @@ def make_dspark_checkpoint(path, *, arch="Qwen3DSparkModel", layout="flat", conf
 
 
 def make_target_gguf(path, *, arch="qwen3", n_layer=8, hidden=H, vocab=VOCAB, extra=()) -> Path:
-    """A target GGUF with only metadata (no tensors): what the converter and pair-check read, and the keys
-    llama.cpp's loader requires of the arch (the model-file rules doctor applies to a target); `extra` adds keys
+    """A target GGUF: what the converter and pair-check read, the keys llama.cpp's loader requires of the arch (the
+    model-file rules doctor applies to a target), and zero tensors of the shapes those keys give; `extra` adds keys
     or replaces these."""
     kvs = {"general.architecture": (VT.STRING, arch, None), f"{arch}.block_count": (VT.UINT32, n_layer, None),
            f"{arch}.context_length": (VT.UINT32, 4096, None), f"{arch}.embedding_length": (VT.UINT32, hidden, None),
            f"{arch}.attention.head_count": (VT.UINT32, 4, None),
-           f"{arch}.attention.layer_norm_rms_epsilon": (VT.FLOAT32, 1e-6, None)}
+           f"{arch}.attention.layer_norm_rms_epsilon": (VT.FLOAT32, 1e-6, None),
+           f"{arch}.feed_forward_length": (VT.UINT32, FF, None)}
     if arch in ("qwen35", "qwen35moe"):
         kvs[f"{arch}.rope.dimension_sections"] = (VT.ARRAY, [4, 4, 0, 0], VT.INT32)
         kvs |= {f"{arch}.ssm.{k}": (VT.UINT32, v, None) for k, v in (
@@ -138,7 +140,33 @@ def make_target_gguf(path, *, arch="qwen3", n_layer=8, hidden=H, vocab=VOCAB, ex
     with GGUFWriter(path, force=True) as w:
         for key, (vtype, value, elem) in kvs.items():
             w.add_kv(key, vtype, value, elem)
-    return Path(path)
+    return with_required_tensors(path)
+
+
+def with_required_tensors(path) -> Path:
+    """The GGUF with zero F32 tensors added for every tensor its arch's loader requires that it lacks (the shapes
+    its keys give; a size they leave open: 1), so that a file made for its keys is a whole model."""
+    from ggtools.hparam_rules.required_tensors import required_shapes
+    path, tmp = Path(path), Path(f"{path}.with-tensors")
+    with GGUFFile(path) as f:
+        have = {t.name for t in f.tensors}
+        shapes = required_shapes(f, lambda name: (f, f.tensor[name]) if name in have else None)
+        added = {name: [s.n or 1 for s in shape] for name, shape in shapes.items() if name not in have}
+        if not added:
+            return path
+        with GGUFWriter(tmp, force=True) as w:
+            for kv in f.kvs:
+                w.add_kv_record(kv)
+            for t in f.tensors:
+                w.add_tensor_info(t.name, t.ne, t.type_id, t.nbytes)
+            for name, ne in added.items():
+                w.add_tensor_info(name, ne, 0, 4 * int(np.prod(ne)))
+            for t in f.tensors:
+                w.write(f.tensor_data(t))
+            for ne in added.values():
+                w.write(bytes(4 * int(np.prod(ne))))
+    os.replace(tmp, path)
+    return path
 
 
 def rewrite_gguf(src, dst, *, drop_tensors=(), drop_keys=(), set_keys=(), retype=None) -> Path:

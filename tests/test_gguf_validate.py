@@ -31,10 +31,10 @@ def expect(tmp_path, data, code, fragment):
     assert "Traceback" not in result.output
 
 
-# B.sample_file's llama keys with the two its tensors' shapes need (llama.cpp's llama loader: attn_q
-# {n_embd, key_length x head_count} = {64, 1 x 8}, ffn_up {n_embd, feed_forward_length} = {64, 4}); without them the
-# sample's tensors have the wrong shapes (test_tensor_shapes_are_checked_against_the_keys)
-VALID_KVS = B.sample_kvs() + [B.kv_u32("llama.attention.key_length", 1), B.kv_u32("llama.feed_forward_length", 4)]
+# A container sample: B.sample_file's keys and tensors under an arch the model-file rules have no tables for (gpt2),
+# so that only the container rules apply (as llama, its three tensors are not a whole model: llama.cpp's loader would
+# miss token_embd and the rest; test_tensor_shapes_are_checked_against_the_keys keeps llama's keys)
+VALID_KVS = B.sample_kvs("gpt2")
 
 
 def valid_sample(**kw) -> bytes:
@@ -193,7 +193,7 @@ def test_truncated_anywhere(tmp_path):
 # ---- shard sets ---------------------------------------------------------------------------------
 
 def shard(index, count, tensors, total, arch=True, no=None):
-    kvs = (B.sample_kvs() if arch else []) + [B.kv_u16("split.no", index if no is None else no),
+    kvs = (VALID_KVS if arch else []) + [B.kv_u16("split.no", index if no is None else no),
                                               B.kv_u16("split.count", count), B.kv_i32("split.tensors.count", total)]
     return B.build(kvs, tensors)
 
@@ -323,8 +323,12 @@ def test_tensor_shapes_are_checked_against_the_keys(tmp_path):
     attn_q {64, 8 x 8} and ffn_up {64, 0} (llama.cpp's llama loader); its tensors are [64, 8] and [64, 4]: validate
     names both, quoting check_tensor_dims (src/llama-model-loader.cpp, shapes as llama_format_tensor_shape prints)."""
     report = validate([write(tmp_path, B.sample_file())])
-    rules = {p.where: p.rule for p in report.errors}
+    rules = {p.where: p.rule for p in report.errors if "wrong shape" in p.rule}
     assert report.exit_code == 1 and set(rules) == {"tensor 'blk.0.attn_q.weight'", "tensor 'blk.0.ffn_up.weight'"}
+    # and the llama loader's other tensors are missing (src/models/llama.cpp asks for token_embd, attn_k, ...)
+    missing = {p.where for p in report.errors if "is missing" in p.rule}
+    assert {"tensor 'token_embd.weight'", "tensor 'blk.0.attn_k.weight'", "tensor 'blk.0.ffn_down.weight'"} <= missing
+    assert "tensor 'output.weight'" not in missing          # TENSOR_NOT_REQUIRED: token_embd stands in
     assert rules["tensor 'blk.0.attn_q.weight'"].startswith("has wrong shape; expected [64, 64], got [64, 8]")
     assert rules["tensor 'blk.0.attn_q.weight'"].endswith(
         "(llama.cpp: \"check_tensor_dims: tensor 'blk.0.attn_q.weight' has wrong shape; expected     64,     64, "

@@ -80,7 +80,7 @@ def keys_read(f, read) -> set[str]:
     return f.kv.read - {"general.architecture"}
 
 
-TARGETS = ("target", "q35", "oss", "k3", "k3_layers")
+TARGETS = ("target", "q35", "oss", "k3_layers")       # whole models ("k3", its keys alone, serves the key rules)
 MODELS = (*TARGETS, "drafter", "lucebox", "v2", "swa", "dspark", "dsred")
 
 
@@ -396,3 +396,55 @@ def test_llama_cpp_converter_models_pass_and_libllama_refuses_their_broken_shape
         says.append({v.says for v in violations})
     for path, words, r in zip(broken, says, run_ops_subprocess([{"op": "load", "path": p} for p in broken])):
         assert not r["ok"] and any(w in r["error"] for w in words), (path, r)
+
+
+def _one_block_of_each_kind(names) -> list[str]:
+    """The tensor names outside the blocks, and those of the first block of each distinct set of tensors (a
+    recurrent layer, an attention layer, a dense or an MoE FFN, an MTP block)."""
+    blocks, kinds, out = {}, set(), []
+    for name in names:
+        if name.startswith("blk."):
+            blocks.setdefault(name.split(".")[1], []).append(name.split(".", 2)[2])
+        else:
+            out.append(name)
+    for layer, own in blocks.items():
+        if frozenset(own) not in kinds:
+            kinds.add(frozenset(own))
+            out += [f"blk.{layer}.{n}" for n in own]
+    return out
+
+
+@pytest.mark.oracle
+@pytest.mark.slow
+def test_a_missing_tensor_fails_validate_where_libllama_cannot_decode(
+        tmp_path, tiny_target, qwen35_target, qwen35moe_target, qwen3moe_target, gpt_oss_target, kimi_k3_target,
+        mtp_targets):
+    """Each tiny target llama.cpp's converter built, with one tensor removed (every tensor outside the blocks and
+    every tensor of one block of each kind): the rules report it missing, in check_tensor_dims' words, exactly when
+    libllama cannot load the model and decode 2 tokens with it (a tied output head, a rope factor or a bias it does
+    without; a tensor it requires, or one its graph reads)."""
+    pytest.importorskip("llama_cpp")
+    from scripts.fixtures.llama_oracle import run_ops_subprocess
+    models = [tiny_target.gguf["f16"], qwen35_target.gguf["f16"], qwen35moe_target.gguf["f16"],
+              qwen3moe_target.gguf["f16"], gpt_oss_target.gguf["f16"], kimi_k3_target.gguf["f16"],
+              mtp_targets["qwen35"]("default", "f16")]
+    disagree, checked, optional = [], 0, 0
+    for k, path in enumerate(models):
+        with GGUFFile(path) as f:
+            names = _one_block_of_each_kind([t.name for t in f.tensors])
+        cases = [(name, rewrite_gguf(path, tmp_path / f"{k}-{i}.gguf", drop_tensors=[name]))
+                 for i, name in enumerate(names)]
+        ops = [{"op": "greedy", "path": str(p), "prompt_ids": [1, 2, 3], "n": 2} for _, p in cases]
+        # in chunks: a graph that crashes on a missing tensor kills its child, and its chunk reruns one op a child
+        results = [r for i in range(0, len(ops), 8) for r in run_ops_subprocess(ops[i:i + 8])]
+        for (name, p), r in zip(cases, results):
+            with GGUFFile(p) as f:
+                says = [v.says for v in model_violations(f) if v.says and v.says.endswith("' not found")]
+            refused = bool(says)      # the tensor removed, or the other form it stood for (attn_q for attn_q_a_norm)
+            if refused == r["ok"] or refused and "not found" in r["error"] and not any(w in r["error"] for w in says):
+                disagree.append((path.name, name, says, r.get("error")))
+            checked += 1
+            optional += r["ok"]
+            p.unlink()
+    assert disagree == [], "\n".join(map(str, disagree))
+    assert checked > 200 and optional >= 12, (checked, optional)     # both verdicts are exercised (238, 18)

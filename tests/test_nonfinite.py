@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests import gguf_builder as B
-from tests.hostile_corpus import DEMO, F32, Q8_0, check_run, dense, q8_blocks
+from tests.hostile_corpus import DEMO, F32, Q8_0, check_run, q8_blocks, whole_model
 
 
 def ffn_kvs(n_ff: int, n_embd: int = 64) -> list:
@@ -26,7 +26,7 @@ def test_quantize_refuses_nan_weights_naming_the_row(tmp_path):
     rows = np.random.default_rng(0).standard_normal((6, 64)).astype("<f4")
     rows[4, 17] = np.inf
     src = tmp_path / "src.gguf"
-    src.write_bytes(dense([("blk.0.ffn_up.weight", [64, 6], F32, rows.tobytes())], ffn_kvs(6)))
+    src.write_bytes(whole_model([("blk.0.ffn_up.weight", [64, 6], F32, rows.tobytes())], ffn_kvs(6)))
     r = check_run(str(tmp_path), ["quantize", src, "-o", tmp_path / "q.gguf", "--scheme", "q4_0"], 2)
     assert "tensor 'blk.0.ffn_up.weight': row 4: NaN or inf values" in r.stderr
     r = check_run(str(tmp_path), ["quantize", src, "-o", tmp_path / "q.gguf", "--scheme", "q4_0", "--allow-nonfinite",
@@ -40,8 +40,8 @@ def test_requant_refuses_nan_scales(tmp_path, width, bad_block, row, action):
     """A Q8_0 block with a NaN scale, in a tensor that is converted (256 wide) or copied (128 wide)."""
     n_blocks = width // 32 * 4
     src = tmp_path / "src.gguf"
-    src.write_bytes(dense([("blk.0.ffn_up.weight", [width, 4], Q8_0,
-                            q8_blocks(n_blocks, np.random.default_rng(1), bad_block))], ffn_kvs(4, width)))
+    src.write_bytes(whole_model([("blk.0.ffn_up.weight", [width, 4], Q8_0,
+                                  q8_blocks(n_blocks, np.random.default_rng(1), bad_block))], ffn_kvs(4, width)))
     r = check_run(str(tmp_path), ["requant-trunk", src, "-o", tmp_path / "out", "-q"], 2)
     assert f"tensor 'blk.0.ffn_up.weight': row {row}: " in r.stderr and action in r.stderr
     out = [tmp_path / "out"]

@@ -20,6 +20,8 @@ from tests import gguf_builder as B
 from tests.hostile_corpus import F32, Q8_0, dense, q8_blocks
 from tests.test_convert_support import make_dspark_checkpoint, make_target_gguf
 
+# the probes' file: an arch the model-file rules have no tables for (its tensors are probes, not a model's)
+PROBE_KVS = B.sample_kvs("gpt2")
 # name -> (ne in the source, ne as ggml writes it)
 DIMS = {"blk.0.probe_col.weight": ([256, 1], (256,)), "blk.0.probe_taps.weight": ([4, 1, 64, 1], (4, 1, 64)),
         "blk.0.probe_row.weight": ([1, 64], (1, 64)), "blk.0.probe_mat.weight": ([256, 4], (256, 4))}
@@ -51,7 +53,7 @@ def specs(tensor_type, rng):
 @pytest.fixture
 def model(tmp_path):
     path = tmp_path / "m.gguf"
-    path.write_bytes(dense(specs(F32, np.random.default_rng(0))))
+    path.write_bytes(dense(specs(F32, np.random.default_rng(0)), PROBE_KVS))
     return path
 
 
@@ -63,7 +65,7 @@ def q8_set(tmp_path):
     (tmp_path / "set").mkdir()
     paths = []
     for i, part in enumerate((tensors[:2], tensors[2:])):
-        kvs = (B.sample_kvs() if i == 0 else []) + [B.kv_u16("split.no", i), B.kv_u16("split.count", 2),
+        kvs = (PROBE_KVS if i == 0 else []) + [B.kv_u16("split.no", i), B.kv_u16("split.count", 2),
                                                    B.kv_i32("split.tensors.count", len(tensors))]
         paths.append(tmp_path / "set" / f"s-0000{i + 1}-of-00002.gguf")
         paths[-1].write_bytes(dense(part, kvs))

@@ -29,6 +29,7 @@ from ggtools.hparam_rules.dspark import dspark_violations
 from ggtools.hparam_rules.mtp import mtp_draft_violations, mtp_pair_violations, mtp_tensor_violations
 from ggtools.hparam_rules.eagle3 import eagle3_pair_violations, eagle3_tensor_violations, eagle3_violations
 from ggtools.hparam_rules.target import ARCHS, target_violations
+from ggtools.hparam_rules.required_tensors import missing_tensor_violations
 from ggtools.hparam_rules.tensor_shapes import tensor_shape_violations
 from ggtools.hparam_rules.violation import MISSING, TYPE, VALUE, Violation
 
@@ -48,5 +49,5 @@ def model_violations(gguf, locate=None, mask_id: int | None = None) -> list[Viol
         keys = eagle3_violations(gguf)
     else:
         keys = target_violations(gguf)
-    return keys or (tensor_shape_violations(gguf, locate) + mtp_tensor_violations(gguf, locate)
-                    + eagle3_tensor_violations(gguf, locate))
+    return keys or (tensor_shape_violations(gguf, locate) + missing_tensor_violations(gguf, locate)
+                    + mtp_tensor_violations(gguf, locate) + eagle3_tensor_violations(gguf, locate))
