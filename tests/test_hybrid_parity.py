@@ -129,7 +129,8 @@ def test_split_target_runs_from_its_first_shard(targets, models):
 
 @pytest.mark.parametrize("edit, message", [
     ("qwen35.ssm.inner_size=u32:100", "'qwen35.ssm.inner_size' is not time_step_rank x state_size"),
-    ("qwen35.attention.recurrent_layers=bool[]:1,1,1,1,1,1", "tensor 'blk.1.attn_qkv.weight' is missing"),
+    ("qwen35.attention.recurrent_layers=bool[]:1,1,1,1,1,1",
+     "tensor 'blk.1.attn_qkv.weight': is missing: llama.cpp's loader requires it"),
     ("qwen35.attention.recurrent_layers=bool[]:1,0", "key 'qwen35.attention.recurrent_layers': has 2 entries for 6 "
                                                      "layers"),
     ("qwen35.ssm.group_count=u32:3", "key 'qwen35.ssm.time_step_rank': 4 value heads are not a multiple of "
