@@ -34,4 +34,4 @@ pip install -q --no-deps dflash==0.1.0
 python -m scripts.fixtures.smollm2 >/dev/null
 python -m scripts.fixtures.llama_speculative >/dev/null
 
-python -m pytest -m "slow or not slow" -rs --durations=15 "$@"
+python -m pytest -m "slow or not slow" -rfEs --durations=15 "$@"
