@@ -1,7 +1,7 @@
 """Speculative decoding checks that the tests of several targets share: a target with its drafters, prompts and
 the greedy reference; the output equals greedy decoding with rejections in most steps; and a drafter that knows
 the answer but errs at scattered positions, so verification accepts every length from 0 up and the target cache
-(a recurrent state with it) is cropped after most steps."""
+(a recurrent state with it) is cropped after most steps; a drafter that records the chains it drafts."""
 
 import types
 from dataclasses import dataclass
@@ -25,6 +25,21 @@ class KnowingDrafter:
         tokens = [(t + 1) % 1000 if self.wrong(start + j) else t
                   for j, t in enumerate(self.want[start:start + n_drafts])]
         return types.SimpleNamespace(tokens=tokens)
+
+
+class Recording:
+    """A drafter that keeps every chain it drafts (tokens, p, margin, ...), delegating everything else."""
+
+    def __init__(self, drafter):
+        self.drafter, self.chains = drafter, []
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+    def draft(self, kv, anchor, n_drafts):
+        chain = self.drafter.draft(kv, anchor, n_drafts)
+        self.chains.append(chain)
+        return chain
 
 
 @dataclass

@@ -16,26 +16,12 @@ from ggtools.runtime import DraftSettings, ModelError, TargetModel, greedy, open
 from ggtools.runtime.drafter.autoregressive import PairKV
 from ggtools.runtime.errors import SettingsError
 from gguf import GGUFValueType as VT
+from tests.speculative_checks import Recording
 from tests.test_convert_support import rewrite_gguf
 
 PROMPTS = [[1, 415, 29, 88, 301, 7], [5, 9, 200, 17, 33, 44, 100, 12, 640]]
 N = 20
 LAYOUTS = ("llama-eagle3", "specforge", "speculators", "draft-model", "eagle3.1")
-
-
-class Recording:
-    """A drafter that keeps every chain it drafts (tokens and p), delegating everything else."""
-
-    def __init__(self, drafter):
-        self.drafter, self.chains = drafter, []
-
-    def __getattr__(self, name):
-        return getattr(self.drafter, name)
-
-    def draft(self, kv, anchor, n_drafts):
-        chain = self.drafter.draft(kv, anchor, n_drafts)
-        self.chains.append((chain.tokens, chain.p))
-        return chain
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +94,10 @@ def test_drafts_stop_where_the_prob_cut_says(pairs):
     out = speculative_generate(model, rec, drafter.new_kv(), PROMPTS[1], N, settings=s)
     assert len(rec.chains) == len(out.steps)
     cut = 0
-    for (tokens, p), step in zip(rec.chains, out.steps):
-        keep = next((i for i, v in enumerate(p) if v < s.p_min), len(p))
+    for chain, step in zip(rec.chains, out.steps):
+        keep = next((i for i, v in enumerate(chain.p) if v < s.p_min), len(chain.p))
         assert step.drafted == (keep if keep >= s.n_min else 0)
-        cut += keep < len(tokens)
+        cut += keep < len(chain.tokens)
     assert cut, "no chain was cut: the test proves nothing"
 
 
@@ -163,7 +149,7 @@ def test_torch_drafts_as_numba_does(pairs, name):
         model, drafter = _load(pairs, name, backend)
         rec = Recording(drafter)
         out = speculative_generate(model, rec, drafter.new_kv(), PROMPTS[0], 8, settings=DraftSettings(n_max=4))
-        runs.append((rec.chains, out.steps, out.tokens))
+        runs.append(([(c.tokens, c.p) for c in rec.chains], out.steps, out.tokens))
     assert runs[0] == runs[1]
 
 

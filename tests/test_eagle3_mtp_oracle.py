@@ -23,6 +23,7 @@ import pytest
 
 from ggtools.runtime import DraftSettings, TargetModel, Tokenizer, open_drafter, speculative_generate
 from scripts.fixtures import llama_autoregressive, llama_speculative
+from tests.speculative_checks import Recording
 
 pytestmark = pytest.mark.oracle
 
@@ -136,21 +137,6 @@ def example():
     if binary is None:
         pytest.skip(f"llama-speculative-simple is not built: {llama_speculative.BUILD_COMMAND}")
     return binary
-
-
-class Recording:
-    """A drafter that keeps each step's chain: tokens and margins (top1 - top2 logit)."""
-
-    def __init__(self, drafter):
-        self.drafter, self.chains = drafter, []
-
-    def __getattr__(self, name):
-        return getattr(self.drafter, name)
-
-    def draft(self, kv, anchor, n_drafts):
-        chain = self.drafter.draft(kv, anchor, n_drafts)
-        self.chains.append(chain)
-        return chain
 
 
 def _compare_with_example(binary, target, draft, spec_type, settings: DraftSettings, texts=TEXTS, n=N):

@@ -8,7 +8,6 @@ tensor has been written and fsync'ed; on any error the temporary file is removed
 """
 
 import ctypes
-import os
 import struct
 
 from gguf import GGUFValueType as VT

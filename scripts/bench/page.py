@@ -114,3 +114,11 @@ def emit(args, name: str, body: str) -> None:
     else:
         replace_section(Path(args.markdown), name, text)
         print(f"wrote the {name} section of {args.markdown}", file=sys.stderr)
+
+
+def publish(args, name: str, body: str) -> None:
+    """The section where --markdown asks for it, and the body as the text report unless the section took stdout."""
+    if args.markdown:
+        emit(args, name, body)
+    if not prints_markdown(args):
+        print(body)

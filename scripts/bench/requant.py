@@ -21,7 +21,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import time
 
 import numba
 import numpy as np
@@ -30,7 +29,8 @@ from gguf import GGMLQuantizationType as T
 from ggtools import quants
 from ggtools.samples import write_moe_set
 from scripts.bench import page
-from scripts.bench.diskio import Run, cold_method, files_under, ggtools_cmd, load_average, make_cold, make_warm
+from scripts.bench.diskio import (CACHES, Run, best_seconds, cold_method, files_under, ggtools_cmd, in_turn,
+                                  load_average, set_cache)
 
 HIDDEN, FFN, EXPERTS, VOCAB = 1024, 512, 128, 32000
 
@@ -38,15 +38,6 @@ HIDDEN, FFN, EXPERTS, VOCAB = 1024, 512, 128, 32000
 def layers_for(gb):
     per_layer = 3 * HIDDEN * FFN * EXPERTS * 17 / 32 + (2 * HIDDEN * HIDDEN + 3 * HIDDEN * FFN) * 34 / 32
     return max(1, round((gb * 1e9 - 2 * HIDDEN * VOCAB * 34 / 32) / per_layer))
-
-
-def best_seconds(fn, repeat=3):
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def conversion_rates(mb=16):
@@ -59,7 +50,7 @@ def conversion_rates(mb=16):
     def ours(threads):
         numba.set_num_threads(threads)
         quants.requantize(T.Q8_0, T.Q4_K, q8[:64])      # the first launch after a thread-count change costs extra
-        return values.nbytes / best_seconds(lambda: quants.requantize(T.Q8_0, T.Q4_K, q8)) / 1e6
+        return values.nbytes / best_seconds(lambda: quants.requantize(T.Q8_0, T.Q4_K, q8), 3) / 1e6
 
     all_threads = numba.config.NUMBA_NUM_THREADS
     one, many = ours(1), ours(all_threads)
@@ -68,7 +59,7 @@ def conversion_rates(mb=16):
     try:
         from tests.ggml_oracle import load_ggml
         ggml = load_ggml()
-        c = values.nbytes / best_seconds(lambda: ggml.quantize(T.Q4_K, quants.dequantize(T.Q8_0, q8))) / 1e6
+        c = values.nbytes / best_seconds(lambda: ggml.quantize(T.Q4_K, quants.dequantize(T.Q8_0, q8)), 3) / 1e6
     except BaseException as e:        # pytest.skip is a BaseException
         print(f"(ggml C reference not available: {e})", file=sys.stderr)
     return one, many, all_threads, c
@@ -140,13 +131,12 @@ def main():
 
     best, loads = {}, [os.getloadavg()[0]]
     for r in range(args.repeat):
-        for cache in ("warm", "cold"):
+        for cache in CACHES:
             for cpus in cpu_counts:
-                tools = ["cp", "requant"] if r % 2 == 0 else ["requant", "cp"]     # turn about
-                for tool in tools:
+                for tool in in_turn(["cp", "requant"], r):
                     dst = copy if tool == "cp" else out
                     fresh(dst)
-                    (make_warm if cache == "warm" else make_cold)(paths)
+                    set_cache(cache, paths)
                     run = run_cp(src, dst, cpus) if tool == "cp" else run_requant(paths[0], dst, cpus, args.jobs)
                     key = (cache, cpus, tool)
                     if key not in best or run.seconds < best[key].seconds:
@@ -160,7 +150,7 @@ def main():
     one, many, n, c = conversion_rates()
 
     times = []
-    for cache in ("warm", "cold"):
+    for cache in CACHES:
         for cpus in cpu_counts:
             rq, cp = best[(cache, cpus, "requant")], best[(cache, cpus, "cp")]
             goal = "<= 1.1" if cpus == 2 else ""
@@ -199,10 +189,7 @@ def main():
             + "\n\n" + page.table(["measure", "ours", "reference", "ratio", "goal"], other)
             + "\n\nConversion rates in MB of float32 values per second, in this process. The floors: the wall time "
               "the CPU work alone would take with every CPU busy all the time, against `cp -r` + `sync`'s time.")
-    if args.markdown:
-        page.emit(args, "requant", body)
-    if not page.prints_markdown(args):
-        print(body)
+    page.publish(args, "requant", body)
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)
 

