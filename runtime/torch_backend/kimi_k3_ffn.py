@@ -24,9 +24,13 @@ def situ(gate: torch.Tensor, up: torch.Tensor, beta: float, linear_beta: float) 
     if gate.dtype == torch.float32:
         beta, linear_beta = gm.f32(beta), gm.f32(linear_beta)
         inv_beta = gm.div(torch.ones(()), beta).item()
-        act = (tanhf(gate * inv_beta) * beta) * gm.sigmoid(gate)
-        if linear_beta > 0:
-            up = tanhf(up * gm.div(torch.ones(()), linear_beta).item()) * linear_beta
+        if linear_beta > 0:     # tanhf per element: one call over both
+            inv_linear = gm.div(torch.ones(()), linear_beta).item()
+            tanh_gate, tanh_up = tanhf(torch.stack([gate * inv_beta, up * inv_linear])).unbind(0)
+            up = tanh_up * linear_beta
+        else:
+            tanh_gate = tanhf(gate * inv_beta)
+        act = (tanh_gate * beta) * gm.sigmoid(gate)
         return act * up
     g, u = gate.float(), up.float()
     act = beta * torch.tanh(g / beta) * torch.sigmoid(g)

@@ -40,6 +40,9 @@ class KDA(KDATensors):
         device = self.wq.blocks.device
         self.conv, self.dt_bias, self.norm = (device_vector(x, device) for x in (self.conv, self.dt_bias, self.norm))
         self.a_channels = device_vector(self.a, device).repeat_interleave(self.head_dim)
+        n = gm.f32(self.head_dim)     # float32's rms_norm(eps / n), then 1 / sqrt(n): the L2 norms (numba's)
+        self.l2_eps = gm.div(torch.tensor(gm.f32(self.eps)), n).item()
+        self.l2_scale = gm.div(torch.ones(()), gm.sqrt(torch.tensor(n))).item()
 
     @property
     def exact(self) -> bool:
@@ -62,19 +65,20 @@ class KDA(KDATensors):
         else:
             g = (gm.softplus(g) if exact else F.softplus(g, threshold=20.0)) * self.a_channels
         beta = sigmoid(beta_in.float())
+        decay = gm.expf(g) if exact else torch.exp(g)     # per element: once for all rows, not per tree row
         core = torch.empty((len(h), self.d_inner), dtype=torch.float32, device=h.device)
 
         def recur_rows(conv, ssm, r):
-            core[r] = self.recur(conv, ssm, qkv[r], g[r], beta[r])
+            core[r] = self.recur(conv, ssm, qkv[r], decay[r], beta[r])
 
-        state.advance(qkv, g, beta, recur_rows, tree)
+        state.advance(qkv, decay, beta, recur_rows, tree)
         heads = core.reshape(len(h), self.n_v_heads, self.head_dim)
         normed = tensor_math.rms_norm(heads, self.norm, self.eps) * sigmoid(gate.float()).reshape(heads.shape)
         return self.wo(normed.reshape(len(h), -1).to(h.dtype), stepwise)
 
-    def recur(self, conv_state, ssm_state, qkv, g, beta) -> torch.Tensor:
-        """Advance conv_state ((K - 1, 3 d)) and ssm_state ((n_head, S, S)) in place over the rows of qkv, g, beta;
-        returns the heads' outputs (T, d)."""
+    def recur(self, conv_state, ssm_state, qkv, decay, beta) -> torch.Tensor:
+        """Advance conv_state ((K - 1, 3 d)) and ssm_state ((n_head, S, S)) in place over the rows of qkv, decay
+        (exp(g), the state's logged form of the gate), beta; returns the heads' outputs (T, d)."""
         kernel, d, s, n_head, n_tokens = self.conv.shape[0], self.d_inner, self.head_dim, self.n_v_heads, len(qkv)
         window = torch.cat([conv_state, qkv])
         conv_state.copy_(window[len(window) - len(conv_state):])
@@ -82,17 +86,16 @@ class KDA(KDATensors):
             conv = F.silu((window.unfold(0, kernel, 1) * self.conv.T).sum(-1))
             q, k, v = (conv[:, i * d:(i + 1) * d].reshape(n_tokens, n_head, s) for i in range(3))
             q, k = (x * torch.rsqrt(x.square().sum(-1, keepdim=True) + self.eps) for x in (q, k))
-            decay, scale = torch.exp(g).reshape(n_tokens, n_head, 1, s), s ** -0.5
+            scale = s ** -0.5
         else:
             conv = torch.zeros_like(qkv)
             for i in range(kernel):
                 conv = conv + window[i:i + n_tokens] * self.conv[i]
-            q, k, v = (gm.silu(conv[:, i * d:(i + 1) * d]).reshape(n_tokens, n_head, s) for i in range(3))
-            n = gm.f32(s)
-            head_eps = gm.div(torch.tensor(gm.f32(self.eps)), n).item()
-            scale = gm.div(torch.ones(()), gm.sqrt(torch.tensor(n))).item()
-            q, k = (gm.rms_norm(x, None, head_eps) * scale for x in (q, k))
-            decay = gm.expf(g).reshape(n_tokens, n_head, 1, s)
+            # ggml's SiLU per projection (blocks of 8 along each): one call over the three
+            q, k, v = gm.silu(conv.reshape(n_tokens, 3, d)).reshape(n_tokens, 3, n_head, s).unbind(1)
+            scale = self.l2_scale
+            q, k = (gm.rms_norm(x, None, self.l2_eps) * scale for x in (q, k))
+        decay = decay.reshape(n_tokens, n_head, 1, s)
         m, out = ssm_state, torch.empty_like(v)
         for t in range(n_tokens):
             m = m * decay[t]
