@@ -35,7 +35,7 @@ ROW_D, ROW_DM, ROW_SCALES, ROW_MINS = 0, 1, QKX2_ROWS, QKX2_ROWS + 1
 def new_batch_scratch():
     size = BATCH_LANES * 32
     return (np.empty(size, np.float32), np.empty(size, np.float32), np.empty(size, np.int32),
-            np.empty(size, np.int32), np.empty((QKX2_ROWS + 2, BATCH_LANES), np.float32))
+            np.empty(size, np.float32), np.empty((QKX2_ROWS + 2, BATCH_LANES), np.float32))
 
 
 @njit(**JIT)

@@ -46,8 +46,10 @@ def make_qkx2_quants(nmax, xt, wt, Lt, laux, rmin, rdelta, nstep, use_mad, st, s
     """Scale + min search for many sub-blocks at once (sub-block j is lane j).
 
     xt, wt: (n, nsub) values and weights, element i of sub-block j at [i, j]. Writes the levels
-    to Lt (n, nsub) and scales[j], mins[j] (the_min). laux: int scratch like Lt; st: float32
-    scratch (QKX2_ROWS, >= nsub). Each step of the C loop depends on the min the previous
+    to Lt (n, nsub) and scales[j], mins[j] (the_min). laux: float32 scratch like Lt, a step's
+    candidate levels (small integers, exact as floats: kept as floats, the step's error pass needs
+    no conversion, which would keep its loop from vectorizing well); st: float32 scratch
+    (QKX2_ROWS, >= nsub). Each step of the C loop depends on the min the previous
     accepted step chose, so steps stay sequential; the lanes are the independent sub-blocks.
     """
     n, nsub = xt.shape
@@ -92,7 +94,7 @@ def make_qkx2_quants(nmax, xt, wt, Lt, laux, rmin, rdelta, nstep, use_mad, st, s
         for i in range(n):
             for j in range(nsub):
                 fl = level(iscale[j] * (xt[i, j] - vmin[j]), fnmax)
-                laux[i, j] = np.int32(fl)
+                laux[i, j] = fl
                 wl = wt[i, j] * fl
                 sum_l[j] += wl
                 sum_l2[j] += wl * fl
@@ -106,7 +108,7 @@ def make_qkx2_quants(nmax, xt, wt, Lt, laux, rmin, rdelta, nstep, use_mad, st, s
             t_min[j] = F0 if clipped else this_min
         for i in range(n):
             for j in range(nsub):
-                diff = t_scale[j] * np.float32(laux[i, j]) + t_min[j] - xt[i, j]
+                diff = t_scale[j] * laux[i, j] + t_min[j] - xt[i, j]
                 err[j] += wt[i, j] * (abs(diff) if use_mad else diff * diff)
         accepted = 0
         for j in range(nsub):
@@ -119,7 +121,7 @@ def make_qkx2_quants(nmax, xt, wt, Lt, laux, rmin, rdelta, nstep, use_mad, st, s
         if accepted:
             for i in range(n):
                 for j in range(nsub):
-                    Lt[i, j] = laux[i, j] if det[j] != F0 else Lt[i, j]
+                    Lt[i, j] = np.int32(laux[i, j]) if det[j] != F0 else Lt[i, j]
 
     for j in range(nsub):
         scales[j] = scale[j] if usable[j] != F0 else F0
