@@ -95,7 +95,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gb", type=float, default=2.0)
     ap.add_argument("--dir", default="/tmp/ggtools-bench-validate")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--keep", action="store_true", help="keep the generated set")
     page.add_option(ap)
     args = ap.parse_args()
