@@ -90,14 +90,15 @@ def run_requant(first, out, cpus, jobs):
 
 
 def floor_rows(best, cpus, trunk_values, one_thread_rate):
-    """What the CPUs alone allow, warm, on `cpus` CPUs, against cp's time: the conversion's CPU time (at the one-thread
-    rate measured in this process) spread over them, and requant-trunk's whole CPU time spread over them."""
-    cp = best[("warm", cpus, "cp")].seconds
+    """What the CPUs alone allow, warm, on `cpus` CPUs, against cp's time at scale (each less its small set's): the
+    conversion's CPU time (at the one-thread rate measured in this process) spread over them, and requant-trunk's
+    CPU time on the set less its CPU time on the small set, spread over them."""
+    cp = best[("warm", cpus, "cp")].seconds - best[("warm", cpus, "cp", "small")].seconds
     conversion = trunk_values * 4 / 1e6 / one_thread_rate
-    whole = min(run.cpu for key, run in best.items() if key[2] == "requant" and key[1] == cpus and key[0] == "warm")
+    whole = best[("warm", cpus, "requant")].cpu - best[("warm", cpus, "requant", "small")].cpu
     return [[f"floor on {cpus} CPUs: the conversion's CPU time ({conversion:.2f} s) / {cpus}",
              f"{conversion / cpus:.2f} s", f"{cp:.2f} s", f"{conversion / cpus / cp:.2f}", ""],
-            [f"floor on {cpus} CPUs: requant-trunk's CPU time, warm ({whole:.2f} s) / {cpus}",
+            [f"floor on {cpus} CPUs: requant-trunk's CPU time at scale, warm ({whole:.2f} s) / {cpus}",
              f"{whole / cpus:.2f} s", f"{cp:.2f} s", f"{whole / cpus / cp:.2f}", ""]]
 
 
@@ -207,7 +208,8 @@ def main():
             + page.table(["measure", "bytes", "ratio", ""], bytes_rows)
             + "\n\n" + page.table(["measure", "ours", "reference", "ratio", "goal"], other)
             + "\n\nConversion rates in MB of float32 values per second, in this process. The floors: the wall time "
-              "the CPU work alone would take with every CPU busy all the time, against `cp -r` + `sync`'s time.")
+              "the CPU work alone would take with every CPU busy all the time, against `cp -r` + `sync`'s time at "
+              "scale.")
     page.publish(args, "requant", body)
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)
