@@ -16,7 +16,7 @@ from ggtools.errors import GGToolsError
 from ggtools.gguf import GGUFFile
 from ggtools.jobs.convert import ConvertError, convert_dflash
 from ggtools.quants import quantize
-from tests.test_convert_support import (H, HD, NH, NKV, VOCAB, drafter_config, from_bf16_bits, kv_table, make_checkpoint,
+from tests.test_convert_support import (H, HD, NH, VOCAB, drafter_config, from_bf16_bits, kv_table, make_checkpoint,
                                   make_dspark_checkpoint, make_target_gguf, random_tensors, rewrite_gguf,
                                   to_bf16_bits, write_safetensors)
 
@@ -614,7 +614,7 @@ def test_safetensors_byte_ranges_as_the_reference_reader_takes_them(tmp_path, la
     if not reference_refuses:
         assert sorted(t.name for t in read_header(path)) == ["a", "b"]
         return
-    with pytest.raises(CheckpointError, match=rf"m.safetensors: tensor '[ab]': .*the safetensors reader refuses"):
+    with pytest.raises(CheckpointError, match=r"m.safetensors: tensor '[ab]': .*the safetensors reader refuses"):
         read_header(path)
 
 

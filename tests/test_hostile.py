@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from tests.hostile_corpus import (HOSTILE_MANIFESTS, HPARAM_VARIANTS, KIMI_K3_SHAPE_CASES, SHAPE_VARIANTS,
+from tests.hostile_corpus import (HOSTILE_MANIFESTS, HPARAM_VARIANTS, SHAPE_VARIANTS,
                                   build_corpus, check_run)
 from tests.hostile_corpus import EAGLE3_GGUF_CASES, EAGLE3_HF_CASES      # issue 41
 

@@ -16,7 +16,6 @@ from gguf import GGUFValueType as VT
 from ggtools.cli import main
 from ggtools.gguf import GGUFFile, GGUFWriter
 from ggtools.hparam_rules.mtp import NO_MTP_LAYERS
-from ggtools.jobs import mtp
 from ggtools.jobs.doctor import doctor, pair_check
 from ggtools.jobs.inspect import inspect
 from ggtools.jobs.validate import validate

@@ -3,7 +3,6 @@
 import os
 
 import gguf
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
