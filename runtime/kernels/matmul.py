@@ -36,7 +36,7 @@ import functools
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
-from numba import carray, cfunc, literal_unroll, njit
+from numba import carray, cfunc, from_dtype, literal_unroll, njit, types
 
 from ggtools.quants.block32 import KVALUES_MXFP4
 from ggtools.quants.floatbits import FP16_TO_F32, f32_from_bits, fp32_to_bf16
@@ -671,7 +671,28 @@ def task_at(tasks, experts, groups, k):
     return U(tasks[j, 0] + experts[g] * tasks[j, 3]), tasks[j, 1], tasks[j, 2], groups[g], groups[g + 1]
 
 
-@njit(**EXACT)
+# One compiled version of each task loop, its fast-path post and plan_rows. Numba compiles a kernel once for each
+# set of argument types it is called with, and its callers' arrays differ in flags alone: weights are read-only file
+# mappings from Python but writable in the workers' entries (carray), FIRST_EXPERT read-only where numba code names
+# it (a global) but writable from Python, constants from numba literals. A cold run (CI's) compiled up to four
+# versions of each, seconds apiece. So these take explicit signatures that every caller's arguments convert to:
+# weights, experts and groups read-only, the rest as all callers pass them (C-contiguous, writable).
+XQ_DTYPE = np.int8 if HAVE_AVX2 else np.float32     # the block32 input's values (PreparedInput)
+WEIGHTS = types.Array(types.uint8, 1, "C", readonly=True)
+INDEX = types.Array(types.int64, 1, "C", readonly=True)     # experts, groups
+XQ = types.Array(from_dtype(XQ_DTYPE), 2, "C")
+F32_2, I8_2, I32_2, I64_2 = types.float32[:, ::1], types.int8[:, ::1], types.int32[:, ::1], types.int64[:, ::1]
+COUNTER = types.int64[::1]
+I64, U64, BOOL = types.int64, types.uint64, types.boolean
+BLOCK32_ARGS = (I64, U64, U64, WEIGHTS, XQ, F32_2, F32_2, F32_2, I64_2, INDEX, INDEX)
+FLOAT_ARGS = (I64, U64, U64, U64, WEIGHTS, F32_2, F32_2, I64_2, INDEX, INDEX, BOOL, BOOL)
+KQUANT_ARGS = (I64, I64, WEIGHTS, I8_2, F32_2, I32_2, F32_2, I64_2, INDEX, INDEX, I64)
+# MatmulPlan.call_args
+PLAN = types.Tuple((I64, I64, I64, U64, U64, U64, WEIGHTS, XQ, F32_2, F32_2, F32_2, I64_2, F32_2, I64, BOOL, I8_2,
+                    I32_2))
+
+
+@njit([BLOCK32_ARGS + (COUNTER,)], **EXACT)
 def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, counter):
     """Task k = (group g, template task j): template tasks (byte offset of a weight row in buf, rows, output
     column, bytes per expert), claimed through counter (workers.py): out[t, column + i] = weight row i of
@@ -708,7 +729,7 @@ def matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, e
     leave(counter)
 
 
-@njit(**EXACT)
+@njit([FLOAT_ARGS + (COUNTER,)], **EXACT)
 def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, experts, groups, one_row_structure,
                  f16_tail, counter):
     """As matmul_block32 for weights dotted in float: in vec_dot's layout (one_row_structure: four 8-lane
@@ -811,7 +832,7 @@ def matmul_float(qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, 
     leave(counter)
 
 
-@njit(**EXACT)
+@njit([KQUANT_ARGS + (COUNTER,)], **EXACT)
 def matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, mode, counter):
     """matmul_block32's task loop for the integer K-quant kernels (kquant_dot.rows_kquant), each group of input rows
     as llama.cpp runs it (mode: kquant_dot.ROWS_*; a group is one mul_mat's rows or one expert's)."""
@@ -828,9 +849,6 @@ def matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, gr
 
 # ---- the matmuls on the workers' fast path (workers.py): arguments through the control array -------------
 
-XQ_DTYPE = np.int8 if HAVE_AVX2 else np.float32     # the block32 input's values (PreparedInput)
-
-
 @njit(**EXACT)
 def contiguous(*arrays):
     ok = True
@@ -839,7 +857,7 @@ def contiguous(*arrays):
     return ok
 
 
-@njit(**EXACT)
+@njit([(COUNTER, I64) + BLOCK32_ARGS], **EXACT)
 def matmul_block32_post(control, entry, qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups):
     if not contiguous(buf, xq, xd, xs, out, tasks, experts, groups):
         matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, np.zeros(2, np.int64))
@@ -868,7 +886,7 @@ def matmul_block32_entry(address):
     matmul_block32(qtype, block_bytes, row_bytes, buf, xq, xd, xs, out, tasks, experts, groups, control[0:2])
 
 
-@njit(**EXACT)
+@njit([(COUNTER, I64) + FLOAT_ARGS], **EXACT)
 def matmul_float_post(control, entry, qtype, qk, block_bytes, row_bytes, buf, x_all, out_all, tasks, experts, groups,
                       one_row_structure, f16_tail):
     if not contiguous(buf, x_all, out_all, tasks, experts, groups):
@@ -900,7 +918,7 @@ def matmul_float_entry(address):
                  f16_tail, control[0:2])
 
 
-@njit(**EXACT)
+@njit([(COUNTER, I64) + KQUANT_ARGS], **EXACT)
 def matmul_kquant_post(control, entry, kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, mode):
     if not contiguous(buf, q8, xd, bsums, out, tasks, experts, groups):
         matmul_kquant(kernel, row_bytes, buf, q8, xd, bsums, out, tasks, experts, groups, mode,
@@ -940,7 +958,7 @@ MATMUL_FLOAT = Job(matmul_float, matmul_float_post, matmul_float_entry)
 FAMILY_BLOCK32, FAMILY_FLOAT, FAMILY_KQUANT = 0, 1, 2     # MatmulPlan.call_args' first field
 
 
-@njit(**EXACT)
+@njit([(PLAN, F32_2, BOOL, INDEX, INDEX, COUNTER)], **EXACT)
 def plan_rows(plan, x, repeat, experts, groups, counter):
     """A plan's kernel (MatmulPlan.call_args) on x's rows, or with repeat on x's first row taken for each of the
     plan's input rows (rounded once): one-row dots, as PreparedInput and MatmulPlan._run make them for one-row
@@ -1002,7 +1020,7 @@ def group_rows(plans, where, x, counter, out):
                 out[:, at:at + hi - lo] = res[:, lo:hi]
 
 
-@njit(**EXACT)
+@njit([(I64, U64, U64, U64, WEIGHTS, types.int64[::1], F32_2)], **EXACT)
 def decode_rows(qtype, qk, block_bytes, row_bytes, data, rows, out):
     """out[i] = dequantized row rows[i] (embedding lookups)."""
     for i in range(rows.size):
@@ -1195,5 +1213,6 @@ def matmul(layout: Layout, data: np.ndarray, a: PreparedInput, stepwise: bool = 
 
 def dequantize_rows(layout: Layout, data: np.ndarray, rows: np.ndarray) -> np.ndarray:
     out = np.empty((len(rows), layout.n_cols), np.float32)
-    decode_rows(layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes, data, np.asarray(rows, np.int64), out)
+    decode_rows(layout.type_id, layout.qk, layout.block_bytes, layout.row_bytes, data,
+                np.ascontiguousarray(rows, np.int64), out)
     return out

@@ -22,7 +22,7 @@ laid out where a one-token step along it has them (tree_attention_rows): the sam
 """
 
 import numpy as np
-from numba import carray, cfunc, njit
+from numba import carray, cfunc, njit, types
 
 from ggtools.quants.floatbits import f32_bits, f32_from_bits
 from ggtools.runtime.kernels import matmul, ops, workers
@@ -177,7 +177,14 @@ def tree_attention_rows(q, k_cache, vt_cache, start, paths, depths, scale, windo
     leave(counter)
 
 
-@njit(**EXACT)
+# one compiled version: q, k and v come as column views of a projection (numba's one-token path, batches) or as
+# whole arrays, and each combination of layouts compiled its own
+PROJECTION, VECTOR, TABLE = types.float32[:, :], types.float32[::1], types.float32[:, ::1]
+CACHE = types.float32[:, :, ::1]
+
+
+@njit([(PROJECTION, PROJECTION, PROJECTION, VECTOR, VECTOR, VECTOR, VECTOR, VECTOR, types.float32, TABLE, TABLE,
+        types.boolean, CACHE, CACHE, types.int64, types.boolean, CACHE)], **EXACT)
 def prepare_attention(q, k, v, bq, bk, bv, q_norm, k_norm, eps, cos, sin, neox, k_cache, vt_cache, start, f16, q_out):
     """One layer's new tokens: the projections' biases (bq, bk, bv; empty: none), per-head
     RMS norm of q and k (qwen3; skipped when the norms are empty), RoPE, and the cache write of k and v

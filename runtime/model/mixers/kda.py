@@ -82,7 +82,7 @@ def one_token_kda(h, fixed, proj, conv_state, ssm_state, g, beta, counter):
         fixed.args
     matmul.group_rows(inputs, where, h, counter, proj)
     d, n_head = core.shape[1], beta.shape[1]
-    f_a = proj[:, 3 * d:3 * d + head_dim]
+    f_a = np.ascontiguousarray(proj[:, 3 * d:3 * d + head_dim])    # one row: no copy; plan_rows takes C arrays
     decay_gate(matmul.plan_rows(wf_b, f_a, False, matmul.FIRST_EXPERT, matmul.ONE_ROW_GROUP, counter), dt_bias, a,
                head_dim, lower_bound, g)
     sigmoid_rows(proj[:, 3 * d + head_dim:3 * d + head_dim + n_head], beta)
