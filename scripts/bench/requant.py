@@ -28,18 +28,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ggtools import quants
-from ggtools.samples import write_moe_set
 from scripts.bench import page
 from scripts.bench.diskio import (CACHES, Run, best_seconds, cold_method, files_under, ggtools_cmd, in_turn,
                                   load_average, set_cache)
-
-HIDDEN, FFN, EXPERTS, VOCAB = 1024, 512, 128, 32000
-
-
-def layers_for(gb):
-    per_layer = 3 * HIDDEN * FFN * EXPERTS * 17 / 32 + (2 * HIDDEN * HIDDEN + 3 * HIDDEN * FFN) * 34 / 32
-    return max(1, round((gb * 1e9 - 2 * HIDDEN * VOCAB * 34 / 32) / per_layer))
-
+from scripts.bench.moe_sets import kimi_like_set, layers_for, small_set
 
 def conversion_rates(mb=16):
     """Q8_0 -> Q4_K in MB of float32 values per second: ours on 1 thread and on all, ggml's C on 1 (or None)."""
@@ -120,8 +112,7 @@ def main():
     shutil.rmtree(args.dir, ignore_errors=True)
     os.makedirs(src)
     layers = layers_for(args.gb)
-    paths = write_moe_set(os.path.join(src, "kimi-like"), layers=layers, hidden=HIDDEN, ffn=FFN, experts=EXPERTS,
-                          vocab=VOCAB, shards=args.shards)
+    paths = kimi_like_set(os.path.join(src, "kimi-like"), args.gb, args.shards)
     size = sum(os.path.getsize(p) for p in paths)
     plan = json.loads(subprocess.run([sys.executable, "-m", "ggtools", "requant-trunk", paths[0], "-o", out,
                                       "--dry-run", "--json"], check=True, capture_output=True, text=True).stdout)
@@ -133,8 +124,7 @@ def main():
 
     small_src = os.path.join(args.dir, "small")
     os.makedirs(small_src)
-    small = write_moe_set(os.path.join(small_src, "kimi-like"), layers=args.shards, hidden=HIDDEN, ffn=FFN,
-                          experts=4, vocab=1000, shards=args.shards)
+    small = small_set(os.path.join(small_src, "kimi-like"), args.shards)
     small_size = sum(os.path.getsize(p) for p in small)
     sets = {"set": (src, paths, cpu_counts), "small": (small_src, small, [max(cpu_counts)])}
 

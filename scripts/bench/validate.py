@@ -8,7 +8,7 @@ warm (goal: at least the speed of cat), on a generated Kimi-like shard set and o
 - at scale: both commands less their time on a small set of the same shape (what start-up costs taken off);
 - the bytes validate read (system calls, and from the disk when cold) against the files' size.
 
-  python -m scripts.bench.validate [--gb 2] [--dir D] [--repeat 3] [--keep] [--markdown [PAGE]]
+  python -m scripts.bench.validate [--gb 2] [--dir D] [--repeat 5] [--keep] [--markdown [PAGE]]
 
 Cold: drop_caches as root, else posix_fadvise DONTNEED on the files (the report says which).
 """
@@ -21,11 +21,10 @@ import sys
 
 from ggtools.gguf import GGUFFile
 from ggtools.jobs.validate import deep_scan
-from ggtools.samples import write_moe_set
 from scripts.bench import page
 from scripts.bench.diskio import (CACHES, Run, best_seconds, cold_method, ggtools_cmd, gguf_or_gemma, in_turn,
                                   read_files, set_cache)
-from scripts.bench.requant import EXPERTS, FFN, HIDDEN, VOCAB, layers_for
+from scripts.bench.moe_sets import kimi_like_set, small_set
 
 
 def scan_all(paths):
@@ -70,10 +69,10 @@ def at_scale_rows(name, big, small):
     """validate --deep against cat on what the big set's bytes cost beyond start-up: each command's time on the big
     set less its time on the small one (size, best) of the same shape."""
     (size, best), (small_size, small_best) = big, small
+    gb = (size - small_size) / 1e9
     out = []
     for cache in CACHES:
         ours, cat = ((best[(cache, what)] - small_best[(cache, what)]) for what in ("validate", "cat"))
-        gb = (size - small_size) / 1e9
         out.append([name, cache, "at scale: whole process less the small set's", f"{gb / ours:.2f} GB/s",
                     f"{gb / cat:.2f} GB/s", f"**{cat / ours:.2f}**", ">= 1"])
     return out
@@ -102,10 +101,8 @@ def main():
     report = sys.stderr if page.prints_markdown(args) else sys.stdout
     shutil.rmtree(args.dir, ignore_errors=True)
     os.makedirs(args.dir)
-    kimi = write_moe_set(os.path.join(args.dir, "kimi-like"), layers=layers_for(args.gb), hidden=HIDDEN, ffn=FFN,
-                         experts=EXPERTS, vocab=VOCAB, shards=4)
-    small = write_moe_set(os.path.join(args.dir, "small"), layers=4, hidden=HIDDEN, ffn=FFN, experts=4, vocab=1000,
-                          shards=4)
+    kimi = kimi_like_set(os.path.join(args.dir, "kimi-like"), args.gb, 4)
+    small = small_set(os.path.join(args.dir, "small"), 4)
     gemma = [gguf_or_gemma()]
     subprocess.run(["sync"], check=True)
     loads = [os.getloadavg()[0]]
